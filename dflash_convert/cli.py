@@ -1,0 +1,122 @@
+"""The command layer: parse flags, call the API, print. Errors become one line and an exit code."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+from . import __version__
+from .errors import DFlashError, InputFileError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
+
+
+def _fail(e: DFlashError, code: int = 1) -> None:
+    typer.echo(f"dflash-convert: error: {e}", err=True)
+    raise typer.Exit(code)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@app.command()
+def convert(
+    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model directory: config.json and tokenizer files (weights are not read)."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
+    outfile: Path | None = typer.Option(None, "-o", "--outfile", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf)."),
+    outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0 or auto (bf16 for bf16 checkpoints, else f16)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing."),
+    tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings."),
+) -> None:
+    """Convert a DFlash drafter (z-lab format) to llama.cpp's dflash GGUF."""
+    from .convert import plan_conversion, write_plan
+
+    logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING, format="dflash-convert: warning: %(message)s")
+    try:
+        plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
+                               outtype=outtype, tokenizer_pre=tokenizer_pre)
+        if dry_run:
+            _print_plan(plan)
+            typer.echo("dry run: nothing written")
+            return
+        write_plan(plan, force=force, progress=not quiet)
+    except DFlashError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+    typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
+               f"file type {plan.file_type.name})")
+
+
+def _print_plan(plan) -> None:
+    from .inspect import short
+
+    typer.echo(f"output: {plan.output}")
+    typer.echo(f"file type: {plan.file_type.name}; vocabulary: {plan.n_tokens} tokens")
+    typer.echo(f"keys ({len(plan.metadata)}):")
+    for kv in plan.metadata:
+        value = kv.value
+        if isinstance(value, list):
+            value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+        elif isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} {short(value)}")
+    typer.echo(f"tensors ({len(plan.tensors)}, {_human(plan.total_bytes)}):")
+    for t in plan.tensors:
+        ne = ", ".join(map(str, t.ne))
+        typer.echo(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.ref.name} {t.tensor.ref.dtype}")
+
+
+@app.command()
+def inspect(path: Path = typer.Argument(..., help="A GGUF file.")) -> None:
+    """Show architecture, keys, tensors, and the llama-server line that pairs the drafter."""
+    from .inspect import read_summary, short
+
+    try:
+        s = read_summary(path)
+    except DFlashError as e:
+        _fail(e, 2)
+    typer.echo(f"file: {s.path}")
+    typer.echo(f"architecture: {s.architecture}")
+    typer.echo(f"keys ({len(s.metadata)}):")
+    for k, v in s.metadata.items():
+        typer.echo(f"  {k:<48} {s.value_types[k]:<14} {short(v)}")
+    total = sum(t.nbytes for t in s.tensors)
+    typer.echo(f"tensors ({len(s.tensors)}, {_human(total)}):")
+    for t in s.tensors:
+        typer.echo(f"  {t.name:<32} {t.ggml_type:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
+    if s.architecture == "dflash":
+        tl = s.metadata.get("dflash.target_layers")
+        typer.echo(f"target layers (llama.cpp layer inputs): {tl}; block size: {s.block_size}")
+        typer.echo("pair with the target in llama.cpp:")
+        typer.echo(f"  {s.pairing_hint()}")
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(f"dflash-convert {__version__}")
+
+
+def main() -> None:
+    try:
+        app()
+    except InputFileError as e:  # pragma: no cover - commands catch their own
+        typer.echo(f"dflash-convert: error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

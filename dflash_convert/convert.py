@@ -1,0 +1,177 @@
+"""convert(): a DFlash drafter checkpoint directory -> llama.cpp `dflash` GGUF."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .drafter import Drafter
+from .errors import ConfigError, DFlashError, InputFileError
+from .format.ggml import OUTTYPES, QUANTIZATION_VERSION, FileType
+from .format.keys import key
+from .hparams import write_hparams, write_mask_token_id
+from .metadata import Metadata
+from .plan import FdCache, PlannedTensor, choose_file_type, out_tensors, plan_tensors
+from .sources.checkpoint import read_checkpoint
+from .sources.zlab import read_zlab
+from .target import TargetInfo, read_target_dir, target_from_gguf_facts
+from .tokenizer import borrow_from_dir, borrow_from_gguf
+from .write import string_array_item_offset, write_gguf
+
+log = logging.getLogger("dflash_convert")
+
+SHA256_HEX_LEN = 64
+CONVERTER_NAME = "dflash-convert"
+
+
+@dataclass
+class ConversionPlan:
+    drafter: Drafter
+    metadata: Metadata
+    tensors: list[PlannedTensor]
+    file_type: FileType
+    output: Path
+    target: TargetInfo
+    n_tokens: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def default_output(src: Path, file_type: FileType) -> Path:
+    name = {FileType.ALL_F32: "F32", FileType.MOSTLY_F16: "F16", FileType.MOSTLY_BF16: "BF16", FileType.MOSTLY_Q8_0: "Q8_0"}[file_type]
+    return src / f"{src.resolve().name}-{name}.gguf"
+
+
+def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
+                    target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
+                    outtype: str = "auto", tokenizer_pre: str | None = None) -> ConversionPlan:
+    """Read and check everything, decide every key and tensor type; writes nothing."""
+    src = Path(src_dir)
+    if outtype != "auto" and outtype not in OUTTYPES:
+        raise DFlashError(f"unknown --outtype {outtype!r} (choose from auto, {', '.join(OUTTYPES)})")
+    if target_model_dir is None and target_gguf is None:
+        raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
+    ckpt = read_checkpoint(src)
+
+    tok_md = Metadata()
+    if target_gguf is not None:
+        facts = borrow_from_gguf(tok_md, Path(target_gguf))
+        target = read_target_dir(target_model_dir) if target_model_dir is not None else target_from_gguf_facts(Path(target_gguf), facts)
+        n_tokens = int(facts["n_tokens"])  # type: ignore[arg-type]
+        vocab_where = str(target_gguf)
+    else:
+        target = read_target_dir(target_model_dir)  # type: ignore[arg-type]
+        n_tokens = -1
+        vocab_where = str(target_model_dir)
+
+    drafter = read_zlab(ckpt, target)
+    if target_gguf is None:
+        n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
+                                   drafter.vocab_size, tokenizer_pre)
+    for t in drafter.tensors:
+        if t.gguf_name in ("token_embd.weight", "output.weight") and t.shape[0] != n_tokens:
+            raise InputFileError(f"{t.hf_name} has {t.shape[0]} rows but the vocabulary has {n_tokens} tokens", t.ref.path)
+
+    first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
+    file_type, matrix_type = choose_file_type(outtype, first_matrix)
+
+    md = Metadata()
+    md.set("architecture", "dflash")
+    md.set("type", "model")
+    md.set("name", src.resolve().name)
+    md.set("converter", CONVERTER_NAME)
+    md.set("converter_version", __version__)
+    md.set("source_config_sha256", _sha256_file(ckpt.config_path))
+    md.set("source_files", [p.name for p in ckpt.files])
+    md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
+    write_hparams(md, drafter, file_type, target.uses_mrope)
+    md.set("quantization_version", QUANTIZATION_VERSION)
+    for kv in tok_md:
+        md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
+    write_mask_token_id(md, drafter, n_tokens, vocab_where)
+
+    output = Path(outfile) if outfile is not None else default_output(src, file_type)
+    if output.is_dir():
+        output = default_output(output, file_type).parent / default_output(src, file_type).name
+    return ConversionPlan(drafter, md, plan_tensors(drafter, matrix_type), file_type, output, target, n_tokens)
+
+
+def _check_output(plan: ConversionPlan, force: bool) -> None:
+    out = plan.output
+    inputs = [plan.drafter.config_path, *plan.drafter.files]
+    if out.exists():
+        for p in inputs:
+            if p.exists() and os.path.samefile(p, out):
+                raise DFlashError("output would overwrite an input file; choose another -o", out)
+        if not force:
+            raise DFlashError("output exists; pass --force to replace it", out)
+        if out.is_dir():
+            raise DFlashError("output is a directory", out)
+    if not out.parent.is_dir():
+        raise DFlashError("output folder does not exist", out.parent)
+
+
+def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = True) -> Path:
+    """Write a planned conversion atomically; source files are hashed while the data streams."""
+    _check_output(plan, force)
+    files = plan.drafter.files
+    hashes: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def hash_all() -> None:
+        try:
+            for i, p in enumerate(files):
+                hashes[i] = _sha256_file(p)
+        except BaseException as e:
+            errors.append(e)
+
+    hasher = threading.Thread(target=hash_all, daemon=True)
+    hasher.start()
+
+    def finish(value_at: dict[str, int]) -> list[tuple[int, bytes]]:
+        hasher.join()
+        if errors:
+            raise InputFileError(f"cannot hash source file: {errors[0]}")
+        base = value_at[key("source_files_sha256")]
+        return [(string_array_item_offset(base, i, SHA256_HEX_LEN), hashes[i].encode()) for i in range(len(files))]
+
+    fds = FdCache()
+    try:
+        write_gguf(plan.output, plan.metadata, out_tensors(plan.tensors, fds), progress=progress, finish=finish)
+    finally:
+        hasher.join()
+        fds.close()
+    return plan.output
+
+
+def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
+            target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
+            outtype: str = "auto", force: bool = False, dry_run: bool = False,
+            tokenizer_pre: str | None = None, progress: bool = False) -> ConversionPlan:
+    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
+    plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
+                           outtype=outtype, tokenizer_pre=tokenizer_pre)
+    if not dry_run:
+        write_plan(plan, force=force, progress=progress)
+    return plan
+
+
+__all__ = ["ConfigError", "ConversionPlan", "convert", "plan_conversion", "write_plan"]

@@ -1,0 +1,130 @@
+"""GGUF metadata keys a DFlash drafter file carries, with the value type llama.cpp expects.
+
+The loader type-checks scalars strictly (u32, f32, bool, string); integer arrays may be INT32 or
+UINT32, and llama.cpp's own Python writer emits INT32 for a list of ints and BOOL for a list of
+bools, so we do the same. ``{arch}`` is the architecture name, ``dflash``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ValueType(IntEnum):
+    """GGUF metadata value types (gguf.h)."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+ARCH = "dflash"
+
+U32, I32, F32, BOOL, STR = ValueType.UINT32, ValueType.INT32, ValueType.FLOAT32, ValueType.BOOL, ValueType.STRING
+
+# short name -> (key template, value type, array element type or None)
+KEYS: dict[str, tuple[str, ValueType, ValueType | None]] = {
+    # general
+    "architecture": ("general.architecture", STR, None),
+    "type": ("general.type", STR, None),
+    "name": ("general.name", STR, None),
+    "file_type": ("general.file_type", U32, None),
+    "quantization_version": ("general.quantization_version", U32, None),
+    "alignment": ("general.alignment", U32, None),
+    # our provenance (general.* is free for the writer to fill)
+    "converter": ("general.converter.name", STR, None),
+    "converter_version": ("general.converter.version", STR, None),
+    "source_config_sha256": ("general.source.config_sha256", STR, None),
+    "source_files": ("general.source.files", ValueType.ARRAY, STR),
+    "source_files_sha256": ("general.source.files_sha256", ValueType.ARRAY, STR),
+    # architecture hyper-parameters
+    "block_count": ("{arch}.block_count", U32, None),
+    "context_length": ("{arch}.context_length", U32, None),
+    "embedding_length": ("{arch}.embedding_length", U32, None),
+    "feed_forward_length": ("{arch}.feed_forward_length", U32, None),
+    "head_count": ("{arch}.attention.head_count", U32, None),
+    "head_count_kv": ("{arch}.attention.head_count_kv", U32, None),
+    "causal": ("{arch}.attention.causal", BOOL, None),
+    "rope_scaling_type": ("{arch}.rope.scaling.type", STR, None),
+    "rope_scaling_factor": ("{arch}.rope.scaling.factor", F32, None),
+    "rope_scaling_orig_ctx": ("{arch}.rope.scaling.original_context_length", U32, None),
+    "rope_yarn_ext_factor": ("{arch}.rope.scaling.yarn_ext_factor", F32, None),
+    "rope_yarn_attn_factor": ("{arch}.rope.scaling.yarn_attn_factor", F32, None),
+    "rope_yarn_beta_fast": ("{arch}.rope.scaling.yarn_beta_fast", F32, None),
+    "rope_yarn_beta_slow": ("{arch}.rope.scaling.yarn_beta_slow", F32, None),
+    "rope_dimension_sections": ("{arch}.rope.dimension_sections", ValueType.ARRAY, I32),
+    "rope_freq_base": ("{arch}.rope.freq_base", F32, None),
+    "rope_freq_base_swa": ("{arch}.rope.freq_base_swa", F32, None),
+    "rms_eps": ("{arch}.attention.layer_norm_rms_epsilon", F32, None),
+    "key_length": ("{arch}.attention.key_length", U32, None),
+    "value_length": ("{arch}.attention.value_length", U32, None),
+    "rope_dimension_count": ("{arch}.rope.dimension_count", U32, None),
+    "value_scale": ("{arch}.attention.value_scale", F32, None),
+    "block_size": ("{arch}.block_size", U32, None),
+    "logit_scale": ("{arch}.logit_scale", F32, None),
+    "final_logit_softcapping": ("{arch}.final_logit_softcapping", F32, None),
+    "embedding_scale": ("{arch}.embedding_scale", F32, None),
+    "target_layers": ("{arch}.target_layers", ValueType.ARRAY, I32),
+    "sliding_window": ("{arch}.attention.sliding_window", U32, None),
+    "sliding_window_pattern": ("{arch}.attention.sliding_window_pattern", ValueType.ARRAY, BOOL),
+    "hidden_activation": ("{arch}.hidden_activation", STR, None),
+    # tokenizer
+    "tok_model": ("tokenizer.ggml.model", STR, None),
+    "tok_pre": ("tokenizer.ggml.pre", STR, None),
+    "tok_tokens": ("tokenizer.ggml.tokens", ValueType.ARRAY, STR),
+    "tok_token_type": ("tokenizer.ggml.token_type", ValueType.ARRAY, I32),
+    "tok_scores": ("tokenizer.ggml.scores", ValueType.ARRAY, F32),
+    "tok_merges": ("tokenizer.ggml.merges", ValueType.ARRAY, STR),
+    "tok_add_space_prefix": ("tokenizer.ggml.add_space_prefix", BOOL, None),
+    "tok_chat_template": ("tokenizer.chat_template", STR, None),
+    "tok_chat_templates": ("tokenizer.chat_templates", ValueType.ARRAY, STR),
+    "tok_normalizer_lowercase": ("tokenizer.ggml.normalizer_lowercase", BOOL, None),
+    "tok_normalizer_strip_accents": ("tokenizer.ggml.normalizer_strip_accents", BOOL, None),
+    "mask_token_id": ("tokenizer.ggml.mask_token_id", U32, None),
+}
+
+# special token kinds -> id key, u32 ("sep" is spelled "seperator" in llama.cpp). llama.cpp's
+# writer has no key for "cls", so a cls id found in the tokenizer files is not written.
+SPECIAL_TOKEN_ID_KEYS: dict[str, str] = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "unk": "tokenizer.ggml.unknown_token_id",
+    "sep": "tokenizer.ggml.seperator_token_id",
+    "pad": "tokenizer.ggml.padding_token_id",
+    "mask": "tokenizer.ggml.mask_token_id",
+    "eot": "tokenizer.ggml.eot_token_id",
+    "eom": "tokenizer.ggml.eom_token_id",
+}
+
+# special token kinds -> "add this token when encoding" flag key, bool (only these three exist)
+ADD_SPECIAL_TOKEN_KEYS: dict[str, str] = {
+    "bos": "tokenizer.ggml.add_bos_token",
+    "eos": "tokenizer.ggml.add_eos_token",
+    "sep": "tokenizer.ggml.add_sep_token",
+}
+
+# rope scaling type names as written to {arch}.rope.scaling.type
+ROPE_SCALING_NAMES = {"linear": "linear", "yarn": "yarn", "longrope": "longrope"}
+
+# token types (llama.h llama_token_type)
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6
+
+
+def key(short: str, arch: str = ARCH) -> str:
+    """The full GGUF key for a short name from KEYS."""
+    return KEYS[short][0].format(arch=arch)

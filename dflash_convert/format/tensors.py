@@ -1,0 +1,119 @@
+"""Tensor names: Hugging Face DFlash checkpoint <-> llama.cpp ``dflash`` GGUF, both directions.
+
+HF names are given without the optional ``model.`` prefix (z-lab checkpoints have none; other
+exporters add it). Per-layer names use ``{bid}`` for the layer index. The table is the single
+place that spells a tensor name; ``hf_to_gguf`` and ``gguf_to_hf`` read it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# HF name (no "model." prefix) -> GGUF name, for tensors outside the layers
+GLOBAL_TENSORS: dict[str, str] = {
+    "fc.weight": "fc.weight",
+    "hidden_norm.weight": "enc.output_norm.weight",
+    "norm.weight": "output_norm.weight",
+    "embed_tokens.weight": "token_embd.weight",
+    "lm_head.weight": "output.weight",
+}
+
+# HF per-layer suffix (after "layers.{bid}.") -> GGUF per-layer suffix (after "blk.{bid}.")
+# Note the trap: post_attention_layernorm is the *pre-FFN* norm of a Qwen3 layer, ffn_norm here.
+LAYER_TENSORS: dict[str, str] = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+# HF names that carry no weights the runtime needs; dropped silently (as llama.cpp does)
+SKIPPED_SUFFIXES: tuple[str, ...] = (".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")
+
+# Tensors every classic DFlash drafter must have (GGUF names; {bid} per layer)
+REQUIRED_GLOBAL: tuple[str, ...] = ("fc.weight", "enc.output_norm.weight", "output_norm.weight")
+REQUIRED_PER_LAYER: tuple[str, ...] = (
+    "attn_norm.weight",
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "attn_output.weight",
+    "attn_q_norm.weight",
+    "attn_k_norm.weight",
+    "ffn_norm.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+)
+
+# Expected PyTorch shapes ([out, in] for linears) of each tensor, as expressions over the
+# drafter's dimensions (products written with '*'): E hidden, F intermediate, H heads,
+# KV kv-heads, D head dim, T taps, V vocabulary.
+EXPECTED_HF_SHAPES: dict[str, tuple[str, ...]] = {
+    "fc.weight": ("E", "T*E"),
+    "enc.output_norm.weight": ("E",),
+    "output_norm.weight": ("E",),
+    "attn_norm.weight": ("E",),
+    "attn_q.weight": ("H*D", "E"),
+    "attn_k.weight": ("KV*D", "E"),
+    "attn_v.weight": ("KV*D", "E"),
+    "attn_output.weight": ("E", "H*D"),
+    "attn_q_norm.weight": ("D",),
+    "attn_k_norm.weight": ("D",),
+    "ffn_norm.weight": ("E",),
+    "ffn_gate.weight": ("F", "E"),
+    "ffn_up.weight": ("F", "E"),
+    "ffn_down.weight": ("E", "F"),
+    "token_embd.weight": ("V", "E"),
+    "output.weight": ("V", "E"),
+}
+
+_HF_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+_GGUF_TO_HF_GLOBAL = {v: k for k, v in GLOBAL_TENSORS.items()}
+_GGUF_TO_HF_LAYER = {v: k for k, v in LAYER_TENSORS.items()}
+
+
+def strip_model_prefix(name: str) -> str:
+    """HF names with or without ``model.`` are the same tensor."""
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def hf_to_gguf(hf_name: str) -> str | None:
+    """GGUF name for an HF tensor name (prefix optional), or None when the table has no entry."""
+    name = strip_model_prefix(hf_name)
+    if name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[name]
+    m = _HF_LAYER.match(name)
+    if m and m.group(2) in LAYER_TENSORS:
+        return f"blk.{int(m.group(1))}.{LAYER_TENSORS[m.group(2)]}"
+    return None
+
+
+def gguf_to_hf(gguf_name: str) -> str | None:
+    """HF name (without prefix) for a GGUF tensor name, or None when the table has no entry."""
+    if gguf_name in _GGUF_TO_HF_GLOBAL:
+        return _GGUF_TO_HF_GLOBAL[gguf_name]
+    m = _GGUF_LAYER.match(gguf_name)
+    if m and m.group(2) in _GGUF_TO_HF_LAYER:
+        return f"layers.{int(m.group(1))}.{_GGUF_TO_HF_LAYER[m.group(2)]}"
+    return None
+
+
+def layer_of(gguf_name: str) -> int | None:
+    """Layer index of a per-layer GGUF name, None for global tensors."""
+    m = _GGUF_LAYER.match(gguf_name)
+    return int(m.group(1)) if m else None
+
+
+def generic_name(gguf_name: str) -> str:
+    """The table key of a GGUF name: the per-layer suffix, or the global name."""
+    m = _GGUF_LAYER.match(gguf_name)
+    return m.group(2) if m else gguf_name

@@ -1,0 +1,140 @@
+"""Hyper-parameter keys of a drafter GGUF: one function per key family, and the order they go in.
+
+Each family function writes its keys into a Metadata. ``write_hparams`` calls them in the order
+llama.cpp's converter does (generic text-model keys, then the dflash ones), so the key order of
+our files matches upstream's. Validation that needs the config happened in the reader; what is
+checked here is what only the combination with the target can tell.
+"""
+
+from __future__ import annotations
+
+from .drafter import Drafter
+from .format.ggml import FileType
+from .metadata import Metadata
+
+
+def write_base(md: Metadata, d: Drafter) -> None:
+    """Geometry: layers, context, widths, heads."""
+    md.set("block_count", d.n_layers)
+    md.set("context_length", d.context_length)
+    md.set("embedding_length", d.hidden_size)
+    md.set("feed_forward_length", d.intermediate_size)
+    md.set("head_count", d.n_head)
+    md.set("head_count_kv", d.n_head_kv)
+
+
+def write_rope_scaling(md: Metadata, d: Drafter) -> None:
+    s = d.rope_scaling
+    if s is None:
+        return
+    md.set("rope_scaling_type", s.kind)
+    md.set("rope_scaling_factor", s.factor)
+    if s.kind == "yarn":
+        md.set("rope_scaling_orig_ctx", s.original_context_length)
+        for short, value in (("rope_yarn_ext_factor", s.yarn_ext_factor), ("rope_yarn_attn_factor", s.yarn_attn_factor),
+                             ("rope_yarn_beta_fast", s.yarn_beta_fast), ("rope_yarn_beta_slow", s.yarn_beta_slow)):
+            if value is not None:
+                md.set(short, value)
+
+
+def write_rope_base(md: Metadata, d: Drafter) -> None:
+    if d.rope_theta is not None:
+        md.set("rope_freq_base", d.rope_theta)
+    if d.rope_theta_swa is not None:
+        md.set("rope_freq_base_swa", d.rope_theta_swa)
+
+
+def write_head_dims(md: Metadata, d: Drafter) -> None:
+    md.set("key_length", d.head_dim)
+    md.set("value_length", d.head_dim)
+
+
+def write_rope_dimension_count(md: Metadata, d: Drafter) -> None:
+    """Partial rotary: only the first int(head_dim * factor) dims of each head rotate."""
+    if d.partial_rotary_factor is not None:
+        md.set("rope_dimension_count", int(d.head_dim * d.partial_rotary_factor))
+
+
+def write_rope_dimension_sections(md: Metadata, d: Drafter, target_uses_mrope: bool) -> None:
+    """M-RoPE targets (Qwen3.5/3.6): degenerate sections [head_dim/2, 0, 0, 0].
+
+    The draft then ropes on the temporal position row only, which equals NeoX RoPE; the sections
+    are needed because the runtime hands an M-RoPE target's 4-row positions to the draft.
+    """
+    if target_uses_mrope:
+        md.set("rope_dimension_sections", [d.head_dim // 2, 0, 0, 0])
+
+
+def write_scales(md: Metadata, d: Drafter) -> None:
+    """attention.value_scale (on the attention output), stored first like upstream."""
+    if d.value_scale is not None:
+        md.set("value_scale", d.value_scale)
+
+
+def write_block_size(md: Metadata, d: Drafter) -> None:
+    md.set("block_size", d.block_size)
+
+
+def write_output_scales(md: Metadata, d: Drafter) -> None:
+    """logit scale, soft-capping (> 0 only) and the noise-embedding scale."""
+    if d.logit_scale is not None:
+        md.set("logit_scale", d.logit_scale)
+    if d.final_logit_softcapping is not None and d.final_logit_softcapping > 0:
+        md.set("final_logit_softcapping", d.final_logit_softcapping)
+    if d.embedding_scale is not None:
+        md.set("embedding_scale", d.embedding_scale)
+
+
+def write_target_layers(md: Metadata, d: Drafter) -> None:
+    """llama.cpp layer-input indices (= z-lab target_layer_ids + 1, converted by the reader)."""
+    md.set("target_layers", d.target_layers)
+
+
+def write_sliding_window(md: Metadata, d: Drafter) -> None:
+    if d.sliding_window and d.swa_pattern:
+        md.set("sliding_window", d.sliding_window)
+        md.set("sliding_window_pattern", d.swa_pattern)
+
+
+def write_causal(md: Metadata, d: Drafter) -> None:
+    if d.causal is not None:
+        md.set("causal", d.causal)
+
+
+def write_hidden_activation(md: Metadata, d: Drafter) -> None:
+    """Written only for non-SiLU drafters (the runtime default is SiLU; upstream never writes it)."""
+    if d.hidden_act != "silu":
+        md.set("hidden_activation", d.hidden_act)
+
+
+def write_hparams(md: Metadata, d: Drafter, file_type: FileType, target_uses_mrope: bool) -> None:
+    """All hyper-parameter keys, in llama.cpp's converter order."""
+    write_base(md, d)
+    if d.is_causal is False:
+        md.set("causal", False)  # generic text-model key; the dflash value below overwrites in place
+    write_rope_scaling(md, d)
+    if d.rope_sections is not None:
+        md.set("rope_dimension_sections", d.rope_sections)
+    write_rope_base(md, d)
+    md.set("rms_eps", d.rms_eps)
+    write_head_dims(md, d)
+    md.set("file_type", int(file_type))
+    write_rope_dimension_count(md, d)
+    write_scales(md, d)
+    write_block_size(md, d)
+    write_output_scales(md, d)
+    write_target_layers(md, d)
+    write_sliding_window(md, d)
+    write_causal(md, d)
+    write_rope_dimension_sections(md, d, target_uses_mrope)
+    write_hidden_activation(md, d)
+
+
+def write_mask_token_id(md: Metadata, d: Drafter, n_tokens: int, where: str) -> None:
+    """tokenizer.ggml.mask_token_id, after the vocabulary (it overrides any id the tokenizer had)."""
+    from .errors import ConfigError
+
+    if d.mask_token_id >= n_tokens:
+        raise ConfigError(f"mask_token_id {d.mask_token_id} is not below the vocabulary size {n_tokens} of {where}",
+                          d.config_path)
+    md.set("mask_token_id", d.mask_token_id)

@@ -1,0 +1,1 @@
+"""Readers of untrusted input: checkpoints, configs, GGUF files."""

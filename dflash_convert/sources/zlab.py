@@ -1,0 +1,272 @@
+"""Reader for z-lab format DFlash drafters (architectures: ["DFlashDraftModel"]) -> Drafter.
+
+Every value llama.cpp needs is taken from the config or the tensors, or the conversion stops with
+a message naming the key; nothing is guessed (no default target layers, no implied SWA pattern).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ..drafter import Drafter, DrafterTensor, RopeScaling
+from ..errors import ConfigError, InputFileError
+from ..format.tensors import (
+    EXPECTED_HF_SHAPES,
+    REQUIRED_GLOBAL,
+    REQUIRED_PER_LAYER,
+    SKIPPED_SUFFIXES,
+    generic_name,
+    hf_to_gguf,
+    layer_of,
+    strip_model_prefix,
+)
+from ..target import TargetInfo
+from .checkpoint import Checkpoint
+
+log = logging.getLogger("dflash_convert")
+
+ZLAB_ARCHITECTURES = ("DFlashDraftModel",)
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+CONTEXT_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
+ROPE_THETA_KEYS = ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base")
+LOCAL_ROPE_THETA_KEYS = ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta", "rope_local_base_freq")
+PARTIAL_ROTARY_KEYS = ("partial_rotary_factor", "rope_pct", "rope_percent")
+SUPPORTED_ACTIVATIONS = {"silu": None, "swish": None, "gelu": "gelu", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
+
+
+class ConfigView:
+    """Typed access to a config dict with errors that name the file and the key."""
+
+    def __init__(self, cfg: dict[str, Any], path: Path) -> None:
+        self.cfg, self.path = cfg, path
+
+    def error(self, msg: str) -> ConfigError:
+        return ConfigError(msg, self.path)
+
+    def first(self, keys: tuple[str, ...], d: dict[str, Any] | None = None) -> Any:
+        d = self.cfg if d is None else d
+        return next((d[k] for k in keys if d.get(k) is not None), None)
+
+    def int_(self, key: str, value: Any = None, *, required: bool = True, minimum: int = 1) -> int | None:
+        v = self.cfg.get(key) if value is None else value
+        if v is None:
+            if required:
+                raise self.error(f"missing required key {key!r}")
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+            raise self.error(f"{key} must be an integer >= {minimum}, got {v!r}")
+        return v
+
+    def float_(self, key: str, value: Any = None, *, required: bool = False) -> float | None:
+        v = self.cfg.get(key) if value is None else value
+        if v is None:
+            if required:
+                raise self.error(f"missing required key {key!r}")
+            return None
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise self.error(f"{key} must be a number, got {v!r}")
+        return float(v)
+
+
+def _merged(cfg: dict[str, Any]) -> dict[str, Any]:
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
+
+
+def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | None, list[int] | None, float | None]:
+    cfg = cv.cfg
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise cv.error("rope_parameters/rope_scaling must be an object or null")
+    full = params.get("full_attention", params)
+    theta = cv.float_("rope_theta", full.get("rope_theta", cv.first(ROPE_THETA_KEYS)))
+    swa = params.get("sliding_attention")
+    theta_swa = cv.float_("local rope_theta", swa.get("rope_theta") if isinstance(swa, dict) else cv.first(LOCAL_ROPE_THETA_KEYS))
+    kind = full.get("rope_type", full.get("type"))
+    scaling = None
+    factor = full.get("factor")
+    if kind == "linear" and factor is not None:
+        scaling = RopeScaling("linear", float(factor))
+    elif kind == "yarn" and factor is not None:
+        orig = full.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        if orig is None:
+            raise cv.error("yarn rope scaling needs original_max_position_embeddings")
+        scaling = RopeScaling("yarn", float(factor), int(orig), full.get("extrapolation_factor"),
+                              full.get("attention_factor", full.get("attn_factor")), full.get("beta_fast"), full.get("beta_slow"))
+    elif kind not in (None, "default", "linear", "yarn"):
+        # llama.cpp's DFlash converter writes nothing for other rope types (llama3, dynamic, ...);
+        # we write the same, and say so.
+        log.warning("%s: rope_type %r is not carried into the GGUF (llama.cpp's dflash has no key for it)", cv.path, kind)
+    sections = None
+    if "mrope_section" in params:
+        sec = params["mrope_section"]
+        if not isinstance(sec, list) or not all(isinstance(s, int) for s in sec) or len(sec) > 4:
+            raise cv.error(f"mrope_section must be a list of at most 4 integers, got {sec!r}")
+        sections = (list(sec) + [0, 0, 0, 0])[:4]
+    prf = params.get("partial_rotary_factor", cv.first(PARTIAL_ROTARY_KEYS))
+    prf = cv.float_("partial_rotary_factor", prf)
+    if prf is not None and not 0 < prf <= 1:
+        raise cv.error(f"partial_rotary_factor must be in (0, 1], got {prf}")
+    return theta, theta_swa, scaling, sections, prf
+
+
+def _swa(cv: ConfigView, dflash: dict[str, Any], n_layers: int) -> tuple[int | None, list[bool] | None]:
+    cfg = cv.cfg
+    use_swa_all = bool(dflash.get("use_swa", False))
+    use = bool(cfg.get("use_sliding_window", False)) or use_swa_all
+    window = dflash.get("swa_window_size") or cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise cv.error("layer_types must be a list of strings")
+        if len(layer_types) != n_layers:
+            raise cv.error(f"layer_types has {len(layer_types)} entries but num_hidden_layers is {n_layers}")
+    if not use:
+        if layer_types and "sliding_attention" in layer_types:
+            log.warning("%s: layer_types lists sliding_attention but use_sliding_window is false: "
+                        "no sliding window is written (as llama.cpp's converter does)", cv.path)
+        return None, None
+    if not window:
+        raise cv.error("use_sliding_window is true but no sliding_window size is given")
+    window = cv.int_("sliding_window", window)
+    if use_swa_all:
+        return window, [True] * n_layers
+    if layer_types is None:
+        raise cv.error("use_sliding_window is true but layer_types is missing: which layers slide is not guessed")
+    return window, [t == "sliding_attention" for t in layer_types]
+
+
+def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
+    cv = ConfigView(_merged(ckpt.config), ckpt.config_path)
+    cfg = cv.cfg
+    archs = cfg.get("architectures")
+    if not isinstance(archs, list) or not any(a in ZLAB_ARCHITECTURES for a in archs):
+        raise cv.error(f"not a z-lab DFlash drafter: architectures is {archs!r}, expected ['DFlashDraftModel']")
+    dflash = cfg.get("dflash_config") or {}
+    if not isinstance(dflash, dict):
+        raise cv.error("dflash_config must be an object")
+
+    n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")))
+    hidden = cv.int_("hidden_size", cv.first(("hidden_size", "n_embd", "dim")))
+    ffn = cv.int_("intermediate_size", cv.first(("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size", "n_inner", "hidden_dim")))
+    n_head = cv.int_("num_attention_heads", cv.first(("num_attention_heads", "n_head", "n_heads")))
+    n_head_kv = cv.int_("num_key_value_heads", cv.first(("num_key_value_heads", "n_kv_heads")))
+    head_dim = cv.int_("head_dim", required=False) or hidden // n_head
+    if n_head % n_head_kv:
+        raise cv.error(f"num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}")
+    ctx = cv.int_("max_position_embeddings", cv.first(CONTEXT_KEYS))
+    eps = cv.float_("rms_norm_eps", cv.first(("rms_norm_eps", "norm_eps")), required=True)
+    vocab = cv.int_("vocab_size")
+
+    # target layers: never computed, never defaulted
+    ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+    if not ids:
+        raise cv.error("dflash_config.target_layer_ids is missing: the tapped target layers are not guessed "
+                       "(add the list the drafter was trained with)")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise cv.error(f"target_layer_ids must be a list of integers, got {ids!r}")
+    if target is not None and target.num_hidden_layers is not None:
+        bad = [i for i in ids if not 0 <= i < target.num_hidden_layers]
+        if bad:
+            raise cv.error(f"target_layer_ids {bad} are outside the target's {target.num_hidden_layers} layers "
+                           f"({target.source}); wrong target?")
+    elif any(i < 0 for i in ids):
+        raise cv.error(f"target_layer_ids must be >= 0, got {ids}")
+    if len(set(ids)) == 1 and len(ids) > 1:
+        raise cv.error(f"target_layer_ids are all equal ({ids}): a drafter taps distinct layers")
+    target_layers = [i + 1 for i in ids]
+
+    if target is not None and target.hidden_size is not None and target.hidden_size != hidden:
+        raise cv.error(f"draft hidden_size {hidden} differs from the target's {target.hidden_size} "
+                       f"({target.source}); llama.cpp feeds target hidden states of that width")
+
+    mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+    if mask is None:
+        raise cv.error("dflash_config.mask_token_id is missing: the drafter fills its block with this token")
+    mask = cv.int_("mask_token_id", mask, minimum=0)
+    if mask >= vocab:
+        raise cv.error(f"mask_token_id {mask} is not below vocab_size {vocab}")
+
+    block = dflash.get("block_size", cfg.get("block_size", 16))
+    block = cv.int_("block_size", block, minimum=2)
+
+    theta, theta_swa, scaling, sections, prf = _rope(cv)
+    window, pattern = _swa(cv, dflash, n_layers)
+    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise cv.error(f"hidden_act {act!r} is not supported by llama.cpp's dflash (silu, gelu, gelu_pytorch_tanh)")
+
+    is_causal = cfg.get("is_causal")
+    causal = is_causal if is_causal is not None else dflash.get("causal")
+    d = Drafter(
+        source=ckpt.dir, config_path=ckpt.config_path, n_layers=n_layers, hidden_size=hidden,
+        intermediate_size=ffn, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, context_length=ctx,
+        rms_eps=eps, vocab_size=vocab, mask_token_id=mask, target_layers=target_layers, block_size=block,
+        rope_theta=theta, rope_theta_swa=theta_swa, rope_scaling=scaling, rope_sections=sections,
+        partial_rotary_factor=prf, sliding_window=window, swa_pattern=pattern,
+        is_causal=None if is_causal is None else bool(is_causal),
+        causal=None if causal is None else bool(causal),
+        value_scale=cv.float_("attention_value_scale", dflash.get("attention_value_scale")),
+        embedding_scale=cv.float_("input_embedding_scale", dflash.get("input_embedding_scale", cfg.get("input_embedding_scale"))),
+        logit_scale=cv.float_("output_multiplier", dflash.get("output_multiplier", cfg.get("output_multiplier"))),
+        final_logit_softcapping=cv.float_("final_logit_softcapping", dflash.get("final_logit_softcapping", cfg.get("final_logit_softcapping"))),
+        hidden_act=SUPPORTED_ACTIVATIONS[act] or "silu",
+        rope_is_neox=bool(cfg.get("rope_is_neox_style", True)),
+        files=list(ckpt.files),
+    )
+    d.tensors = _map_tensors(ckpt, cfg, d)
+    return d
+
+
+def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter) -> list[DrafterTensor]:
+    out: list[DrafterTensor] = []
+    seen: set[str] = set()
+    for ref in ckpt.tensors:
+        name = strip_model_prefix(ref.name)
+        if name.endswith(SKIPPED_SUFFIXES):
+            continue
+        gguf_name = hf_to_gguf(name)
+        if gguf_name is None:
+            raise InputFileError(f"unknown tensor {ref.name!r}: not part of a z-lab DFlash drafter", ref.path)
+        if gguf_name == "token_embd.weight" and cfg.get("has_embed_tokens") is False:
+            continue
+        if gguf_name in seen:
+            raise InputFileError(f"tensor {ref.name!r} appears twice (with and without the model. prefix?)", ref.path)
+        bid = layer_of(gguf_name)
+        if bid is not None and bid >= d.n_layers:
+            raise InputFileError(f"tensor {ref.name!r} is for layer {bid}, but num_hidden_layers is {d.n_layers}", ref.path)
+        if ref.dtype not in FLOAT_DTYPES:
+            raise InputFileError(f"tensor {ref.name!r} has dtype {ref.dtype}; only F32, F16, BF16 and F64 convert", ref.path)
+        seen.add(gguf_name)
+        out.append(DrafterTensor(gguf_name, name, ref))
+    _check_tensors(out, d)
+    return out
+
+
+def _check_tensors(tensors: list[DrafterTensor], d: Drafter) -> None:
+    names = {t.gguf_name for t in tensors}
+    missing = [n for n in REQUIRED_GLOBAL if n not in names]
+    missing += [f"blk.{i}.{s}" for i in range(d.n_layers) for s in REQUIRED_PER_LAYER if f"blk.{i}.{s}" not in names]
+    if missing:
+        raise InputFileError(f"checkpoint lacks required tensors: {', '.join(missing[:6])}"
+                             + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""), d.source)
+    if "token_embd.weight" in names and "output.weight" not in names:
+        raise InputFileError(
+            "checkpoint ships embed_tokens but no lm_head: llama.cpp would use the embedding as the output "
+            "head (tied), which the reference does not; refusing to write a silently wrong drafter", d.source)
+    dims = {"E": d.hidden_size, "F": d.intermediate_size, "H": d.n_head, "KV": d.n_head_kv, "D": d.head_dim,
+            "T": len(d.target_layers), "V": d.vocab_size}
+    for t in tensors:
+        spec = EXPECTED_HF_SHAPES.get(generic_name(t.gguf_name))
+        if spec is None:
+            continue
+        want = tuple(math.prod(dims[f] for f in dim.split("*")) for dim in spec)
+        if tuple(t.shape) != want:
+            what = f"{t.ref.name!r} has shape {list(t.shape)}, expected {list(want)}"
+            if t.gguf_name == "fc.weight" and len(t.shape) == 2 and t.shape[0] == d.hidden_size:
+                what = (f"fc.weight input width {t.shape[1]} != len(target_layer_ids) * hidden_size = "
+                        f"{len(d.target_layers)} * {d.hidden_size}")
+            raise InputFileError(what, t.ref.path)

@@ -1,0 +1,74 @@
+"""What the converter needs to know about the target model: from its config.json or its GGUF.
+
+Only config and tokenizer files are read from a target directory, never its weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, InputFileError
+from .sources.checkpoint import read_config
+
+
+@dataclass
+class TargetInfo:
+    source: Path
+    architecture: str | None
+    hidden_size: int | None
+    num_hidden_layers: int | None
+    vocab_size: int | None
+    uses_mrope: bool
+    config: dict[str, Any]
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else cfg
+
+
+def read_target_dir(target_dir: str | Path) -> TargetInfo:
+    target_dir = Path(target_dir)
+    cfg, path = read_config(target_dir)
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    text = _text_config(cfg)
+    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    rope = inner.get("rope_parameters") or inner.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError("rope_parameters/rope_scaling must be an object", path)
+
+    def as_int(key: str) -> int | None:
+        v = text.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ConfigError(f"target {key} must be a positive integer, got {v!r}", path)
+        return v
+
+    return TargetInfo(
+        source=target_dir,
+        architecture=arch,
+        hidden_size=as_int("hidden_size"),
+        num_hidden_layers=as_int("num_hidden_layers"),
+        vocab_size=as_int("vocab_size"),
+        uses_mrope="mrope_section" in rope,
+        config=cfg,
+    )
+
+
+def target_from_gguf_facts(path: Path, facts: dict[str, object]) -> TargetInfo:
+    """TargetInfo from the facts copy_tokenizer_keys gathered while reading a target GGUF."""
+    if "architecture" not in facts:
+        raise InputFileError("target GGUF has no general.architecture", path)
+    return TargetInfo(
+        source=path,
+        architecture=str(facts["architecture"]),
+        hidden_size=facts.get("embedding_length"),  # type: ignore[arg-type]
+        num_hidden_layers=facts.get("block_count"),  # type: ignore[arg-type]
+        vocab_size=facts.get("n_tokens"),  # type: ignore[arg-type]
+        uses_mrope=False,
+        config={},
+    )

@@ -1,0 +1,61 @@
+"""Choose the vocabulary route by the target's architecture, as llama.cpp's converter does.
+
+A drafter carries its target's tokenizer. The route (which tokenizer.ggml.model, whether a
+pre-tokenizer hash is involved) depends on the target family, so we dispatch on the target's
+``architectures[0]``, never on the drafter's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputFileError
+from ..metadata import Metadata
+from .bpe import read_bpe_vocab
+from .from_gguf import copy_tokenizer_keys
+from .special import read_special_tokens
+
+# target architecture -> vocabulary route
+ROUTES: dict[str, str] = {
+    "Qwen2ForCausalLM": "gpt2",
+    "Qwen3ForCausalLM": "gpt2",
+    "Qwen3MoeForCausalLM": "gpt2",
+    "Qwen3NextForCausalLM": "gpt2",
+    "Qwen3_5ForCausalLM": "gpt2",
+    "Qwen3_5ForConditionalGeneration": "gpt2",
+    "Qwen3_5MoeForCausalLM": "gpt2",
+    "Qwen3_5MoeForConditionalGeneration": "gpt2",
+    "LlamaForCausalLM": "gpt2",  # Llama-3.x: byte-level BPE in tokenizer.json
+    "GptOssForCausalLM": "gpt2",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
+}
+
+
+def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vocab_size: int | None,
+                    tokenizer_pre: str | None = None) -> int:
+    """Write the tokenizer keys llama.cpp would write for this target; returns the token count."""
+    route = ROUTES.get(architecture or "")
+    if route is None:
+        raise InputFileError(
+            f"no tokenizer route for target architecture {architecture!r}; convert the target with "
+            "llama.cpp and pass --target-gguf TARGET.gguf to copy its tokenizer", target_dir / "config.json")
+    if route == "gpt2":
+        if (target_dir / "tokenizer.model").is_file() and architecture.startswith(("Qwen", "Llama")):  # type: ignore[union-attr]
+            raise InputFileError(
+                "target ships a SentencePiece tokenizer.model, which llama.cpp would convert as an SPM "
+                "vocabulary; pass --target-gguf with the converted target instead", target_dir)
+        vocab = read_bpe_vocab(target_dir, vocab_size, tokenizer_pre)
+        md.set("tok_model", "gpt2")
+        md.set("tok_pre", vocab.pre)
+        md.set("tok_tokens", vocab.tokens)
+        md.set("tok_token_type", vocab.token_types)
+        read_special_tokens(target_dir).write(md)
+        return len(vocab.tokens)
+    from .gemma4 import write_gemma4_vocab
+
+    return write_gemma4_vocab(md, target_dir)
+
+
+def borrow_from_gguf(md: Metadata, target_gguf: Path) -> dict[str, object]:
+    return copy_tokenizer_keys(target_gguf, md)

@@ -1,0 +1,131 @@
+"""Streaming, atomic GGUF writer.
+
+The header (metadata and tensor table) is computed up front from shapes and types alone; tensor
+data is then produced chunk by chunk and written in order, so memory does not grow with model
+size. Everything goes to a temporary file in the destination folder, renamed over the output
+only when complete; on any error the temporary file is removed. Late values (source file hashes
+computed while converting) are fixed-size strings patched into the header at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DFlashError
+from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLType
+from .format.keys import ValueType
+from .metadata import Metadata
+
+_SCALAR_FORMATS = {
+    ValueType.UINT8: "<B", ValueType.INT8: "<b", ValueType.UINT16: "<H", ValueType.INT16: "<h",
+    ValueType.UINT32: "<I", ValueType.INT32: "<i", ValueType.FLOAT32: "<f", ValueType.BOOL: "<?",
+    ValueType.UINT64: "<Q", ValueType.INT64: "<q", ValueType.FLOAT64: "<d",
+}
+
+
+@dataclass
+class OutTensor:
+    """One tensor of the output: its table entry and a producer of its bytes, in order."""
+
+    name: str
+    ne: tuple[int, ...]  # ggml order, ne[0] fastest
+    ggml_type: GGMLType
+    nbytes: int
+    chunks: Callable[[], Iterable[np.ndarray | bytes]] = field(repr=False, default=lambda: ())
+
+
+def _pad(n: int, align: int = GGUF_DEFAULT_ALIGNMENT) -> int:
+    return (n + align - 1) // align * align
+
+
+def _string(s: str | bytes) -> bytes:
+    b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+    return struct.pack("<Q", len(b)) + b
+
+
+def _value(vtype: ValueType, value: object, sub: ValueType | None) -> bytes:
+    if vtype == ValueType.STRING:
+        return _string(value)  # type: ignore[arg-type]
+    if vtype == ValueType.ARRAY:
+        assert sub is not None
+        items = list(value)  # type: ignore[call-overload]
+        head = struct.pack("<IQ", int(sub), len(items))
+        if sub == ValueType.STRING:
+            return head + b"".join(_string(v) for v in items)
+        fmt = _SCALAR_FORMATS[sub]
+        return head + struct.pack("<" + fmt[1] * len(items), *items)
+    return struct.pack(_SCALAR_FORMATS[vtype], value)
+
+
+def serialize_header(md: Metadata, tensors: list[OutTensor]) -> tuple[bytes, dict[str, int], list[int]]:
+    """Header bytes (padded to alignment), value offsets per key, and data offsets per tensor."""
+    out = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(md)))
+    value_at: dict[str, int] = {}
+    for kv in md:
+        out += _string(kv.key) + struct.pack("<I", int(kv.vtype))
+        value_at[kv.key] = len(out)
+        out += _value(kv.vtype, kv.value, kv.sub)
+    offsets: list[int] = []
+    cursor = 0
+    for t in tensors:
+        offsets.append(cursor)
+        out += _string(t.name) + struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne)
+        out += struct.pack("<IQ", int(t.ggml_type), cursor)
+        cursor += _pad(t.nbytes)
+    out += b"\0" * (_pad(len(out)) - len(out))
+    return bytes(out), value_at, offsets
+
+
+def string_array_item_offset(value_offset: int, index: int, item_len: int) -> int:
+    """File offset of the bytes of item ``index`` of a string array whose items all have item_len bytes."""
+    return value_offset + 4 + 8 + index * (8 + item_len) + 8
+
+
+def temp_path_for(out: Path) -> Path:
+    return out.with_name(f".{out.name}.partial-{os.getpid()}")
+
+
+def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: bool = True,
+               finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None) -> int:
+    """Write a GGUF file atomically. ``finish`` returns (header offset, bytes) patches applied last."""
+    header, value_at, _ = serialize_header(md, tensors)
+    tmp = temp_path_for(out)
+    total = sum(t.nbytes for t in tensors)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}", disable=None, leave=False)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            for t in tensors:
+                written = 0
+                for chunk in t.chunks():
+                    mv = memoryview(chunk).cast("B") if isinstance(chunk, np.ndarray) else memoryview(chunk)
+                    f.write(mv)
+                    written += mv.nbytes
+                    if bar is not None:
+                        bar.update(mv.nbytes)
+                if written != t.nbytes:
+                    raise DFlashError(f"internal error: tensor {t.name} produced {written} bytes, expected {t.nbytes}")
+                f.write(b"\0" * (_pad(written) - written))
+            if finish is not None:
+                for offset, data in finish(value_at):
+                    f.seek(offset)
+                    f.write(data)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return len(header) + sum(_pad(t.nbytes) for t in tensors)
+
