@@ -41,7 +41,7 @@ def convert(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings."),
 ) -> None:
     """Convert a DFlash drafter (z-lab format) to llama.cpp's dflash GGUF."""
-    from .convert import plan_conversion, write_plan
+    from .converter import plan_conversion, write_plan
 
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING, format="dflash-convert: warning: %(message)s")
     try:
@@ -82,26 +82,25 @@ def _print_plan(plan) -> None:
 @app.command()
 def inspect(path: Path = typer.Argument(..., help="A GGUF file.")) -> None:
     """Show architecture, keys, tensors, and the llama-server line that pairs the drafter."""
-    from .inspect import read_summary, short
+    from .inspect import block_size, pairing_hint, read_summary, short, type_name
 
     try:
-        s = read_summary(path)
+        g = read_summary(path)
     except DFlashError as e:
         _fail(e, 2)
-    typer.echo(f"file: {s.path}")
-    typer.echo(f"architecture: {s.architecture}")
-    typer.echo(f"keys ({len(s.metadata)}):")
-    for k, v in s.metadata.items():
-        typer.echo(f"  {k:<48} {s.value_types[k]:<14} {short(v)}")
-    total = sum(t.nbytes for t in s.tensors)
-    typer.echo(f"tensors ({len(s.tensors)}, {_human(total)}):")
-    for t in s.tensors:
-        typer.echo(f"  {t.name:<32} {t.ggml_type:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
-    if s.architecture == "dflash":
-        tl = s.metadata.get("dflash.target_layers")
-        typer.echo(f"target layers (llama.cpp layer inputs): {tl}; block size: {s.block_size}")
+    typer.echo(f"file: {g.path}")
+    typer.echo(f"architecture: {g.architecture}")
+    typer.echo(f"keys ({len(g.metadata)}):")
+    for k, v in g.metadata.items():
+        typer.echo(f"  {k:<48} {type_name(g, k):<14} {short(v.value)}")
+    total = sum(t.nbytes for t in g.tensors)
+    typer.echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
+    for t in g.tensors:
+        typer.echo(f"  {t.name:<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
+    if g.architecture == "dflash":
+        typer.echo(f"target layers (llama.cpp layer inputs): {g.get('dflash.target_layers')}; block size: {block_size(g)}")
         typer.echo("pair with the target in llama.cpp:")
-        typer.echo(f"  {s.pairing_hint()}")
+        typer.echo(f"  {pairing_hint(g)}")
 
 
 @app.command()

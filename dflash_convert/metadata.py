@@ -57,10 +57,15 @@ class Metadata:
         return list(self._kv)
 
 
+_ARRAY_ITEM = {ValueType.FLOAT32: float, ValueType.FLOAT64: float, ValueType.BOOL: bool}
+
+
 def _coerce(vtype: ValueType, value: Any, sub: ValueType | None) -> Any:
     if vtype == ValueType.ARRAY:
         assert sub is not None
-        return [_coerce(sub, v, None) for v in value] if sub != ValueType.STRING else list(value)
+        if sub == ValueType.STRING:
+            return list(value)
+        return list(map(_ARRAY_ITEM.get(sub, int), value))
     if vtype in (ValueType.FLOAT32, ValueType.FLOAT64):
         return float(value)
     if vtype == ValueType.BOOL:
