@@ -31,7 +31,7 @@ def _human(n: float) -> str:
 @app.command()
 def convert(
     src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors)."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model directory: config.json and tokenizer files (weights are not read)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files (no weights read)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
     outfile: Path | None = typer.Option(None, "-o", "--outfile", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf)."),
     outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0 or auto (bf16 for bf16 checkpoints, else f16)."),

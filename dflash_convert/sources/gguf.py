@@ -272,7 +272,7 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
             raise InputFileError(f"tensor {name!r} data [{start}, {start + nbytes}) runs past the end of the file ({size} bytes)", path)
         tensors.append(GGUFTensor(name, ne, gtype, start, nbytes))
     spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors)
-    for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+    for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:], strict=False):
         if s1 < e0:
             raise InputFileError(f"tensor {n1!r} data overlaps tensor {n0!r}", path)
     return GGUFFile(path, version, md, tensors, alignment, data_offset, size)

@@ -173,6 +173,10 @@ def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
         if bad:
             raise cv.error(f"target_layer_ids {bad} are outside the target's {target.num_hidden_layers} layers "
                            f"({target.source}); wrong target?")
+        if max(ids) == target.num_hidden_layers - 1:
+            log.warning("%s: target_layer_ids include the target's last layer (%d): llama.cpp publishes that layer's "
+                        "output only for deepseek4, nemotron-h and mimo2 targets; other targets abort at run time",
+                        cv.path, max(ids))
     elif any(i < 0 for i in ids):
         raise cv.error(f"target_layer_ids must be >= 0, got {ids}")
     if len(set(ids)) == 1 and len(ids) > 1:

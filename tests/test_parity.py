@@ -1,0 +1,96 @@
+"""Parity tier: our output equals llama.cpp's own convert_hf_to_gguf.py output (0.3.36 sdist).
+
+Same keys with the same value types and values in the same order, same tensor names, order,
+shapes, ggml types and bytes; only general.* differs. Upstream runs with its own gguf-py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from gguf_compare import differences
+
+from dflash_convert import convert
+from dflash_convert.sources.gguf import read_gguf
+from fixtures.drafters import make_zlab_drafter
+from fixtures.targets import make_target_dir
+from fixtures.upstream import run_upstream_convert
+
+pytestmark = [pytest.mark.parity, pytest.mark.slow]
+
+QWEN35 = dict(schema="nested", vocab_size=248320, mask_token_id=248077)
+# name -> (target kind, target overrides, drafter builder kwargs, post-edit of dflash_config)
+DRAFTERS = {
+    "dense": ("qwen3", {}, dict(target_layer_ids=[0, 2]), None),
+    "hybrid_swa": ("qwen35", {}, dict(QWEN35, swa_layers=[True, False], sliding_window=2048, target_layer_ids=[0, 2]), None),
+    "sharded": ("qwen3", {}, dict(shards=2, target_layer_ids=[1, 2]), None),
+    "prefixed": ("qwen3", {}, dict(prefix="model.", target_layer_ids=[0, 1]), None),
+    "f16_q8_fallback": ("qwen3", {"hidden_size": 48}, dict(hidden=48, heads=3, kv_heads=1, dtype="f16"), None),
+    "options": ("qwen3", {}, dict(dtype="f32", layers=3, target_layer_ids=[0, 1, 2]),
+                {"causal": True, "attention_value_scale": 0.5, "input_embedding_scale": 2.0}),
+}
+CASES = [(d, t) for d in ("dense", "hybrid_swa") for t in ("f32", "f16", "bf16", "q8_0", "auto")]
+CASES += [("sharded", "bf16"), ("sharded", "q8_0"), ("prefixed", "bf16"), ("f16_q8_fallback", "q8_0"),
+          ("options", "f16"), ("options", "q8_0")]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    cache: dict[str, tuple[Path, Path]] = {}
+
+    def get(name: str) -> tuple[Path, Path]:
+        if name not in cache:
+            kind, overrides, kw, dflash_extra = DRAFTERS[name]
+            target = make_target_dir(root / f"{name}-target", kind, **overrides)
+            src = make_zlab_drafter(root / name, **kw)
+            cfg = json.loads((src / "config.json").read_text())
+            if name == "options":
+                cfg["partial_rotary_factor"] = 0.5
+            if dflash_extra:
+                cfg["dflash_config"].update(dflash_extra)
+            (src / "config.json").write_text(json.dumps(cfg, indent=2))
+            cache[name] = (src, target)
+        return cache[name]
+
+    return get, root
+
+
+@pytest.mark.parametrize("drafter,outtype", CASES, ids=[f"{d}-{t}" for d, t in CASES])
+def test_equal_to_upstream(built, drafter, outtype):
+    get, root = built
+    src, target = get(drafter)
+    ours, theirs = root / f"{drafter}-{outtype}-ours.gguf", root / f"{drafter}-{outtype}-upstream.gguf"
+    convert(src, target, outfile=ours, outtype=outtype)
+    r = run_upstream_convert(src, theirs, outtype=outtype, target_model_dir=target)
+    assert r.returncode == 0, r.stderr[-3000:]
+    diffs = differences(ours, theirs)
+    assert diffs == [], "\n".join(diffs)
+    g = read_gguf(ours)
+    assert g.architecture == "dflash" and len(g.tensors) == len(read_gguf(theirs).tensors)
+    if drafter == "options":
+        assert g.get("dflash.attention.causal") is True and g.get("dflash.rope.dimension_count") == 8
+    if drafter == "f16_q8_fallback":
+        types = {t.name: t.ggml_type.name for t in g.tensors}
+        assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.ffn_down.weight"] == "Q8_0"
+
+
+def test_target_gguf_tokenizer_equals_target_dir_tokenizer(tmp_path):
+    """--target-gguf (upstream-converted target) and --target-model-dir give the same tokenizer keys."""
+    target = make_target_dir(tmp_path / "target", "qwen3", with_weights=True, num_hidden_layers=2)
+    target_gguf = tmp_path / "target.gguf"
+    r = run_upstream_convert(target, target_gguf, outtype="f16")
+    assert r.returncode == 0, r.stderr[-3000:]
+    src = make_zlab_drafter(tmp_path / "draft", target_layer_ids=[0, 1])
+    via_dir, via_gguf = tmp_path / "dir.gguf", tmp_path / "gguf.gguf"
+    convert(src, target, outfile=via_dir, outtype="bf16")
+    convert(src, target_gguf=target_gguf, outfile=via_gguf, outtype="bf16")
+    assert differences(via_gguf, via_dir) == []
+    tgt = read_gguf(target_gguf)
+    tok = [k for k in tgt.metadata if k.startswith("tokenizer.")]
+    drafted = read_gguf(via_gguf)
+    for k in tok:
+        assert drafted.metadata[k] == tgt.metadata[k], k
+    assert drafted.get("tokenizer.ggml.mask_token_id") == 151669
