@@ -16,7 +16,7 @@ from .format.ggml import OUTTYPES, QUANTIZATION_VERSION, FileType
 from .format.keys import key
 from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
-from .plan import FdCache, PlannedTensor, choose_file_type, out_tensors, plan_tensors
+from .plan import ChunkPipeline, PlannedTensor, choose_file_type, out_tensors, plan_tensors
 from .sources.checkpoint import read_checkpoint
 from .sources.zlab import read_zlab
 from .target import TargetInfo, read_target_dir, target_from_gguf_facts
@@ -153,12 +153,12 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
         base = value_at[key("source_files_sha256")]
         return [(string_array_item_offset(base, i, SHA256_HEX_LEN), hashes[i].encode()) for i in range(len(files))]
 
-    fds = FdCache()
+    pipeline = ChunkPipeline()
     try:
-        write_gguf(plan.output, plan.metadata, out_tensors(plan.tensors, fds), progress=progress, finish=finish)
+        write_gguf(plan.output, plan.metadata, out_tensors(plan.tensors, pipeline), progress=progress, finish=finish)
     finally:
+        pipeline.close()
         hasher.join()
-        fds.close()
     return plan.output
 
 

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from .drafter import Drafter, DrafterTensor
 from .format.ggml import BLOCK_GEOMETRY, OUTTYPES, FileType, GGMLType, tensor_nbytes
-from .quant import as_torch, encode
+from .quant import encode
 from .write import OutTensor
 
 log = logging.getLogger("dflash_convert")
 
-CHUNK_ELEMENTS = 1 << 21  # 2M values per chunk: large enough for fast kernels, small for memory
+CHUNK_ELEMENTS = 1 << 19  # 512K values per chunk: cache-friendly kernels, bounded memory
 
 
 @dataclass
@@ -62,42 +62,6 @@ def plan_tensors(d: Drafter, matrix_type: GGMLType) -> list[PlannedTensor]:
     return out
 
 
-def _prefetched(items: Iterable[np.ndarray], depth: int = 3) -> Iterator[np.ndarray]:
-    """Run a producer in a thread so reading and encoding overlap with writing."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as e:  # hand the error to the consumer
-            q.put(e)
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        th.join()
-
-
 class FdCache:
     """One read-only descriptor per source file for the whole conversion."""
 
@@ -116,30 +80,57 @@ class FdCache:
         self._fds.clear()
 
 
-def _encoded_chunks(p: PlannedTensor, fds: FdCache) -> Iterator[np.ndarray]:
+def _read_encoded(p: PlannedTensor, fd: int, start: int, count: int) -> np.ndarray:
+    ref = p.tensor.ref
+    raw = ref.read(start, count, fd)
+    if p.tensor.permute_head_dim:
+        raw = _neox_permute(raw, p.tensor.permute_head_dim, ref.shape[1] if len(ref.shape) > 1 else 1)
+    return encode(raw, ref.dtype, p.ggml_type)
+
+
+def _chunk_spans(p: PlannedTensor) -> list[tuple[int, int]]:
     ref = p.tensor.ref
     n = ref.n_elements
-    fd = fds.get(ref.path)
-    perm = p.tensor.permute_head_dim
     step = CHUNK_ELEMENTS
-    if perm:  # whole heads per chunk: rows of one head are permuted together
+    if p.tensor.permute_head_dim:  # whole heads per chunk: rows of one head are permuted together
         row = ref.shape[1] if len(ref.shape) > 1 else 1
-        head = perm * row
+        head = p.tensor.permute_head_dim * row
         step = max(head, CHUNK_ELEMENTS // head * head)
-    for start in range(0, n, step):
-        count = min(step, n - start)
-        words = as_torch(ref.read(start, count, fd), ref.dtype)
-        if perm:
-            words = _neox_permute(words, perm, row)
-        yield encode(words, p.ggml_type)
+    return [(s, min(step, n - s)) for s in range(0, n, step)]
 
 
-def _neox_permute(words, head_dim: int, row: int):
+def _neox_permute(words: np.ndarray, head_dim: int, row: int) -> np.ndarray:
     """Interleaved (GPT-J) rotary layout -> NeoX: within each head, even rows first, then odd."""
-    x = words.view(-1, head_dim // 2, 2, row)
-    return x.transpose(1, 2).reshape(-1)
+    return np.ascontiguousarray(words.reshape(-1, head_dim // 2, 2, row).transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def out_tensors(planned: list[PlannedTensor], fds: FdCache) -> list[OutTensor]:
-    return [OutTensor(p.tensor.gguf_name, p.ne, p.ggml_type, p.nbytes,
-                      (lambda p=p: _prefetched(_encoded_chunks(p, fds)))) for p in planned]
+class ChunkPipeline:
+    """Encode chunks on a thread pool, hand them out in order; memory bounded by the look-ahead."""
+
+    def __init__(self, workers: int | None = None, lookahead: int = 8) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2, thread_name_prefix="encode")
+        self.lookahead = lookahead
+        self.fds = FdCache()
+
+    def chunks(self, p: PlannedTensor) -> Iterator[np.ndarray]:
+        fd = self.fds.get(p.tensor.ref.path)
+        pending: deque[Future] = deque()
+        spans = iter(_chunk_spans(p))
+        try:
+            for start, count in spans:
+                pending.append(self.pool.submit(_read_encoded, p, fd, start, count))
+                if len(pending) >= self.lookahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.fds.close()
+
+
+def out_tensors(planned: list[PlannedTensor], pipeline: ChunkPipeline) -> list[OutTensor]:
+    return [OutTensor(p.tensor.gguf_name, p.ne, p.ggml_type, p.nbytes, (lambda p=p: pipeline.chunks(p))) for p in planned]

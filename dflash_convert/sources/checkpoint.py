@@ -22,9 +22,14 @@ MAX_TOKENIZER_BYTES = 512 * 1024 * 1024
 
 
 def read_json(path: Path, what: str, limit: int | None = None) -> Any:
-    """Read a JSON file, rejecting oversized files and duplicate keys, with one-line errors."""
+    """Read a JSON file with one-line errors, rejecting oversized files.
+
+    Configs also reject duplicate keys (a second value silently winning is how a hostile config
+    would hide a setting); tokenizer files, tens of MB of plain data, are parsed directly.
+    """
+    tokenizer_file = path.name.startswith("tokenizer")
     if limit is None:
-        limit = MAX_TOKENIZER_BYTES if path.name.startswith("tokenizer") else MAX_CONFIG_BYTES
+        limit = MAX_TOKENIZER_BYTES if tokenizer_file else MAX_CONFIG_BYTES
     try:
         size = path.stat().st_size
     except OSError as e:
@@ -32,7 +37,8 @@ def read_json(path: Path, what: str, limit: int | None = None) -> Any:
     if size > limit:
         raise InputFileError(f"{what} is {size} bytes, larger than the {limit}-byte limit", path)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        text = path.read_bytes().decode("utf-8")
+        return json.loads(text) if tokenizer_file else json.loads(text, object_pairs_hook=_reject_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
         raise InputFileError(f"{what} is not valid JSON: {e}", path) from e
 

@@ -13,7 +13,7 @@ from ..errors import InputFileError
 from ..metadata import Metadata
 from .bpe import read_bpe_vocab
 from .from_gguf import copy_tokenizer_keys
-from .special import read_special_tokens
+from .special import load_tokenizer_files, read_special_tokens
 
 # target architecture -> vocabulary route
 ROUTES: dict[str, str] = {
@@ -45,12 +45,15 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
             raise InputFileError(
                 "target ships a SentencePiece tokenizer.model, which llama.cpp would convert as an SPM "
                 "vocabulary; pass --target-gguf with the converted target instead", target_dir)
-        vocab = read_bpe_vocab(target_dir, vocab_size, tokenizer_pre)
+        tj, tc = load_tokenizer_files(target_dir)
+        if tj is None:
+            raise InputFileError("target has no tokenizer.json (pass --target-gguf with the converted target instead)", target_dir)
+        vocab = read_bpe_vocab(target_dir, tj, tc or {}, vocab_size, tokenizer_pre)
         md.set("tok_model", "gpt2")
         md.set("tok_pre", vocab.pre)
         md.set("tok_tokens", vocab.tokens)
         md.set("tok_token_type", vocab.token_types)
-        read_special_tokens(target_dir).write(md)
+        read_special_tokens(target_dir, tj, tc).write(md)
         return len(vocab.tokens)
     from .gemma4 import write_gemma4_vocab
 

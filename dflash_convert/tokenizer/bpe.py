@@ -2,19 +2,20 @@
 
 The token list, token types and pre-tokenizer name are what llama.cpp's converter derives from the
 same tokenizer.json; the pre-tokenizer is identified by the probe-text hash (pre_hashes.py).
-tokenizer.json is loaded with the `tokenizers` library, which parses data and runs no code.
+Vocabulary and added tokens are read from tokenizer.json as data; only the hash and the round
+trip of non-normalized added tokens need a real tokenizer (probe.py, in a child process).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputFileError
 from ..format.keys import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED
-from ..sources.checkpoint import read_json
-from .pre_hashes import PRE_TOKENIZER_HASHES, PROBE_TEXT
+from .pre_hashes import PRE_TOKENIZER_HASHES
+from .probe import Probe
 
 # Added tokens that look special are typed CONTROL even when not flagged special (llama.cpp rule).
 _SPECIAL_LOOKING = ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
@@ -30,34 +31,44 @@ def looks_special(text: str) -> bool:
             or (text.startswith("<unused") and text.endswith(">")))
 
 
-def load_tokenizer(target_dir: Path):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer
-
-    path = target_dir / "tokenizer.json"
-    if not path.is_file():
-        raise InputFileError("target has no tokenizer.json (pass --target-gguf with the converted target instead)", target_dir)
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # the tokenizers library raises plain Exceptions on bad files
-        raise InputFileError(f"cannot load tokenizer.json: {str(e).splitlines()[0]}", path) from e
+@dataclass(frozen=True)
+class AddedToken:
+    id: int
+    content: str
+    special: bool
+    normalized: bool
 
 
-def probe_hash(tokenizer) -> str:
-    """sha256 of str(token ids of the probe text), the fingerprint llama.cpp hashes."""
-    ids = tokenizer.encode(PROBE_TEXT).ids
-    return hashlib.sha256(str(ids).encode()).hexdigest()
+def added_tokens(tj: dict[str, Any], where: Path) -> dict[int, AddedToken]:
+    out: dict[int, AddedToken] = {}
+    for a in tj.get("added_tokens") or []:
+        if not isinstance(a, dict) or not isinstance(a.get("id"), int) or not isinstance(a.get("content"), str):
+            raise InputFileError(f"malformed added_tokens entry {str(a)[:80]}", where)
+        out[a["id"]] = AddedToken(a["id"], a["content"], bool(a.get("special", False)), bool(a.get("normalized", True)))
+    return out
 
 
-def identify_pre_tokenizer(tokenizer, target_dir: Path, override: str | None = None) -> str:
-    if override:
-        return override
-    h = probe_hash(tokenizer)
-    if h not in PRE_TOKENIZER_HASHES:
+def full_vocab(tj: dict[str, Any], where: Path) -> dict[str, int]:
+    """Token text -> id, base vocabulary plus added tokens (what the tokenizer reports)."""
+    model = tj.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, dict):
+        raise InputFileError("tokenizer.json has no model.vocab object", where)
+    out = dict(vocab)
+    for a in added_tokens(tj, where).values():
+        out[a.content] = a.id
+    if not all(isinstance(i, int) and i >= 0 for i in out.values()):
+        raise InputFileError("tokenizer.json vocabulary has a non-integer or negative id", where)
+    return out
+
+
+def pre_tokenizer_name(probe_hash: str, where: Path) -> str:
+    if probe_hash not in PRE_TOKENIZER_HASHES:
         raise InputFileError(
-            f"BPE pre-tokenizer not recognized (probe hash {h}); if you know which llama.cpp "
+            f"BPE pre-tokenizer not recognized (probe hash {probe_hash}); if you know which llama.cpp "
             "pre-tokenizer it is, pass --tokenizer-pre NAME (e.g. qwen2, qwen35, llama-bpe, gpt-4o), "
-            "or pass --target-gguf with the converted target", target_dir / "tokenizer.json")
-    return PRE_TOKENIZER_HASHES[h][0]
+            "or pass --target-gguf with the converted target", where)
+    return PRE_TOKENIZER_HASHES[probe_hash][0]
 
 
 @dataclass
@@ -67,22 +78,27 @@ class BpeVocab:
     pre: str
 
 
-def read_bpe_vocab(target_dir: Path, vocab_size: int | None, tokenizer_pre: str | None = None) -> BpeVocab:
+def read_bpe_vocab(target_dir: Path, tj: dict[str, Any], tc: dict[str, Any], vocab_size: int | None,
+                   tokenizer_pre: str | None = None) -> BpeVocab:
     """Token list padded to ``vocab_size`` (the draft's), token types, and the pre-tokenizer name."""
-    tok = load_tokenizer(target_dir)
-    vocab = tok.get_vocab(with_added_tokens=True)
-    n = vocab_size if vocab_size is not None else len(vocab)
-    top = max(vocab.values())
-    if top >= n:
-        raise InputFileError(f"tokenizer has token id {top}, not below the draft's vocab_size {n}", target_dir / "tokenizer.json")
-    pre = identify_pre_tokenizer(tok, target_dir, tokenizer_pre)
-    added = tok.get_added_tokens_decoder()  # id -> AddedToken
+    where = target_dir / "tokenizer.json"
+    added = added_tokens(tj, where)
+    probe = Probe(where, [a.content for a in added.values() if not a.normalized])
+    try:
+        vocab = full_vocab(tj, where)
+        n = vocab_size if vocab_size is not None else len(vocab)
+        top = max(vocab.values())
+        if top >= n:
+            raise InputFileError(f"tokenizer has token id {top}, not below the draft's vocab_size {n}", where)
+        cleanup = bool(tc.get("clean_up_tokenization_spaces", False))
+        reverse = {i: t for t, i in vocab.items()}
+        del vocab
+    except BaseException:
+        probe.kill()
+        raise
+    result = probe.result()
+    pre = tokenizer_pre or pre_tokenizer_name(result.probe_hash, where)
     added_contents = {a.content for a in added.values()}
-    tc_path = target_dir / "tokenizer_config.json"
-    tc = read_json(tc_path, "tokenizer_config.json") if tc_path.is_file() else {}
-    cleanup = bool(isinstance(tc, dict) and tc.get("clean_up_tokenization_spaces", False))
-
-    reverse = {i: t for t, i in vocab.items()}
     tokens: list[str] = []
     types: list[int] = []
     for i in range(n):
@@ -91,11 +107,11 @@ def read_bpe_vocab(target_dir: Path, vocab_size: int | None, tokenizer_pre: str 
             tokens.append(f"[PAD{i}]")
             types.append(TOKEN_TYPE_UNUSED)
             continue
-        if text in added_contents and i in added:
-            info = added[i]
+        info = added.get(i)
+        if info is not None and text in added_contents:
             if not info.normalized:
                 # llama.cpp expects CONTROL/USER_DEFINED tokens pre-normalized: round-trip them
-                text = tok.decode(tok.encode(text, add_special_tokens=False).ids, skip_special_tokens=False)
+                text = result.roundtrip.get(text, text)
                 if cleanup:
                     for a, b in _CLEANUPS:
                         text = text.replace(a, b)

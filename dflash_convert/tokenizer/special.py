@@ -200,23 +200,34 @@ def _chat_template_files(target_dir: Path) -> str | list[dict[str, str]] | None:
     return None
 
 
-def read_special_tokens(target_dir: Path) -> SpecialTokens:
-    """Everything llama.cpp writes after the token list, from a target's tokenizer files."""
+def load_tokenizer_files(target_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """tokenizer.json and tokenizer_config.json of a target directory (None where absent)."""
+    out: list[dict[str, Any] | None] = []
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        path = target_dir / name
+        data = read_json(path, name) if path.is_file() else None
+        if data is not None and not isinstance(data, dict):
+            raise InputFileError(f"{name} must hold a JSON object", path)
+        out.append(data)
+    return out[0], out[1]
+
+
+def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[str, Any] | None) -> SpecialTokens:
+    """Everything llama.cpp writes after the token list, from a target's tokenizer files.
+
+    ``tj``/``tc`` are the parsed tokenizer.json/tokenizer_config.json; ``tc`` may be modified,
+    as llama.cpp fills in special tokens the post-processor implies.
+    """
     st = SpecialTokens()
     tj_path = target_dir / "tokenizer.json"
-    tj = read_json(tj_path, "tokenizer.json") if tj_path.is_file() else None
+    tc_path = target_dir / "tokenizer_config.json"
     added: list[dict[str, Any]] = []
     if tj is not None:
-        if not isinstance(tj, dict):
-            raise InputFileError("tokenizer.json must hold a JSON object", tj_path)
         st.merges = _merges(tj, tj_path)
         if isinstance(tj.get("normalizer"), dict):
             _normalizer_flags(st, tj["normalizer"])
         added = [a for a in tj.get("added_tokens") or [] if isinstance(a, dict)]
-    tc_path = target_dir / "tokenizer_config.json"
-    tc = read_json(tc_path, "tokenizer_config.json") if tc_path.is_file() else None
-    if tc is not None and not isinstance(tc, dict):
-        raise InputFileError("tokenizer_config.json must hold a JSON object", tc_path)
+    tc = None if tc is None else dict(tc)
     if tj is not None and isinstance(tj.get("post_processor"), dict):
         _from_post_processor(st, tj["post_processor"], tc)
     if tc:
