@@ -30,10 +30,14 @@ DRAFTERS = {
     "f16_q8_fallback": ("qwen3", {"hidden_size": 48}, dict(hidden=48, heads=3, kv_heads=1, dtype="f16"), None),
     "options": ("qwen3", {}, dict(dtype="f32", layers=3, target_layer_ids=[0, 1, 2]),
                 {"causal": True, "attention_value_scale": 0.5, "input_embedding_scale": 2.0}),
+    # other target families: the tokenizer route is the target's (gpt2/llama-bpe, gpt2/gpt-4o, gemma4)
+    "llama31": ("llama31", {}, dict(vocab_size=128256, mask_token_id=128002), None),
+    "gptoss": ("gptoss", {}, dict(vocab_size=201088, mask_token_id=200000), None),
+    "gemma4": ("gemma4", {}, dict(vocab_size=916, mask_token_id=4), None),
 }
 CASES = [(d, t) for d in ("dense", "hybrid_swa") for t in ("f32", "f16", "bf16", "q8_0", "auto")]
 CASES += [("sharded", "bf16"), ("sharded", "q8_0"), ("prefixed", "bf16"), ("f16_q8_fallback", "q8_0"),
-          ("options", "f16"), ("options", "q8_0")]
+          ("options", "f16"), ("options", "q8_0"), ("llama31", "bf16"), ("gptoss", "bf16"), ("gemma4", "bf16")]
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +76,9 @@ def test_equal_to_upstream(built, drafter, outtype):
     assert g.architecture == "dflash" and len(g.tensors) == len(read_gguf(theirs).tensors)
     if drafter == "options":
         assert g.get("dflash.attention.causal") is True and g.get("dflash.rope.dimension_count") == 8
+    expected_vocab = {"llama31": ("gpt2", "llama-bpe"), "gptoss": ("gpt2", "gpt-4o"), "gemma4": ("gemma4", None)}
+    if drafter in expected_vocab:
+        assert (g.get("tokenizer.ggml.model"), g.get("tokenizer.ggml.pre")) == expected_vocab[drafter]
     if drafter == "f16_q8_fallback":
         types = {t.name: t.ggml_type.name for t in g.tensors}
         assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.ffn_down.weight"] == "Q8_0"
