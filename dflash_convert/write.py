@@ -112,7 +112,8 @@ class _OutputFile:
             self.direct = False
             self.fd = os.open(path, flags, 0o644)
         self.stage = mmap.mmap(-1, self.STAGE) if self.direct else None
-        self.fill = 0
+        self.fill = 0  # bytes waiting in the stage
+        self.flushed = 0  # bytes already in the file
 
     def write(self, data: memoryview) -> None:
         self.size += data.nbytes
@@ -129,18 +130,20 @@ class _OutputFile:
                 self._flush_stage(self.STAGE)
 
     def _flush_stage(self, nbytes: int) -> None:
+        """Write the stage (``nbytes`` >= fill, padded to a block) at the flushed position."""
         assert self.stage is not None
         try:
             self._write_all(memoryview(self.stage)[:nbytes])
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-            # the filesystem accepted O_DIRECT at open but not this write: continue buffered
+            # the filesystem took O_DIRECT at open but refuses the write: go on buffered
             os.close(self.fd)
             self.fd = os.open(self.path, os.O_WRONLY)
-            os.lseek(self.fd, self.size - self.fill - (nbytes - self.fill if nbytes > self.fill else 0), os.SEEK_SET)
+            os.lseek(self.fd, self.flushed, os.SEEK_SET)
             self.direct = False
             self._write_all(memoryview(self.stage)[:self.fill])
+        self.flushed += self.fill
         self.fill = 0
 
     def _write_all(self, data: memoryview) -> None:
@@ -151,13 +154,11 @@ class _OutputFile:
     def close(self) -> None:
         try:
             if self.direct and self.fill:
-                tail = self.fill
-                padded = (tail + 4095) // 4096 * 4096
+                padded = (self.fill + 4095) // 4096 * 4096
                 assert self.stage is not None
-                self.stage[tail:padded] = bytes(padded - tail)
+                self.stage[self.fill:padded] = bytes(padded - self.fill)
                 self._flush_stage(padded)
-            if self.direct:
-                os.ftruncate(self.fd, self.size)
+            os.ftruncate(self.fd, self.size)
         finally:
             os.close(self.fd)
             if self.stage is not None:

@@ -1,0 +1,97 @@
+"""Bit-exactness of our chunk kernels against gguf-py's reference quantizers and numpy casts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from dflash_convert.format.ggml import GGMLType
+from dflash_convert.quant import bf16_to_f16, encode, quantize_q8_0, widen_to_f32
+from dflash_convert.write import _OutputFile
+
+ALL_BF16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+
+
+def _weights(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * rng.uniform(1e-4, 30, n)).astype(np.float32)
+    x[:32] = 0  # an all-zero block: scale 0
+    x[32:64] = 0.5  # ties
+    x[64:96] = -np.arange(32, dtype=np.float32) - 0.5
+    return x
+
+
+def test_q8_0_equals_reference():
+    x = _weights(32 * 40_000)
+    ref = quants.quantize(x.reshape(1, -1), GGMLQuantizationType.Q8_0).reshape(-1)
+    assert np.array_equal(quantize_q8_0(x), ref)
+
+
+def test_q8_0_rounding_ties_and_near_ties():
+    """Values whose x/d lands exactly on or one ulp below .5 (the classic roundf trap)."""
+    k = np.arange(-126, 127, dtype=np.float32)
+    blocks = []
+    for base in (k + np.float32(0.5), np.nextafter(k + np.float32(0.5), np.float32(0))):
+        for i in range(0, len(base), 31):
+            b = np.zeros(32, np.float32)
+            b[0] = 127  # d = 1 exactly, so x/d == x
+            b[1:1 + len(base[i:i + 31])] = base[i:i + 31]
+            blocks.append(b)
+    x = np.concatenate(blocks)
+    ref = quants.quantize(x.reshape(1, -1), GGMLQuantizationType.Q8_0).reshape(-1)
+    assert np.array_equal(quantize_q8_0(x), ref)
+
+
+def test_bf16_output_equals_reference_for_every_bf16_and_random_f32():
+    f32 = widen_to_f32(ALL_BF16, "BF16")
+    ref = quants.quantize(f32.reshape(1, -1), GGMLQuantizationType.BF16).view(np.uint16).reshape(-1)
+    assert np.array_equal(encode(f32.copy(), "F32", GGMLType.BF16).view(np.uint16), ref)
+    assert np.array_equal(encode(ALL_BF16, "BF16", GGMLType.BF16).view(np.uint16), ref)  # NaNs quieted too
+    x = _weights(1 << 16, seed=3)
+    assert np.array_equal(encode(x, "F32", GGMLType.BF16).view(np.uint16),
+                          quants.quantize(x.reshape(1, -1), GGMLQuantizationType.BF16).view(np.uint16).reshape(-1))
+
+
+def test_bf16_to_f16_exhaustive():
+    """All 65536 bf16 values: the integer fast path equals widening and numpy's f16 cast."""
+    with np.errstate(over="ignore"):
+        ref = widen_to_f32(ALL_BF16, "BF16").astype(np.float16).view(np.uint16)
+    assert np.array_equal(bf16_to_f16(ALL_BF16), ref)
+
+
+@pytest.mark.parametrize("src", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("out", [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0])
+def test_encode_matches_upstream_pipeline(src, out):
+    """Upstream: widen non-F16/F32 to F32, then gguf.quants.quantize to the output type."""
+    x = _weights(32 * 512, seed=7)
+    raw = {"F32": x, "F16": x.astype(np.float16), "BF16": (x.view(np.uint32) >> 16).astype(np.uint16)}[src]
+    up = raw if src in ("F32", "F16") else widen_to_f32(raw, "BF16")
+    qtype = {GGMLType.F32: GGMLQuantizationType.F32, GGMLType.F16: GGMLQuantizationType.F16,
+             GGMLType.BF16: GGMLQuantizationType.BF16, GGMLType.Q8_0: GGMLQuantizationType.Q8_0}[out]
+    if out == GGMLType.Q8_0 or out == GGMLType.BF16:
+        up = up.astype(np.float32)
+    ref = quants.quantize(up.reshape(1, -1), qtype)
+    assert encode(raw, src, out).tobytes() == ref.tobytes()
+
+
+@pytest.mark.parametrize("where", ["disk", "shm"])
+def test_output_file_direct_and_buffered(tmp_path, where):
+    """Unaligned sizes through the direct-I/O stage (disk) and the buffered fallback (tmpfs)."""
+    import os
+    from pathlib import Path
+
+    base = tmp_path if where == "disk" else Path("/dev/shm")
+    if not base.is_dir():
+        pytest.skip("no /dev/shm")
+    path = base / f"dflash-test-{os.getpid()}.bin"
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(0, 255, n, dtype=np.uint8).tobytes() for n in (1, 4095, 4097, _OutputFile.STAGE + 3, 17)]
+    try:
+        f = _OutputFile(path)
+        for p in parts:
+            f.write(memoryview(p))
+        f.close()
+        assert path.read_bytes() == b"".join(parts)
+    finally:
+        path.unlink(missing_ok=True)
