@@ -38,15 +38,16 @@ def convert(
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing."),
     tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
+    keep_embeddings: bool = typer.Option(False, "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings."),
 ) -> None:
-    """Convert a DFlash drafter (z-lab format) to llama.cpp's dflash GGUF."""
+    """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
     from .converter import plan_conversion, write_plan
 
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING, format="dflash-convert: warning: %(message)s")
     try:
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
-                               outtype=outtype, tokenizer_pre=tokenizer_pre)
+                               outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings)
         if dry_run:
             _print_plan(plan)
             typer.echo("dry run: nothing written")

@@ -18,6 +18,8 @@ from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
 from .plan import ChunkPipeline, PlannedTensor, choose_file_type, out_tensors, plan_tensors
 from .sources.checkpoint import read_checkpoint
+from .sources.speculators import is_speculators, read_speculators
+from .sources.vocabulary import resolve_vocabulary
 from .sources.zlab import read_zlab
 from .target import TargetInfo, read_target_dir, target_from_gguf_facts
 from .tokenizer import borrow_from_dir, borrow_from_gguf
@@ -62,7 +64,7 @@ def default_output(src: Path, file_type: FileType) -> Path:
 
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
                     target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
-                    outtype: str = "auto", tokenizer_pre: str | None = None) -> ConversionPlan:
+                    outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False) -> ConversionPlan:
     """Read and check everything, decide every key and tensor type; writes nothing."""
     src = Path(src_dir)
     if outtype != "auto" and outtype not in OUTTYPES:
@@ -82,13 +84,16 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         n_tokens = -1
         vocab_where = str(target_model_dir)
 
-    drafter = read_zlab(ckpt, target)
+    drafter = read_speculators(ckpt, target) if is_speculators(ckpt.config) else read_zlab(ckpt, target)
+    resolve_vocabulary(drafter, ckpt, target, keep_embeddings=keep_embeddings)
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
                                    drafter.vocab_size, tokenizer_pre)
     for t in drafter.tensors:
-        if t.gguf_name in ("token_embd.weight", "output.weight") and t.shape[0] != n_tokens:
-            raise InputFileError(f"{t.hf_name} has {t.shape[0]} rows but the vocabulary has {n_tokens} tokens", t.ref.path)
+        rows = t.shape[0]
+        if t.gguf_name == "token_embd.weight" or (t.gguf_name == "output.weight" and drafter.draft_vocab_size is None):
+            if rows != n_tokens:
+                raise InputFileError(f"{t.hf_name} has {rows} rows but the vocabulary has {n_tokens} tokens", t.ref.path)
 
     first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
     file_type, matrix_type = choose_file_type(outtype, first_matrix)
@@ -165,10 +170,10 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
 def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
             target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
-            tokenizer_pre: str | None = None, progress: bool = False) -> ConversionPlan:
+            tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False) -> ConversionPlan:
     """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
-                           outtype=outtype, tokenizer_pre=tokenizer_pre)
+                           outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings)
     if not dry_run:
         write_plan(plan, force=force, progress=progress)
     return plan

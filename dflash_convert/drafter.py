@@ -3,7 +3,9 @@
 Layer-id convention, stated once: ``target_layers`` holds llama.cpp's indices, i.e. the index of
 the target layer whose *input* residual stream is tapped (0 = token embeddings). A z-lab config's
 ``target_layer_ids`` index decoder-layer *outputs* (the reference code reads hidden_states[id+1]),
-so target_layers = target_layer_ids + 1. Readers convert; nothing downstream adds or subtracts.
+so target_layers = target_layer_ids + 1. A speculators config's ``aux_hidden_state_layer_ids``
+index HF ``hidden_states`` (0 = embeddings), which *is* llama.cpp's convention: target_layers =
+aux ids. Readers convert; nothing downstream adds or subtracts.
 """
 
 from __future__ import annotations
@@ -11,20 +13,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .sources.safetensors import TensorRef
 
 
 @dataclass
 class DrafterTensor:
+    """One output tensor and where its values come from.
+
+    Normally a checkpoint tensor (``ref``), streamed; optionally with rows permuted from
+    interleaved to NeoX rotary layout (``permute_head_dim``), or one row replaced
+    (``row_override``: the mask-embedding case). Small derived tables (``computed``: d2t as
+    absolute ids) carry their final values instead.
+    """
+
     gguf_name: str
     hf_name: str
     ref: TensorRef
-    # optional row permutation applied while streaming (interleaved RoPE -> NeoX), head size in rows
     permute_head_dim: int | None = None
+    row_override: tuple[int, np.ndarray] | None = None
+    computed: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.ref.shape
+        return tuple(self.computed.shape) if self.computed is not None else self.ref.shape
 
 
 @dataclass
@@ -50,7 +63,7 @@ class Drafter:
     head_dim: int
     context_length: int
     rms_eps: float
-    vocab_size: int
+    vocab_size: int  # the target vocabulary the drafter's token ids live in
     mask_token_id: int
     target_layers: list[int]  # llama.cpp convention, see module docstring
     block_size: int = 16
@@ -69,6 +82,7 @@ class Drafter:
     final_logit_softcapping: float | None = None
     hidden_act: str = "silu"
     rope_is_neox: bool = True
+    draft_vocab_size: int | None = None  # own output vocabulary (d2t) when below vocab_size
     tensors: list[DrafterTensor] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     dialect: str = "z-lab"

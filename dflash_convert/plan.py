@@ -44,6 +44,8 @@ def choose_file_type(outtype: str, first_matrix_dtype: str | None) -> tuple[File
 
 
 def tensor_type(name: str, shape: tuple[int, ...], matrix_type: GGMLType) -> tuple[GGMLType, str]:
+    if name == "d2t":
+        return GGMLType.I64, ""  # the runtime asserts I64
     if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
         return GGMLType.F32, ""
     block = BLOCK_GEOMETRY[matrix_type][0]
@@ -82,16 +84,26 @@ class FdCache:
 
 
 def _read_encoded(p: PlannedTensor, fd: int, start: int, count: int) -> np.ndarray:
-    ref = p.tensor.ref
+    t = p.tensor
+    if t.computed is not None:
+        return t.computed.reshape(-1)[start:start + count]
+    ref = t.ref
     raw = ref.read(start, count, fd)
-    if p.tensor.permute_head_dim:
-        raw = _neox_permute(raw, p.tensor.permute_head_dim, ref.shape[1] if len(ref.shape) > 1 else 1)
+    if t.permute_head_dim:
+        raw = _neox_permute(raw, t.permute_head_dim, ref.shape[1] if len(ref.shape) > 1 else 1)
+    if t.row_override is not None:
+        row, values = t.row_override  # values: raw words of the source dtype, one row
+        lo, hi = row * values.size, (row + 1) * values.size
+        a, b = max(lo, start), min(hi, start + count)
+        if a < b:
+            raw = raw.copy()
+            raw[a - start:b - start] = values[a - lo:b - lo]
     return encode(raw, ref.dtype, p.ggml_type)
 
 
 def _chunk_spans(p: PlannedTensor) -> list[tuple[int, int]]:
     ref = p.tensor.ref
-    n = ref.n_elements
+    n = p.tensor.computed.size if p.tensor.computed is not None else ref.n_elements
     # Q8_0 works on several temporaries per value: smaller chunks stay in cache
     step = CHUNK_ELEMENTS // 2 if p.ggml_type == GGMLType.Q8_0 else CHUNK_ELEMENTS
     if p.tensor.permute_head_dim:  # whole heads per chunk: rows of one head are permuted together

@@ -5,12 +5,20 @@ Only config and tokenizer files are read from a target directory, never its weig
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputFileError
-from .sources.checkpoint import read_config
+from .sources.checkpoint import _weight_files, read_config
+from .sources.safetensors import TensorRef, read_header
+
+# where a target checkpoint keeps its token embedding and output head (first found wins)
+TARGET_WEIGHT_NAMES: dict[str, tuple[str, ...]] = {
+    "embed": ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight",
+              "language_model.model.embed_tokens.weight"),
+    "head": ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight"),
+}
 
 
 @dataclass
@@ -22,6 +30,26 @@ class TargetInfo:
     vocab_size: int | None
     uses_mrope: bool
     config: dict[str, Any]
+    _weights: dict[str, TensorRef] | None = field(default=None, repr=False)
+
+    def text_config(self) -> dict[str, Any]:
+        return _text_config(self.config)
+
+    def weights(self) -> dict[str, TensorRef] | None:
+        """The target's embedding and head (headers only; data is read on demand), or None."""
+        if self._weights is None:
+            self._weights = {}
+            if self.source.is_dir() and (any(self.source.glob("model*.safetensors"))
+                                         or (self.source / "model.safetensors.index.json").is_file()):
+                found: dict[str, TensorRef] = {}
+                for path in _weight_files(self.source)[0]:
+                    refs, _ = read_header(path)
+                    found.update({r.name: r for r in refs})
+                for role, names in TARGET_WEIGHT_NAMES.items():
+                    ref = next((found[n] for n in names if n in found), None)
+                    if ref is not None:
+                        self._weights[role] = ref
+        return self._weights or None
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ CASES = {
     "swa_without_layer_types": (lambda s: edit_config(s, use_sliding_window=True, sliding_window=1024, layer_types=None),
                                 "layer_types is missing"),
     "layer_types_wrong_length": (lambda s: edit_config(s, layer_types=["full_attention"]), "layer_types has 1 entries"),
-    "not_a_dflash_config": (lambda s: edit_config(s, architectures=["Qwen3ForCausalLM"]), "not a z-lab DFlash drafter"),
+    "not_a_dflash_config": (lambda s: edit_config(s, architectures=["Qwen3ForCausalLM"]), "not a DFlash drafter"),
     "config_not_json": (lambda s: (s / "config.json").write_text("{oops"), "not valid JSON"),
     "no_config": (lambda s: (s / "config.json").unlink(), "no config.json"),
     # checkpoint problems

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from dflash_convert import convert
-from fixtures.drafters import make_zlab_drafter
+from fixtures.drafters import make_speculators_drafter, make_zlab_drafter
 from fixtures.targets import make_target_dir
 from fixtures.upstream import llama_tool, run_upstream_convert
 
@@ -50,7 +50,10 @@ VARIANTS = {
     "swa-bf16": (SWA, "bf16", "BF16", "dir"),
     "swa-q8_0": (SWA, "q8_0", "Q8_0", "dir"),
     "full-q8_0-gguf-vocab": ({}, "q8_0", "Q8_0", "gguf"),
+    # speculators format with its own 4096-token vocabulary: d2t (I64), own lm_head and embeddings
+    "ownvocab-bf16": ({}, "bf16", "BF16", "dir"),
 }
+DRAFT_VOCAB = 4096
 
 _RELEVANT = re.compile(r"n_draft|n_predict|n_drafted|n_accept|accept\s*=|encoded|decoded|error|failed|GGML_ASSERT|"
                        r"abort|exception|requires|dflash", re.IGNORECASE)
@@ -107,6 +110,9 @@ def drafter_dirs(tmp_path_factory, target) -> dict[str, Path]:
         out[shape] = make_zlab_drafter(root / f"drafter-{shape}", hidden=hidden, target_layer_ids=TARGET_LAYER_IDS,
                                        num_target_layers=4, vocab_size=VOCAB, mask_token_id=MASK_TOKEN_ID,
                                        schema="nested", seed=1, **kw)
+    out["ownvocab"] = make_speculators_drafter(root / "drafter-ownvocab", hidden=hidden, vocab_size=VOCAB,
+                                               draft_vocab_size=DRAFT_VOCAB, mask_token_id=MASK_TOKEN_ID,
+                                               aux_layer_ids=[i + 1 for i in TARGET_LAYER_IDS], block_size=16, seed=2)
     return out
 
 
@@ -148,3 +154,13 @@ def test_speculative_simple_drafts_with_our_gguf(variant, target, drafter_dirs, 
     n_swa = _draft_info(output, "n_swa")
     assert n_swa == (str(SLIDING_WINDOW) if config_kw.get("swa_layers") else "0"), f"n_swa={n_swa}\n{info}"
     assert _draft_info(output, "MASK token") is not None and _draft_info(output, "MASK token").startswith(str(MASK_TOKEN_ID)), info
+    if variant.startswith("ownvocab"):  # the file really carries its own vocabulary
+        from dflash_convert.sources.gguf import read_gguf
+
+        names = {t.name: t for t in read_gguf(draft_gguf).tensors}
+        assert names["d2t"].ne == (DRAFT_VOCAB,) and names["output.weight"].ne == (hidden_of(target), DRAFT_VOCAB)
+        assert "token_embd.weight" in names
+
+
+def hidden_of(target) -> int:
+    return target[2]

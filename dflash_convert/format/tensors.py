@@ -16,7 +16,12 @@ GLOBAL_TENSORS: dict[str, str] = {
     "norm.weight": "output_norm.weight",
     "embed_tokens.weight": "token_embd.weight",
     "lm_head.weight": "output.weight",
+    "d2t": "d2t",  # draft -> target id table; stored as absolute ids, I64 (speculators stores offsets)
 }
+
+# HF tensors that are read and checked but never written (llama.cpp would reject the file:
+# every tensor must be claimed). t2d is the inverse of d2t, redundant for the runtime.
+CHECKED_NOT_WRITTEN: tuple[str, ...] = ("t2d",)
 
 # HF per-layer suffix (after "layers.{bid}.") -> GGUF per-layer suffix (after "blk.{bid}.")
 # Note the trap: post_attention_layernorm is the *pre-FFN* norm of a Qwen3 layer, ffn_norm here.
@@ -32,7 +37,14 @@ LAYER_TENSORS: dict[str, str] = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # attention sinks (gpt-oss drafters): one learned logit per head
+    "self_attn.sinks": "attn_sinks.weight",
+    "self_attn.attention_sink_bias": "attn_sinks.weight",
+    "self_attn.learnable_sink_param": "attn_sinks.weight",
 }
+
+# per-layer tensors whose rows are permuted from interleaved (GPT-J) to NeoX rotary layout
+ROPE_PERMUTED: tuple[str, ...] = ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")
 
 # HF names that carry no weights the runtime needs; dropped silently (as llama.cpp does)
 SKIPPED_SUFFIXES: tuple[str, ...] = (".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")
@@ -55,7 +67,7 @@ REQUIRED_PER_LAYER: tuple[str, ...] = (
 
 # Expected PyTorch shapes ([out, in] for linears) of each tensor, as expressions over the
 # drafter's dimensions (products written with '*'): E hidden, F intermediate, H heads,
-# KV kv-heads, D head dim, T taps, V vocabulary.
+# KV kv-heads, D head dim, T taps, V vocabulary, VD draft vocabulary.
 EXPECTED_HF_SHAPES: dict[str, tuple[str, ...]] = {
     "fc.weight": ("E", "T*E"),
     "enc.output_norm.weight": ("E",),
@@ -72,13 +84,20 @@ EXPECTED_HF_SHAPES: dict[str, tuple[str, ...]] = {
     "ffn_up.weight": ("F", "E"),
     "ffn_down.weight": ("E", "F"),
     "token_embd.weight": ("V", "E"),
-    "output.weight": ("V", "E"),
+    "output.weight": ("VD", "E"),  # VD: draft vocabulary (V unless the drafter has its own)
+    "attn_sinks.weight": ("H",),
+    "d2t": ("VD",),
 }
 
 _HF_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
-_GGUF_TO_HF_GLOBAL = {v: k for k, v in GLOBAL_TENSORS.items()}
-_GGUF_TO_HF_LAYER = {v: k for k, v in LAYER_TENSORS.items()}
+# reverse maps: where several HF spellings map to one GGUF name, the first listed is canonical
+_GGUF_TO_HF_GLOBAL: dict[str, str] = {}
+_GGUF_TO_HF_LAYER: dict[str, str] = {}
+for _hf, _gg in GLOBAL_TENSORS.items():
+    _GGUF_TO_HF_GLOBAL.setdefault(_gg, _hf)
+for _hf, _gg in LAYER_TENSORS.items():
+    _GGUF_TO_HF_LAYER.setdefault(_gg, _hf)
 
 
 def strip_model_prefix(name: str) -> str:

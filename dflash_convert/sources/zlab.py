@@ -14,9 +14,11 @@ from typing import Any
 from ..drafter import Drafter, DrafterTensor, RopeScaling
 from ..errors import ConfigError, InputFileError
 from ..format.tensors import (
+    CHECKED_NOT_WRITTEN,
     EXPECTED_HF_SHAPES,
     REQUIRED_GLOBAL,
     REQUIRED_PER_LAYER,
+    ROPE_PERMUTED,
     SKIPPED_SUFFIXES,
     generic_name,
     hf_to_gguf,
@@ -139,15 +141,26 @@ def _swa(cv: ConfigView, dflash: dict[str, Any], n_layers: int) -> tuple[int | N
     return window, [t == "sliding_attention" for t in layer_types]
 
 
+def is_zlab(cfg: dict[str, Any]) -> bool:
+    archs = cfg.get("architectures")
+    return isinstance(archs, list) and any(a in ZLAB_ARCHITECTURES for a in archs)
+
+
 def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
     cv = ConfigView(_merged(ckpt.config), ckpt.config_path)
-    cfg = cv.cfg
-    archs = cfg.get("architectures")
-    if not isinstance(archs, list) or not any(a in ZLAB_ARCHITECTURES for a in archs):
-        raise cv.error(f"not a z-lab DFlash drafter: architectures is {archs!r}, expected ['DFlashDraftModel']")
-    dflash = cfg.get("dflash_config") or {}
+    if not is_zlab(cv.cfg):
+        raise cv.error(f"not a DFlash drafter: architectures is {cv.cfg.get('architectures')!r}, expected "
+                       "['DFlashDraftModel'] (z-lab) or speculators_model_type 'dflash'")
+    dflash = cv.cfg.get("dflash_config") or {}
     if not isinstance(dflash, dict):
         raise cv.error("dflash_config must be an object")
+    return build_drafter(ckpt, cv, dflash, target, dialect="z-lab")
+
+
+def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], target: TargetInfo | None, *,
+                  dialect: str, draft_vocab_size: int | None = None) -> Drafter:
+    """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``."""
+    cfg = cv.cfg
 
     n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")))
     hidden = cv.int_("hidden_size", cv.first(("hidden_size", "n_embd", "dim")))
@@ -219,8 +232,13 @@ def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
         final_logit_softcapping=cv.float_("final_logit_softcapping", dflash.get("final_logit_softcapping", cfg.get("final_logit_softcapping"))),
         hidden_act=SUPPORTED_ACTIVATIONS[act] or "silu",
         rope_is_neox=bool(cfg.get("rope_is_neox_style", True)),
+        draft_vocab_size=draft_vocab_size,
         files=list(ckpt.files),
+        dialect=dialect,
     )
+    if not d.rope_is_neox and cfg.get("head_dim") is None:
+        raise cv.error("rope_is_neox_style is false but head_dim is missing: the interleaved-to-NeoX row "
+                       "permutation works per head and needs it")
     d.tensors = _map_tensors(ckpt, cfg, d)
     return d
 
@@ -230,7 +248,7 @@ def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter) -> list[Draf
     seen: set[str] = set()
     for ref in ckpt.tensors:
         name = strip_model_prefix(ref.name)
-        if name.endswith(SKIPPED_SUFFIXES):
+        if name.endswith(SKIPPED_SUFFIXES) or name in CHECKED_NOT_WRITTEN:
             continue
         gguf_name = hf_to_gguf(name)
         if gguf_name is None:
@@ -242,10 +260,13 @@ def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter) -> list[Draf
         bid = layer_of(gguf_name)
         if bid is not None and bid >= d.n_layers:
             raise InputFileError(f"tensor {ref.name!r} is for layer {bid}, but num_hidden_layers is {d.n_layers}", ref.path)
-        if ref.dtype not in FLOAT_DTYPES:
+        if ref.dtype not in FLOAT_DTYPES and gguf_name != "d2t":
             raise InputFileError(f"tensor {ref.name!r} has dtype {ref.dtype}; only F32, F16, BF16 and F64 convert", ref.path)
         seen.add(gguf_name)
-        out.append(DrafterTensor(gguf_name, name, ref))
+        t = DrafterTensor(gguf_name, name, ref)
+        if not d.rope_is_neox and generic_name(gguf_name) in ROPE_PERMUTED:
+            t.permute_head_dim = d.head_dim
+        out.append(t)
     _check_tensors(out, d)
     return out
 
@@ -257,12 +278,8 @@ def _check_tensors(tensors: list[DrafterTensor], d: Drafter) -> None:
     if missing:
         raise InputFileError(f"checkpoint lacks required tensors: {', '.join(missing[:6])}"
                              + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""), d.source)
-    if "token_embd.weight" in names and "output.weight" not in names:
-        raise InputFileError(
-            "checkpoint ships embed_tokens but no lm_head: llama.cpp would use the embedding as the output "
-            "head (tied), which the reference does not; refusing to write a silently wrong drafter", d.source)
     dims = {"E": d.hidden_size, "F": d.intermediate_size, "H": d.n_head, "KV": d.n_head_kv, "D": d.head_dim,
-            "T": len(d.target_layers), "V": d.vocab_size}
+            "T": len(d.target_layers), "V": d.vocab_size, "VD": d.draft_vocab_size or d.vocab_size}
     for t in tensors:
         spec = EXPECTED_HF_SHAPES.get(generic_name(t.gguf_name))
         if spec is None:

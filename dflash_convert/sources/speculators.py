@@ -1,0 +1,70 @@
+"""Reader for speculators-format DFlash drafters (speculators_model_type "dflash") -> Drafter.
+
+The config is a wrapper: the draft decoder's hyper-parameters sit under
+``transformer_layer_config``; ``aux_hidden_state_layer_ids``, ``mask_token_id``, ``block_size``,
+``draft_vocab_size`` and ``sample_from_anchor`` at the top. Layer ids: speculators' aux ids are
+HF ``hidden_states`` indices (0 = embeddings), which are exactly llama.cpp's layer-input
+indices, so ``dflash.target_layers`` = aux ids. Internally we express them as z-lab
+``target_layer_ids`` (aux - 1) so one builder checks both dialects the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..drafter import Drafter
+from ..target import TargetInfo
+from .checkpoint import Checkpoint
+from .zlab import ConfigView, build_drafter
+
+
+def is_speculators(cfg: dict[str, Any]) -> bool:
+    return "speculators_model_type" in cfg
+
+
+def read_speculators(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
+    top = ConfigView(ckpt.config, ckpt.config_path)
+    kind = top.cfg.get("speculators_model_type")
+    if kind != "dflash":
+        raise top.error(f"speculators_model_type {kind!r} is not supported (only 'dflash'; EAGLE-3 and DSpark "
+                        "drafters convert with llama.cpp's own converter)")
+    layer = top.cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise top.error("transformer_layer_config is missing: it holds the draft decoder's hyper-parameters")
+    flat = {**layer, **{k: v for k, v in top.cfg.items() if k != "transformer_layer_config"}}
+    cv = ConfigView(flat, ckpt.config_path)
+
+    aux = top.cfg.get("aux_hidden_state_layer_ids")
+    if not aux:
+        raise cv.error("aux_hidden_state_layer_ids is missing: the tapped target layers are not guessed")
+    if not isinstance(aux, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
+        raise cv.error(f"aux_hidden_state_layer_ids must be a list of integers, got {aux!r}")
+    if min(aux) < 1:
+        raise cv.error(f"aux_hidden_state_layer_ids {aux} include 0 (the token embeddings), not a decoder layer")
+    mask = top.cfg.get("mask_token_id")
+    if mask is None:
+        raise cv.error("mask_token_id is missing: the drafter fills its block with this token")
+    if top.cfg.get("sample_from_anchor"):
+        raise cv.error("sample_from_anchor is true: llama.cpp's draft-dflash always keeps the anchor slot for the "
+                       "verified token; this drafter predicts from the anchor (DSpark layout) and would draft wrong")
+    target_hidden = top.cfg.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != flat.get("hidden_size"):
+        raise cv.error(f"target_hidden_size {target_hidden} differs from the draft hidden_size {flat.get('hidden_size')}: "
+                       "llama.cpp's dflash has no projection for that")
+    vocab = cv.int_("vocab_size")
+    draft_vocab = cv.int_("draft_vocab_size", top.cfg.get("draft_vocab_size", vocab))
+    if draft_vocab > vocab:  # type: ignore[operator]
+        raise cv.error(f"draft_vocab_size {draft_vocab} exceeds the target vocab_size {vocab}")
+    dflash = {"mask_token_id": mask, "block_size": top.cfg.get("block_size", 8),
+              "target_layer_ids": [i - 1 for i in aux]}
+    if not top.cfg.get("sliding_window_non_causal", False) and any(
+            t == "sliding_attention" for t in flat.get("layer_types") or []):
+        # speculators masks SWA layers causally and full layers bidirectionally; llama.cpp has one
+        # flag for all layers (non-causal unless dflash.attention.causal is true)
+        import logging
+
+        logging.getLogger("dflash_convert").warning(
+            "%s: sliding layers are causal in speculators but llama.cpp runs every layer non-causally; "
+            "drafts of the sliding layers will differ from the reference", ckpt.config_path)
+    return build_drafter(ckpt, cv, dflash, target, dialect="speculators",
+                         draft_vocab_size=draft_vocab if draft_vocab < vocab else None)  # type: ignore[operator]
