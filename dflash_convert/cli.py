@@ -47,7 +47,8 @@ def convert(
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING, format="dflash-convert: warning: %(message)s")
     try:
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
-                               outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings)
+                               outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
+                               hash_sources=not dry_run)
         if dry_run:
             _print_plan(plan)
             typer.echo("dry run: nothing written")
@@ -102,6 +103,73 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file.")) -> None:
         typer.echo(f"target layers (llama.cpp layer inputs): {g.get('dflash.target_layers')}; block size: {block_size(g)}")
         typer.echo("pair with the target in llama.cpp:")
         typer.echo(f"  {pairing_hint(g)}")
+
+
+@app.command()
+def validate(
+    path: Path = typer.Argument(..., help="The drafter GGUF to check."),
+    target: Path | None = typer.Option(None, "--target", help="Target GGUF or Hugging Face model directory: check the pairing too."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (schema: dflash_convert/checks/validate.schema.json)."),
+    deep: bool = typer.Option(False, "--deep", help="Also scan every tensor for NaN and Inf."),
+) -> None:
+    """Check that a drafter GGUF loads and pairs in llama.cpp: exit 0 pass, 1 findings, 2 unreadable input."""
+    from .checks import validate as run_validate
+    from .checks.report import render_json, render_text
+
+    report = run_validate(path, target, deep=deep)
+    if json_out:
+        typer.echo(render_json(report))
+    elif report.exit_code != 2:
+        typer.echo(render_text(report))
+    if report.exit_code == 2:
+        typer.echo(f"dflash-convert: error: {report.error_line()}", err=True)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def migrate(
+    src: Path = typer.Argument(..., help="A DFlash GGUF written for another fork (dflash-draft, qwen35-dflash-draft, pre-merge dflash)."),
+    out: Path = typer.Argument(..., help="The upstream dflash GGUF to write."),
+    target_layers_offset: int | None = typer.Option(None, "--target-layers-offset",
+                                                    help="0 or 1, added to the file's layer ids when its dialect cannot tell."),
+    target_layers: str | None = typer.Option(None, "--target-layers", help="L1,L2,...: llama.cpp target_layers, when the file holds none."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Copy every tokenizer.* key from this converted target GGUF."),
+    mask_token_id: int | None = typer.Option(None, "--mask-token-id", help="The mask token id, when the file holds none."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+) -> None:
+    """Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), then validate it."""
+    from .checks.migrate import migrate as run_migrate
+    from .checks.report import render_text
+
+    try:
+        layers = None
+        if target_layers is not None:
+            try:
+                layers = [int(x) for x in target_layers.split(",")]
+            except ValueError:
+                raise DFlashError(f"--target-layers must be comma-separated integers, got {target_layers!r}") from None
+        result = run_migrate(src, out, force=force, target_layers_offset=target_layers_offset, target_layers=layers,
+                             target_gguf=target_gguf, mask_token_id=mask_token_id)
+    except InputFileError as e:
+        _fail(e, 2)
+    except DFlashError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+    plan = result.plan
+    total = sum(t.nbytes for t, _ in plan.tensors)
+    typer.echo(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
+               "copied byte for byte")
+    for note in plan.notes:
+        typer.echo(f"  {note}")
+    report = result.report
+    if report.exit_code:
+        typer.echo(render_text(report))
+        typer.echo("the written file does not pass validate; see the failures above", err=True)
+    else:
+        n = report.counts()
+        typer.echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
+    raise typer.Exit(report.exit_code)
 
 
 @app.command()

@@ -31,6 +31,34 @@ SHA256_HEX_LEN = 64
 CONVERTER_NAME = "dflash-convert"
 
 
+class SourceHasher:
+    """SHA-256 of the source files, computed on a background thread from the moment they are known.
+
+    Started right after the checkpoint is indexed, it overlaps tokenizer work and tensor
+    streaming instead of adding to either (hashlib releases the GIL).
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+        self.hashes: dict[int, str] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="hash-sources")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for i, p in enumerate(self.files):
+                self.hashes[i] = _sha256_file(p)
+        except BaseException as e:  # reported by result()
+            self.error = e
+
+    def result(self) -> list[str]:
+        self.thread.join()
+        if self.error is not None:
+            raise InputFileError(f"cannot hash source file: {self.error}")
+        return [self.hashes[i] for i in range(len(self.files))]
+
+
 @dataclass
 class ConversionPlan:
     drafter: Drafter
@@ -41,6 +69,7 @@ class ConversionPlan:
     target: TargetInfo
     n_tokens: int
     warnings: list[str] = field(default_factory=list)
+    hasher: SourceHasher | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -64,14 +93,20 @@ def default_output(src: Path, file_type: FileType) -> Path:
 
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
                     target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
-                    outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False) -> ConversionPlan:
-    """Read and check everything, decide every key and tensor type; writes nothing."""
+                    outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
+                    hash_sources: bool = True) -> ConversionPlan:
+    """Read and check everything, decide every key and tensor type; writes nothing.
+
+    With ``hash_sources`` the source files start being hashed in the background at once, for the
+    provenance keys write_plan fills in (pass False for a dry run).
+    """
     src = Path(src_dir)
     if outtype != "auto" and outtype not in OUTTYPES:
         raise DFlashError(f"unknown --outtype {outtype!r} (choose from auto, {', '.join(OUTTYPES)})")
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     ckpt = read_checkpoint(src)
+    hasher = SourceHasher(ckpt.files) if hash_sources else None
 
     tok_md = Metadata()
     if target_gguf is not None:
@@ -116,7 +151,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     output = Path(outfile) if outfile is not None else default_output(src, file_type)
     if output.is_dir():
         output = default_output(output, file_type).parent / default_output(src, file_type).name
-    return ConversionPlan(drafter, md, plan_tensors(drafter, matrix_type), file_type, output, target, n_tokens)
+    return ConversionPlan(drafter, md, plan_tensors(drafter, matrix_type), file_type, output, target, n_tokens,
+                          hasher=hasher)
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:
@@ -137,33 +173,18 @@ def _check_output(plan: ConversionPlan, force: bool) -> None:
 def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = True) -> Path:
     """Write a planned conversion atomically; source files are hashed while the data streams."""
     _check_output(plan, force)
-    files = plan.drafter.files
-    hashes: dict[int, str] = {}
-    errors: list[BaseException] = []
-
-    def hash_all() -> None:
-        try:
-            for i, p in enumerate(files):
-                hashes[i] = _sha256_file(p)
-        except BaseException as e:
-            errors.append(e)
-
-    hasher = threading.Thread(target=hash_all, daemon=True)
-    hasher.start()
+    hasher = plan.hasher or SourceHasher(plan.drafter.files)
 
     def finish(value_at: dict[str, int]) -> list[tuple[int, bytes]]:
-        hasher.join()
-        if errors:
-            raise InputFileError(f"cannot hash source file: {errors[0]}")
         base = value_at[key("source_files_sha256")]
-        return [(string_array_item_offset(base, i, SHA256_HEX_LEN), hashes[i].encode()) for i in range(len(files))]
+        return [(string_array_item_offset(base, i, SHA256_HEX_LEN), h.encode()) for i, h in enumerate(hasher.result())]
 
     pipeline = ChunkPipeline()
     try:
         write_gguf(plan.output, plan.metadata, out_tensors(plan.tensors, pipeline), progress=progress, finish=finish)
     finally:
         pipeline.close()
-        hasher.join()
+        hasher.thread.join()
     return plan.output
 
 
@@ -173,7 +194,8 @@ def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | No
             tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False) -> ConversionPlan:
     """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
-                           outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings)
+                           outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
+                           hash_sources=not dry_run)
     if not dry_run:
         write_plan(plan, force=force, progress=progress)
     return plan
