@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .format.keys import ValueType
-from .sources.gguf import GGUFFile, read_gguf
+from .sources.gguf import GGUFFile, NumArray, read_gguf
 
 
 def read_summary(path: str | Path) -> GGUFFile:
@@ -29,7 +29,7 @@ def pairing_hint(g: GGUFFile) -> str:
 
 
 def short(value: Any, limit: int = 8) -> str:
-    if isinstance(value, list):
+    if isinstance(value, (list, NumArray)):
         items = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value[:limit]]
         head = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in items)
         return f"[{head}{', ...' if len(value) > limit else ''}] ({len(value)})"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,4 +31,58 @@ def qwen35_target(tmp_path_factory) -> Path:
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess:
     """Run the installed command line as a user would."""
-    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True)
+    if args and str(args[0]) == "convert" and r.returncode == 0 and "--dry-run" not in map(str, args):
+        m = _WROTE.search(r.stdout)
+        if m:
+            _check_conversion_output(Path(m.group(1)))
+    return r
+
+
+# --- every file the suite's conversions write must pass `dflash-convert validate` ------------------
+#
+# In-process conversions all write through dflash_convert.converter.write_gguf, which the session
+# fixture below wraps; command-line conversions go through run_cli above. Each output is validated
+# (drafter-side checks, no target) right after it is written; any failing check is collected and
+# the session fails at the end, naming the test and the file.
+
+_WROTE = re.compile(r"^wrote (.+?) \(\d+ tensors", re.M)
+_CONVERSION_FAILURES: list[str] = []
+_CONVERSIONS_VALIDATED: list[Path] = []
+
+
+def _check_conversion_output(path: Path) -> None:
+    from dflash_convert.checks import validate
+
+    report = validate(path)
+    _CONVERSIONS_VALIDATED.append(path)
+    for c in report.checks:
+        if c.status == "fail" or c.fatal:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+            _CONVERSION_FAILURES.append(f"{test}: {path}: {c.id}: {c.message} {c.details}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def validate_every_conversion_output():
+    from dflash_convert import converter
+
+    original = converter.write_gguf
+
+    def write_and_validate(out, *args, **kwargs):
+        n = original(out, *args, **kwargs)
+        _check_conversion_output(Path(out))
+        return n
+
+    converter.write_gguf = write_and_validate
+    try:
+        yield
+    finally:
+        converter.write_gguf = original
+    assert not _CONVERSION_FAILURES, "conversion outputs that fail validate:\n" + "\n".join(_CONVERSION_FAILURES)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _CONVERSIONS_VALIDATED:
+        bad = len(_CONVERSION_FAILURES)
+        terminalreporter.write_line(f"dflash-convert validate: {len(_CONVERSIONS_VALIDATED)} conversion outputs checked, "
+                                    f"{bad} failing check(s)")

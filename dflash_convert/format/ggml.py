@@ -40,6 +40,20 @@ class GGMLType(IntEnum):
     TQ1_0 = 34
     TQ2_0 = 35
     MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+    Q2_0 = 42
+
+
+# type ids llama.cpp 0c1e57098 knows: everything below GGML_TYPE_COUNT (ggml.h)
+GGML_TYPE_COUNT = 43
+
+# ids that once were ggml types and were removed from GGUF files (ggml.h comments); a file
+# carrying one was written by an old or forked tool and will not load.
+REMOVED_TYPES: dict[int, str] = {
+    4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8",
+    36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8",
+}
 
 
 # type -> (elements per block, bytes per block)
@@ -76,6 +90,9 @@ BLOCK_GEOMETRY: dict[GGMLType, tuple[int, int]] = {
     GGMLType.TQ1_0: (256, 54),
     GGMLType.TQ2_0: (256, 66),
     GGMLType.MXFP4: (32, 17),
+    GGMLType.NVFP4: (64, 36),
+    GGMLType.Q1_0: (128, 18),
+    GGMLType.Q2_0: (64, 18),
 }
 
 
@@ -110,4 +127,9 @@ OUTTYPES: dict[str, tuple[FileType, GGMLType]] = {
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
 GGUF_DEFAULT_ALIGNMENT = 32
+# llama.cpp's reader limits (ggml/src/gguf.cpp, ggml.h)
+GGUF_MAX_STRING_LENGTH = 1 << 30
+GGUF_MAX_ARRAY_ELEMENTS = 1 << 30
+GGML_MAX_DIMS = 4
+GGML_MAX_NAME = 64  # tensor names must be shorter than this (the C struct holds a NUL)
 QUANTIZATION_VERSION = 2

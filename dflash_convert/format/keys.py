@@ -78,6 +78,17 @@ KEYS: dict[str, tuple[str, ValueType, ValueType | None]] = {
     "sliding_window": ("{arch}.attention.sliding_window", U32, None),
     "sliding_window_pattern": ("{arch}.attention.sliding_window_pattern", ValueType.ARRAY, BOOL),
     "hidden_activation": ("{arch}.hidden_activation", STR, None),
+    # read by llama.cpp for other members of the dflash arch (DSpark, DFlash2, DeepSeek-V4) or
+    # for targets; the validator type-checks them, the converter never writes them
+    "attention_scale": ("{arch}.attention.scale", F32, None),
+    "sample_from_anchor": ("{arch}.sample_from_anchor", BOOL, None),
+    "has_confidence_head": ("{arch}.has_confidence_head", BOOL, None),
+    "conv_kernel_size": ("{arch}.conv_kernel_size", U32, None),
+    "conv_group_size": ("{arch}.conv_group_size", U32, None),
+    "selector_rank": ("{arch}.selector_rank", U32, None),
+    "selector_top_k": ("{arch}.selector_top_k", U32, None),
+    "hyper_connection_count": ("{arch}.hyper_connection.count", U32, None),
+    "nextn_predict_layers": ("{arch}.nextn_predict_layers", U32, None),
     # tokenizer
     "tok_model": ("tokenizer.ggml.model", STR, None),
     "tok_pre": ("tokenizer.ggml.pre", STR, None),

@@ -1,10 +1,15 @@
 """The one place that parses GGUF files: bounds-checked before anything is allocated.
 
 Every count and length read from the file is checked against the bytes that remain before it is
-used, so a hostile file cannot make us allocate more than its own size or loop forever. Tensor
-infos are checked for dimension count, element-count overflow, known types, block alignment,
-data offsets (aligned, inside the file, non-overlapping) and sizes consistent with shape and type.
-Errors are InputFileError with a message that says which field is wrong and where.
+used, so a hostile file cannot make us allocate more than its own size or loop forever: strings
+and arrays are capped at llama.cpp's limits and must fit in the rest of the file, numeric arrays
+are kept as one compact copy of their bytes (``NumArray``), never as a list of Python objects.
+Tensor infos are checked for name length, dimension count, element-count overflow, known types,
+block alignment, and data offsets (aligned, inside the file, non-overlapping and packed in table
+order, as llama.cpp's ``gguf_init_from_file`` requires) with sizes consistent with shape and type.
+
+Every rejection is an InputFileError whose message says which field is wrong and where; the test
+catalogue (tests/test_gguf_reader.py) holds one hand-made file per message.
 """
 
 from __future__ import annotations
@@ -12,18 +17,32 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from ..errors import InputFileError
-from ..format.ggml import BLOCK_GEOMETRY, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLType
+from ..format.ggml import (
+    BLOCK_GEOMETRY,
+    GGML_MAX_DIMS,
+    GGML_MAX_NAME,
+    GGML_TYPE_COUNT,
+    GGUF_DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    GGUF_MAX_ARRAY_ELEMENTS,
+    GGUF_MAX_STRING_LENGTH,
+    GGUF_VERSION,
+    REMOVED_TYPES,
+    GGMLType,
+)
 from ..format.keys import ValueType
 
-MAX_DIMS = 4
-MAX_STRING = 1 << 30
+MAX_DIMS = GGML_MAX_DIMS
+INT64_MAX = (1 << 63) - 1
+ALIGNMENT_KEY = "general.alignment"
 _SCALARS = {
     ValueType.UINT8: ("<B", 1), ValueType.INT8: ("<b", 1), ValueType.UINT16: ("<H", 2), ValueType.INT16: ("<h", 2),
     ValueType.UINT32: ("<I", 4), ValueType.INT32: ("<i", 4), ValueType.FLOAT32: ("<f", 4), ValueType.BOOL: ("<B", 1),
@@ -34,12 +53,62 @@ _NP = {
     ValueType.INT32: "<i4", ValueType.FLOAT32: "<f4", ValueType.BOOL: "<u1", ValueType.UINT64: "<u8", ValueType.INT64: "<i8",
     ValueType.FLOAT64: "<f8",
 }
+# smallest possible encodings, used to bound counts by the bytes that remain
+_MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, type, 1-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, one dim, type, offset
+
+
+class NumArray(Sequence):
+    """A numeric GGUF array held as one compact numpy copy of its bytes.
+
+    Reads like a list of Python numbers (len, index, iterate, compare with a list); the Python
+    objects are made only when a caller asks for them, so parsing never allocates more than the
+    bytes the file holds.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return self.data[i].tolist()
+        return self.data[i].item()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.data.tolist())
+
+    def tolist(self) -> list[Any]:
+        return self.data.tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NumArray):
+            return len(self) == len(other) and bool(np.array_equal(self.data, other.data))
+        if isinstance(other, (list, tuple)):
+            return len(self) == len(other) and self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(repr, self.data[:8].tolist()))
+        return f"[{head}{', ...' if len(self) > 8 else ''}]"
 
 
 @dataclass
 class GGUFValue:
     vtype: ValueType
-    value: Any  # python scalar, bytes for strings, list for arrays (strings as bytes)
+    value: Any  # python scalar; bytes for strings; NumArray for numeric arrays; list of bytes for string arrays
     sub: ValueType | None = None
 
     def text(self) -> str:
@@ -75,18 +144,25 @@ class GGUFFile:
     _map: mmap.mmap | None = field(default=None, repr=False)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A value as plain Python: str for strings, list for arrays (strings decoded)."""
         v = self.metadata.get(key)
         if v is None:
             return default
         if v.vtype == ValueType.STRING:
             return v.text()
-        if v.vtype == ValueType.ARRAY and v.sub == ValueType.STRING:
-            return [s.decode("utf-8", "replace") for s in v.value]
+        if v.vtype == ValueType.ARRAY:
+            if v.sub == ValueType.STRING:
+                return [s.decode("utf-8", "replace") for s in v.value]
+            return v.value.tolist()
         return v.value
 
     @property
     def architecture(self) -> str | None:
-        return self.get("general.architecture")
+        arch = self.metadata.get("general.architecture")
+        return arch.text() if arch is not None and arch.vtype == ValueType.STRING else None
+
+    def tensor(self, name: str) -> GGUFTensor | None:
+        return next((t for t in self.tensors if t.name == name), None)
 
     def tensor_bytes(self, t: GGUFTensor) -> np.ndarray:
         """The tensor's raw bytes (a read-only view of a memory map)."""
@@ -97,6 +173,8 @@ class GGUFFile:
             finally:
                 os.close(fd)
         assert self._map is not None
+        if t.offset + t.nbytes > len(self._map):
+            raise InputFileError(f"tensor {t.name!r} is truncated (the file shrank after it was read)", self.path)
         return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
     def close(self) -> None:
@@ -133,14 +211,14 @@ class _Cursor:
 
     def string(self, what: str) -> bytes:
         n = self.u64(f"{what} length")
-        if n > MAX_STRING:
-            raise self.fail(f"{what} length {n} is absurd")
+        if n > GGUF_MAX_STRING_LENGTH:
+            raise self.fail(f"{what} length {n} exceeds llama.cpp's limit of {GGUF_MAX_STRING_LENGTH} bytes")
         self.need(n, what)
         s = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return s
 
-    def value(self, vtype_raw: int, what: str, depth: int = 0) -> GGUFValue:
+    def value(self, vtype_raw: int, what: str) -> GGUFValue:
         try:
             vtype = ValueType(vtype_raw)
         except ValueError:
@@ -148,29 +226,44 @@ class _Cursor:
         if vtype == ValueType.STRING:
             return GGUFValue(vtype, self.string(what))
         if vtype == ValueType.ARRAY:
-            if depth:
-                raise self.fail(f"{what}: nested arrays are not supported")
-            sub_raw = self.u32(f"{what} element type")
-            count = self.u64(f"{what} element count")
-            try:
-                sub = ValueType(sub_raw)
-            except ValueError:
-                raise self.fail(f"{what}: unknown array element type {sub_raw}") from None
-            if sub == ValueType.ARRAY:
-                raise self.fail(f"{what}: nested arrays are not supported")
-            if sub == ValueType.STRING:
-                # each string needs at least its 8-byte length: bound the count before looping
-                self.need(count * 8, f"{what} ({count} strings)")
-                return GGUFValue(vtype, [self.string(f"{what}[{i}]") for i in range(count)], sub)
-            fmt, size = _SCALARS[sub]
-            self.need(count * size, f"{what} ({count} items)")
-            arr = np.frombuffer(self.buf, dtype=_NP[sub], count=count, offset=self.pos)
-            self.pos += count * size
-            items = arr.astype(bool).tolist() if sub == ValueType.BOOL else arr.tolist()
-            return GGUFValue(vtype, items, sub)
+            return self.array(what)
         fmt, size = _SCALARS[vtype]
         v = self.scalar(fmt, size, what)
-        return GGUFValue(vtype, bool(v) if vtype == ValueType.BOOL else v)
+        if vtype == ValueType.BOOL:
+            if v > 1:
+                raise self.fail(f"{what}: bool value {v} is neither 0 nor 1")
+            v = bool(v)
+        return GGUFValue(vtype, v)
+
+    def array(self, what: str) -> GGUFValue:
+        sub_raw = self.u32(f"{what} element type")
+        try:
+            sub = ValueType(sub_raw)
+        except ValueError:
+            raise self.fail(f"{what}: unknown array element type {sub_raw}") from None
+        if sub == ValueType.ARRAY:
+            raise self.fail(f"{what}: nested arrays are not supported")
+        count = self.u64(f"{what} element count")
+        if count > GGUF_MAX_ARRAY_ELEMENTS:
+            raise self.fail(f"{what}: array of {count} elements exceeds llama.cpp's limit of {GGUF_MAX_ARRAY_ELEMENTS}")
+        if sub == ValueType.STRING:
+            # each string needs at least its 8-byte length: bound the count before looping
+            self.need(count * 8, f"{what} ({count} strings)")
+            return GGUFValue(ValueType.ARRAY, [self.string(f"{what}[{i}]") for i in range(count)], sub)
+        _, size = _SCALARS[sub]
+        self.need(count * size, f"{what} ({count} items)")
+        view = np.frombuffer(self.buf, dtype=_NP[sub], count=count, offset=self.pos)
+        if sub == ValueType.BOOL:
+            if count and int(view.max()) > 1:
+                i = int(np.argmax(view > 1))
+                raise self.fail(f"{what}[{i}]: bool value {int(view[i])} is neither 0 nor 1")
+            data = view.astype(bool)
+        else:
+            data = view.copy()
+        del view
+        data.flags.writeable = False
+        self.pos += count * size
+        return GGUFValue(ValueType.ARRAY, NumArray(data), sub)
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
@@ -185,12 +278,30 @@ def read_gguf(path: str | Path) -> GGUFFile:
     except OSError as e:
         raise InputFileError(f"cannot read: {e.strerror or e}", path) from e
     try:
-        return _parse(memoryview(mm), path, size)
+        buf = memoryview(mm)
+        try:
+            return _parse(buf, path, size)
+        finally:
+            try:
+                buf.release()
+            except BufferError:  # a view is still referenced by an exception being raised
+                pass
     finally:
         try:
             mm.close()
         except BufferError:
             pass
+
+
+def _check_version(c: _Cursor, version: int) -> None:
+    if version == 0:
+        raise c.fail("bad GGUF version 0")
+    if version & 0xFFFF == 0:
+        raise c.fail(f"GGUF version {version:#010x} looks byte-swapped: a big-endian file? llama.cpp reads little-endian files only")
+    if version == 1:
+        raise c.fail("GGUF version 1 is no longer supported by llama.cpp; convert the model again")
+    if version > GGUF_VERSION:
+        raise c.fail(f"GGUF version {version} is newer than {GGUF_VERSION}, the newest llama.cpp 0c1e57098 reads")
 
 
 def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
@@ -200,18 +311,23 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
         raise InputFileError(f"not a GGUF file (magic {bytes(buf[:4])!r})", path)
     c.pos = 4
     version = c.u32("version")
-    if version not in (2, 3):
-        raise c.fail(f"unsupported GGUF version {version}")
+    _check_version(c, version)
     n_tensors = c.u64("tensor count")
     n_kv = c.u64("metadata count")
-    # each KV needs >= 8 (key len) + 4 (type) + 1 bytes, each tensor info >= 8 + 4 + 8 + 4 + 8
-    if n_kv * 13 > size - c.pos:
+    if n_tensors > INT64_MAX:
+        raise c.fail(f"tensor count {n_tensors} is negative as a signed 64-bit count")
+    if n_kv > INT64_MAX:
+        raise c.fail(f"metadata count {n_kv} is negative as a signed 64-bit count")
+    if n_kv * _MIN_KV_BYTES > size - c.pos:
         raise c.fail(f"metadata count {n_kv} cannot fit in a {size}-byte file")
-    if n_tensors * 32 > size - c.pos:
+    if n_tensors * _MIN_TENSOR_INFO_BYTES > size - c.pos:
         raise c.fail(f"tensor count {n_tensors} cannot fit in a {size}-byte file")
+
     md: dict[str, GGUFValue] = {}
     for i in range(n_kv):
         key_raw = c.string(f"key #{i}")
+        if not key_raw:
+            raise c.fail(f"key #{i} is empty")
         try:
             key = key_raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -219,16 +335,24 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
         if key in md:
             raise c.fail(f"duplicate metadata key {key!r}")
         md[key] = c.value(c.u32(f"type of {key}"), key)
+
     alignment = GGUF_DEFAULT_ALIGNMENT
-    if "general.alignment" in md:
-        a = md["general.alignment"]
-        if a.vtype != ValueType.UINT32 or a.value <= 0 or a.value & (a.value - 1):
-            raise InputFileError(f"general.alignment must be a power-of-two u32, got {a.value!r}", path)
+    if ALIGNMENT_KEY in md:
+        a = md[ALIGNMENT_KEY]
+        if a.vtype != ValueType.UINT32:
+            raise InputFileError(f"{ALIGNMENT_KEY} must be UINT32, got {a.vtype.name}", path)
+        if a.value == 0 or a.value & (a.value - 1):
+            raise InputFileError(f"{ALIGNMENT_KEY} {a.value} is not a power of two", path)
         alignment = a.value
-    infos = []
+
+    infos: list[tuple[str, tuple[int, ...], int, int]] = []
     names: set[str] = set()
     for i in range(n_tensors):
         raw_name = c.string(f"tensor #{i} name")
+        if not raw_name:
+            raise c.fail(f"tensor #{i} has an empty name")
+        if len(raw_name) >= GGML_MAX_NAME:
+            raise c.fail(f"tensor #{i} name is {len(raw_name)} bytes; llama.cpp allows at most {GGML_MAX_NAME - 1}")
         try:
             name = raw_name.decode("utf-8")
         except UnicodeDecodeError:
@@ -243,36 +367,53 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
         type_raw = c.u32(f"{name} type")
         offset = c.u64(f"{name} offset")
         infos.append((name, ne, type_raw, offset))
+
     data_offset = (c.pos + alignment - 1) // alignment * alignment
     if data_offset > size and n_tensors:
         raise InputFileError(f"truncated: tensor data would start at byte {data_offset}, file has {size}", path)
-    tensors: list[GGUFTensor] = []
-    for name, ne, type_raw, offset in infos:
-        try:
-            gtype = GGMLType(type_raw)
-        except ValueError:
-            raise InputFileError(f"tensor {name!r} has unknown ggml type {type_raw}", path) from None
-        if gtype not in BLOCK_GEOMETRY:
-            raise InputFileError(f"tensor {name!r} has unsupported ggml type {gtype.name}", path)
-        n = 1
-        for d in ne:
-            if d <= 0:
-                raise InputFileError(f"tensor {name!r} has a non-positive dimension in {list(ne)}", path)
-            n *= d
-            if n >= 1 << 62:
-                raise InputFileError(f"tensor {name!r} element count overflows ({list(ne)})", path)
-        block, bsize = BLOCK_GEOMETRY[gtype]
-        if ne[0] % block:
-            raise InputFileError(f"tensor {name!r}: ne[0]={ne[0]} is not a multiple of the {gtype.name} block size {block}", path)
-        nbytes = n // block * bsize
-        if offset % alignment:
-            raise InputFileError(f"tensor {name!r} data offset {offset} is not aligned to {alignment}", path)
-        start = data_offset + offset
-        if start + nbytes > size:
-            raise InputFileError(f"tensor {name!r} data [{start}, {start + nbytes}) runs past the end of the file ({size} bytes)", path)
-        tensors.append(GGUFTensor(name, ne, gtype, start, nbytes))
+
+    tensors = [_tensor(path, alignment, data_offset, size, *info) for info in infos]
     spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors)
     for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:], strict=False):
         if s1 < e0:
             raise InputFileError(f"tensor {n1!r} data overlaps tensor {n0!r}", path)
+    expected = 0
+    for t in tensors:  # llama.cpp's gguf reader wants each tensor right after the previous one, padded
+        if t.offset - data_offset != expected:
+            raise InputFileError(f"tensor {t.name!r} data offset {t.offset - data_offset} is not {expected}: llama.cpp requires "
+                                 "tensor data packed in table order with alignment padding only", path)
+        expected += (t.nbytes + alignment - 1) // alignment * alignment
     return GGUFFile(path, version, md, tensors, alignment, data_offset, size)
+
+
+def _tensor(path: Path, alignment: int, data_offset: int, size: int,
+            name: str, ne: tuple[int, ...], type_raw: int, offset: int) -> GGUFTensor:
+    if type_raw in REMOVED_TYPES:
+        raise InputFileError(f"tensor {name!r} has ggml type {type_raw} ({REMOVED_TYPES[type_raw]}), which was removed "
+                             "from GGUF files; quantize again from the F16/BF16 file", path)
+    if type_raw >= GGML_TYPE_COUNT:
+        raise InputFileError(f"tensor {name!r} has unknown ggml type {type_raw} (llama.cpp 0c1e57098 knows 0 to "
+                             f"{GGML_TYPE_COUNT - 1}; a fork-private type?)", path)
+    try:
+        gtype = GGMLType(type_raw)
+    except ValueError:
+        raise InputFileError(f"tensor {name!r} has unknown ggml type {type_raw}", path) from None
+    n = 1
+    for d in ne:
+        if d > INT64_MAX:
+            raise InputFileError(f"tensor {name!r} has a negative dimension in {list(ne)}", path)
+        if d == 0:
+            raise InputFileError(f"tensor {name!r} has a zero-size dimension in {list(ne)}", path)
+        n *= d
+        if n > INT64_MAX:
+            raise InputFileError(f"tensor {name!r} element count overflows a signed 64-bit integer ({list(ne)})", path)
+    block, bsize = BLOCK_GEOMETRY[gtype]
+    if ne[0] % block:
+        raise InputFileError(f"tensor {name!r}: ne[0]={ne[0]} is not a multiple of the {gtype.name} block size {block}", path)
+    nbytes = n // block * bsize
+    if offset % alignment:
+        raise InputFileError(f"tensor {name!r} data offset {offset} is not aligned to {alignment}", path)
+    start = data_offset + offset
+    if start + nbytes > size:
+        raise InputFileError(f"tensor {name!r} data [{start}, {start + nbytes}) runs past the end of the file ({size} bytes)", path)
+    return GGUFTensor(name, ne, gtype, start, nbytes)

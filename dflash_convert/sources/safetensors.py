@@ -134,6 +134,8 @@ def read_header(path: str | Path) -> tuple[list[TensorRef], dict[str, str]]:
         header = json.loads(text, object_pairs_hook=_reject_duplicates)
     except ValueError as e:
         raise InputFileError(f"safetensors header is not valid JSON: {e}", path) from e
+    except RecursionError:
+        raise InputFileError("safetensors header nests JSON too deeply to be a tensor index", path) from None
     if not isinstance(header, dict):
         raise InputFileError("safetensors header is not a JSON object", path)
 

@@ -1,0 +1,60 @@
+"""validate(): will this GGUF load and pair in llama.cpp 0c1e57098, and is it what it claims to be?
+
+Layers of checks, each in its own module: the container (sources/gguf.py, the bounds-checked
+reader), the dialect (dialects.py), the semantics of an upstream dflash drafter (semantics.py),
+optionally a NaN/Inf scan (numerics.py), and optionally the pairing with a target (target.py).
+Results are ``report.Check`` objects; ``report`` renders them for people and as JSON.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import InputFileError
+from ..sources.gguf import read_gguf
+from .dialects import detect, dialect_check
+from .report import FAIL, PASS, SKIP, Check, Report
+from .semantics import semantic_checks, skipped_semantics
+
+__all__ = ["Check", "Report", "validate"]
+
+
+def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *, deep: bool = False) -> Report:
+    """Check one drafter GGUF; never raises for bad input (a fatal check says why instead)."""
+    path = Path(path)
+    target_path = None if target is None else Path(target)
+    try:
+        g = read_gguf(path)
+    except InputFileError as e:
+        return Report(path, target_path, [Check("container", FAIL, str(e), fatal=True)])
+    try:
+        checks = [Check("container", PASS, f"GGUF v{g.version}, {len(g.metadata)} keys, {len(g.tensors)} tensors, "
+                        f"data aligned to {g.alignment}, every bound checked")]
+        match = detect(g)
+        checks.append(dialect_check(match))
+        if g.architecture != "dflash":
+            reason = ("not a DFlash drafter" if not match.is_drafter
+                      else f"the file is in the {match.name} dialect; run dflash-convert migrate first")
+            checks += skipped_semantics(reason)
+            checks.append(Check("numerics", SKIP, reason))
+            if target_path is not None:
+                checks.append(Check("target", SKIP, reason))
+            return Report(path, target_path, checks, match.name)
+        facts, sem = semantic_checks(g)
+        checks += sem
+        if deep:
+            from .numerics import scan
+
+            checks.append(scan(g))
+        else:
+            checks.append(Check("numerics", SKIP, "NaN/Inf scan not run (pass --deep)"))
+        if target_path is None:
+            checks.append(Check("target", SKIP, "no --target: hidden size, tokenizer and layer range not checked against the target"))
+        else:
+            from .target import target_checks
+
+            checks += target_checks(facts, target_path)
+        return Report(path, target_path, checks, match.name)
+    finally:
+        g.close()

@@ -1,0 +1,519 @@
+"""Is an upstream-dialect DFlash GGUF what llama.cpp 0c1e57098 will load, and what it claims to be?
+
+Each check reads the format tables (format.keys, format.tensors, format.rules) and the parsed
+container; nothing here spells a key or a tensor name. ``Facts`` gathers the hyper-parameters
+once, tolerating missing or mistyped keys (the key checks report those), so every later check can
+still say something useful about a broken file.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..format.ggml import GGMLType
+from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
+from ..format.rules import (
+    ALSO_ACCEPTED,
+    D2T_TENSOR,
+    DEFAULT_BLOCK_SIZE,
+    DRAFTER_KEYS,
+    EMBEDDING_TENSOR,
+    FC_TENSOR,
+    FIXED_TYPES,
+    GGUF_ONLY_SHAPES,
+    HEAD_GLOBAL,
+    HEAD_PER_LAYER,
+    HIDDEN_ACTIVATIONS,
+    LOADER_OPTIONAL_PER_LAYER,
+    MAX_LAYERS,
+    NORM_SUFFIX,
+    OPTIONAL_GLOBAL,
+    OPTIONAL_PER_LAYER,
+    OUTPUT_TENSOR,
+    PER_LAYER_KEYS,
+    ROPE_SCALING_TYPES,
+    ROPE_SECTIONS,
+    VECTOR_TYPE,
+)
+from ..format.tensors import EXPECTED_HF_SHAPES, REQUIRED_GLOBAL, REQUIRED_PER_LAYER, generic_name, layer_of
+from ..sources.gguf import GGUFFile, GGUFTensor, GGUFValue
+from .report import FAIL, SKIP, WARN, Check, check_from, passed
+
+_INT_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
+                        ValueType.INT32, ValueType.UINT64, ValueType.INT64})
+_FLOAT_TYPES = frozenset({ValueType.FLOAT32, ValueType.FLOAT64})
+_DIM_TOKEN = re.compile(r"([*/])")
+
+
+def type_name(vtype: ValueType, sub: ValueType | None) -> str:
+    return f"ARRAY[{sub.name}]" if vtype == ValueType.ARRAY and sub is not None else vtype.name
+
+
+def expected_types(short: str) -> tuple[tuple[ValueType, ValueType | None], ...]:
+    _, vtype, sub = KEYS[short]
+    return ((vtype, sub), *ALSO_ACCEPTED.get(short, ()))
+
+
+def known_keys() -> dict[str, tuple[tuple[ValueType, ValueType | None], ...]]:
+    """Every key llama.cpp reads from a dflash drafter, with the value types it accepts."""
+    out = {key(short): expected_types(short) for short in KEYS}
+    out.update({k: ((ValueType.UINT32, None),) for k in SPECIAL_TOKEN_ID_KEYS.values()})
+    out.update({k: ((ValueType.BOOL, None),) for k in ADD_SPECIAL_TOKEN_KEYS.values()})
+    return out
+
+
+def _int(v: GGUFValue | None) -> int | None:
+    return v.value if v is not None and v.vtype in _INT_TYPES else None
+
+
+def _float(v: GGUFValue | None) -> float | None:
+    return float(v.value) if v is not None and v.vtype in _FLOAT_TYPES else None
+
+
+def _ints(v: GGUFValue | None) -> list[int] | None:
+    if v is None:
+        return None
+    if v.vtype == ValueType.ARRAY and v.sub in _INT_TYPES | {ValueType.BOOL}:
+        return [int(x) for x in v.value]
+    return None
+
+
+def eval_dim(expr: str, dims: dict[str, int | None]) -> int | None:
+    """Evaluate a shape expression such as 'T*E' or 'D/2' (exact division only); None if unknown."""
+    parts = _DIM_TOKEN.split(expr)
+    total: int | None = None
+    op = "*"
+    for tok in parts:
+        if tok in ("*", "/"):
+            op = tok
+            continue
+        v = int(tok) if tok.isdigit() else dims.get(tok)
+        if v is None:
+            return None
+        if total is None:
+            total = v
+        elif op == "*":
+            total *= v
+        elif v == 0 or total % v:
+            return None
+        else:
+            total //= v
+    return total
+
+
+@dataclass
+class Facts:
+    """The drafter's dimensions as the file states them (None where missing or mistyped)."""
+
+    g: GGUFFile
+    n_layer: int | None = None
+    dims: dict[str, int | None] = field(default_factory=dict)
+    per_layer: dict[str, list[int]] = field(default_factory=dict)
+    target_layers: list[int] | None = None
+    tokens: list[bytes] | None = None
+
+    @classmethod
+    def of(cls, g: GGUFFile) -> Facts:
+        md = g.metadata
+        f = cls(g)
+        f.n_layer = _int(md.get(key("block_count")))
+        E = _int(md.get(key("embedding_length")))
+        scalars: dict[str, int | None] = {}
+        for short in PER_LAYER_KEYS:
+            v = md.get(key(short))
+            scalars[short] = _int(v)
+            arr = _ints(v)
+            if arr is not None:
+                f.per_layer[short] = arr
+                scalars[short] = arr[0] if arr and len(set(arr)) == 1 else None
+        H = scalars["head_count"]
+        KV = scalars["head_count_kv"] if key("head_count_kv") in md else H
+        D = _int(md.get(key("key_length")))
+        if D is None and key("key_length") not in md and E and H:
+            D = E // H
+        f.target_layers = _ints(md.get(key("target_layers")))
+        tok = md.get(key("tok_tokens"))
+        if tok is not None and tok.vtype == ValueType.ARRAY and tok.sub == ValueType.STRING:
+            f.tokens = tok.value
+        V = len(f.tokens) if f.tokens is not None else None
+        d2t = g.tensor(D2T_TENSOR)
+        VD = d2t.ne[0] if d2t is not None else V
+        T = len(f.target_layers) if f.target_layers is not None else None
+        f.dims = {"E": E, "F": scalars["feed_forward_length"], "H": H, "KV": KV, "D": D, "T": T, "V": V, "VD": VD}
+        return f
+
+    def layer_dims(self, i: int) -> dict[str, int | None]:
+        dims = dict(self.dims)
+        for short, sym in (("feed_forward_length", "F"), ("head_count", "H"), ("head_count_kv", "KV")):
+            arr = self.per_layer.get(short)
+            if arr is not None:
+                dims[sym] = arr[i] if i < len(arr) else None
+        if "head_count_kv" not in self.per_layer and key("head_count_kv") not in self.g.metadata:
+            dims["KV"] = dims["H"]
+        return dims
+
+    def expected_shape(self, t: GGUFTensor) -> tuple[int | None, ...] | None:
+        """The ggml shape llama.cpp's loader demands for this tensor, None when it claims no shape here."""
+        gen = generic_name(t.name)
+        if gen in EXPECTED_HF_SHAPES:
+            spec = tuple(reversed(EXPECTED_HF_SHAPES[gen]))
+        elif gen in GGUF_ONLY_SHAPES:
+            spec = GGUF_ONLY_SHAPES[gen]
+        else:
+            return None
+        bid = layer_of(t.name)
+        dims = self.layer_dims(bid) if bid is not None else self.dims
+        return tuple(eval_dim(e, dims) for e in spec)
+
+
+REQUIRED_TENSOR, OPTIONAL_TENSOR, HEAD_TENSOR = "required", "optional", "head"
+
+
+def tensor_role(name: str, n_layer: int) -> str | None:
+    """How the dflash loader treats a tensor of a drafter with n_layer layers; None: it never claims it."""
+    bid = layer_of(name)
+    if bid is None:
+        return (REQUIRED_TENSOR if name in REQUIRED_GLOBAL else OPTIONAL_TENSOR if name in OPTIONAL_GLOBAL
+                else HEAD_TENSOR if name in HEAD_GLOBAL else None)
+    if bid >= n_layer or name != f"blk.{bid}.{generic_name(name)}":
+        return None
+    gen = generic_name(name)
+    if gen in LOADER_OPTIONAL_PER_LAYER or gen in OPTIONAL_PER_LAYER:
+        return OPTIONAL_TENSOR
+    return REQUIRED_TENSOR if gen in REQUIRED_PER_LAYER else HEAD_TENSOR if gen in HEAD_PER_LAYER else None
+
+
+def required_tensor_names(n_layer: int) -> list[str]:
+    """Every tensor the loader requires, in file order (layers capped at llama.cpp's maximum)."""
+    per = range(min(n_layer, MAX_LAYERS))
+    return [*REQUIRED_GLOBAL, *(f"blk.{i}.{s}" for i in per for s in REQUIRED_PER_LAYER if s not in LOADER_OPTIONAL_PER_LAYER)]
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+def check_architecture(g: GGUFFile) -> Check:
+    v = g.metadata.get(key("architecture"))
+    if v is None or v.vtype != ValueType.STRING:
+        return Check("architecture", FAIL, "general.architecture is missing or not a string")
+    if v.text() != "dflash":
+        return Check("architecture", FAIL, f"general.architecture is {v.text()!r}, llama.cpp's DFlash drafters are 'dflash'")
+    return passed("architecture", "general.architecture = dflash")
+
+
+def check_required_keys(g: GGUFFile) -> Check:
+    problems = []
+    for short, (need, why) in DRAFTER_KEYS.items():
+        if key(short) not in g.metadata:
+            problems.append(f"{key(short)} is missing ({need}: {why})")
+    return check_from("keys.required", problems, [], f"all {len(DRAFTER_KEYS)} required keys present",
+                      f"{len(problems)} required key(s) missing", "")
+
+
+def check_key_types(g: GGUFFile) -> Check:
+    known = known_keys()
+    problems, warnings = [], []
+    for name, v in g.metadata.items():
+        accepted = known.get(name)
+        if accepted is None:
+            if name.startswith("dflash."):
+                warnings.append(f"{name} is not a key llama.cpp reads (a typo, or another dialect's key?)")
+            continue
+        if (v.vtype, v.sub) not in accepted:
+            want = " or ".join(type_name(*t) for t in accepted)
+            problems.append(f"{name} is {type_name(v.vtype, v.sub)}, llama.cpp expects {want} "
+                            "(\"key ... has wrong type\")")
+    return check_from("keys.types", problems, warnings, "every key llama.cpp reads has the type it expects",
+                      f"{len(problems)} key(s) with the wrong type", "unknown dflash.* keys")
+
+
+def check_hparams(f: Facts) -> Check:
+    md = f.g.metadata
+    problems, warnings = [], []
+    n, dims = f.n_layer, f.dims
+    if n is not None and not 1 <= n <= MAX_LAYERS:
+        problems.append(f"block_count {n} is outside 1..{MAX_LAYERS}")
+    for short, sym in (("embedding_length", "E"), ("context_length", None)):
+        v = dims.get(sym) if sym else _int(md.get(key(short)))
+        if v is not None and v <= 0:
+            problems.append(f"{key(short)} is {v}")
+    for short in PER_LAYER_KEYS:
+        arr = f.per_layer.get(short)
+        if arr is not None and n is not None and len(arr) != n:
+            problems.append(f"{key(short)} has {len(arr)} entries for {n} layers (\"wrong array length\")")
+        values = arr if arr is not None else [_int(md.get(key(short)))]
+        if any(x is not None and x <= 0 for x in values) and short != "head_count_kv":
+            problems.append(f"{key(short)} must be positive, got {values if arr is not None else values[0]}")
+    H, KV = dims.get("H"), dims.get("KV")
+    if H and KV is not None and (KV <= 0 or H % KV):
+        problems.append(f"head_count {H} is not a multiple of head_count_kv {KV}")
+    kl, vl = _int(md.get(key("key_length"))), _int(md.get(key("value_length")))
+    if kl is not None and vl is not None and kl != vl:
+        problems.append(f"key_length {kl} != value_length {vl} (the dflash graph asserts they are equal)")
+    E = dims.get("E")
+    if kl is None and E and H and E % H:
+        problems.append(f"no key_length and embedding_length {E} is not a multiple of head_count {H}")
+    eps = _float(md.get(key("rms_eps")))
+    if eps is not None and not (math.isfinite(eps) and eps > 0):
+        problems.append(f"layer_norm_rms_epsilon is {eps}")
+    rot = _int(md.get(key("rope_dimension_count")))
+    D = dims.get("D")
+    if rot is not None and D and (rot > D or rot % 2):
+        problems.append(f"rope.dimension_count {rot} must be even and at most the head size {D}")
+    act = md.get(key("hidden_activation"))
+    if act is not None and act.vtype == ValueType.STRING and act.text() not in HIDDEN_ACTIVATIONS:
+        problems.append(f"hidden_activation {act.text()!r} is not one of {', '.join(HIDDEN_ACTIVATIONS)} "
+                        "(\"unsupported DFlash hidden activation\")")
+    rs = md.get(key("rope_scaling_type"))
+    if rs is not None and rs.vtype == ValueType.STRING and rs.text() not in ROPE_SCALING_TYPES:
+        problems.append(f"rope.scaling.type {rs.text()!r} is not one of {', '.join(ROPE_SCALING_TYPES)}")
+    sections = md.get(key("rope_dimension_sections"))
+    if sections is not None and sections.vtype == ValueType.ARRAY and len(sections.value) != ROPE_SECTIONS:
+        problems.append(f"rope.dimension_sections has {len(sections.value)} entries, llama.cpp wants {ROPE_SECTIONS}")
+    hc = _int(md.get(key("hyper_connection_count")))
+    if hc:
+        warnings.append("hyper_connection.count > 0: the DeepSeek-V4 DSpark backbone, whose keys are not checked here")
+    summary = f"{n} layers, hidden {E}, {H}/{KV} heads of {D}, FFN {dims.get('F')}"
+    return check_from("hparams", problems, warnings, summary, "hyper-parameters llama.cpp rejects or mis-reads", summary)
+
+
+def check_target_layers(f: Facts) -> Check:
+    v = f.g.metadata.get(key("target_layers"))
+    if v is None:
+        return Check("target_layers", FAIL, "dflash.target_layers is missing: \"DFlash model requires 'target_layers' in "
+                     "GGUF metadata\"; convert the checkpoint again (its dflash_config.target_layer_ids + 1)")
+    ids = f.target_layers
+    if ids is None or v.sub not in (ValueType.INT32, ValueType.UINT32):
+        return Check("target_layers", FAIL, f"dflash.target_layers is {type_name(v.vtype, v.sub)}, llama.cpp reads an "
+                     "INT32 or UINT32 array")
+    if not ids:
+        return Check("target_layers", FAIL, "dflash.target_layers is empty")
+    problems, warnings = [], []
+    if any(i < 0 for i in ids):
+        problems.append(f"negative layer ids {[i for i in ids if i < 0]} (llama.cpp reads them as huge unsigned ids and aborts)")
+    if len(ids) > 1 and len(set(ids)) == 1:
+        problems.append(f"all {len(ids)} ids are {ids[0]}: llama.cpp runs, but feeds the same target layer {len(ids)} times, "
+                        "so the drafter silently computes something else")
+    elif len(set(ids)) != len(ids):
+        warnings.append(f"repeated ids in {ids}")
+    if ids != sorted(ids):
+        warnings.append(f"ids {ids} are not increasing (every published drafter lists them in increasing order)")
+    if 0 in ids:
+        warnings.append("id 0 taps the token embeddings; converted checkpoints start at 1 (target_layer_ids + 1), so a 0 "
+                        "usually means the ids were written without the +1")
+    fc = f.g.tensor(FC_TENSOR)
+    E = f.dims.get("E")
+    if fc is not None and E and fc.ne[0] % E == 0 and fc.ne[0] // E != len(ids):
+        problems.append(f"{FC_TENSOR} takes {fc.ne[0] // E} taps of {E} ({fc.ne[0]} inputs) but target_layers lists {len(ids)}")
+    return check_from("target_layers", problems, warnings, f"{ids} (llama.cpp layer inputs; checkpoint ids + 1)",
+                      "target_layers are unusable", f"{ids}: suspicious")
+
+
+def check_swa(f: Facts) -> Check:
+    md = f.g.metadata
+    window = _int(md.get(key("sliding_window")))
+    pattern_v = md.get(key("sliding_window_pattern"))
+    pattern = _ints(pattern_v)
+    if not window:
+        if pattern_v is not None:
+            return Check("swa", WARN, "sliding_window_pattern without a sliding window: llama.cpp ignores it")
+        return passed("swa", "no sliding-window attention")
+    if pattern_v is None:
+        return Check("swa", FAIL, f"sliding_window {window} but no sliding_window_pattern (\"array key not found\")")
+    if pattern is None:
+        return Check("swa", FAIL, f"sliding_window_pattern is {type_name(pattern_v.vtype, pattern_v.sub)}, not a BOOL/INT32/UINT32 array")
+    problems, warnings = [], []
+    if len(pattern) > MAX_LAYERS:
+        problems.append(f"sliding_window_pattern has {len(pattern)} entries, llama.cpp allows at most {MAX_LAYERS}")
+    if f.n_layer is not None and len(pattern) != f.n_layer:
+        problems.append(f"sliding_window_pattern has {len(pattern)} entries for {f.n_layer} layers (llama.cpp silently "
+                        "treats missing entries as full attention)")
+    if not any(pattern):
+        warnings.append("a sliding window is set but no layer uses it")
+    n_swa = sum(bool(x) for x in pattern)
+    return check_from("swa", problems, warnings, f"window {window} on {n_swa} of {len(pattern)} layers",
+                      "the sliding-window pattern does not match the layers", "sliding window unused")
+
+
+def check_block_size(f: Facts) -> Check:
+    v = f.g.metadata.get(key("block_size"))
+    if v is None:
+        return Check("block_size", WARN, f"dflash.block_size is missing: the runtime assumes {DEFAULT_BLOCK_SIZE}, which may "
+                     "not be the block the drafter was trained with")
+    bs = _int(v)
+    if bs is None:
+        return Check("block_size", FAIL, f"dflash.block_size is {type_name(v.vtype, v.sub)}")
+    if bs < 2:
+        return Check("block_size", FAIL, f"dflash.block_size is {bs}: the driver clamps --spec-draft-n-max to {max(bs - 1, 0)}, "
+                     "nothing is drafted")
+    return passed("block_size", f"{bs} (pair with --spec-draft-n-max {bs - 1})")
+
+
+def check_tokenizer(f: Facts) -> Check:
+    md = f.g.metadata
+    problems, warnings = [], []
+    model = md.get(key("tok_model"))
+    if model is None or model.vtype != ValueType.STRING:
+        problems.append("tokenizer.ggml.model is missing or not a string")
+    tokens_v = md.get(key("tok_tokens"))
+    if f.tokens is None:
+        problems.append("tokenizer.ggml.tokens is missing or not a string array")
+    elif not f.tokens:
+        problems.append("tokenizer.ggml.tokens is empty")
+    V = f.dims.get("V")
+    for short in ("tok_token_type", "tok_scores"):
+        arr = md.get(key(short))
+        if arr is not None and V is not None and arr.vtype == ValueType.ARRAY and len(arr.value) != V:
+            problems.append(f"{key(short)} has {len(arr.value)} entries for {V} tokens")
+    if model is not None and model.vtype == ValueType.STRING and model.text() == "gpt2" and key("tok_merges") not in md:
+        problems.append("a BPE (gpt2) vocabulary without tokenizer.ggml.merges")
+    for kind, name in SPECIAL_TOKEN_ID_KEYS.items():
+        tid = _int(md.get(name))
+        if kind != "mask" and tid is not None and V is not None and tid >= V:
+            warnings.append(f"{name} {tid} is not below the vocabulary size {V}")
+    pre = md.get(key("tok_pre"))
+    desc = f"{model.text() if model is not None and model.vtype == ValueType.STRING else '?'}"
+    if pre is not None and pre.vtype == ValueType.STRING:
+        desc += f"/{pre.text()}"
+    n = len(tokens_v.value) if tokens_v is not None and tokens_v.vtype == ValueType.ARRAY else 0
+    return check_from("tokenizer", problems, warnings, f"{desc}, {n} tokens", "the vocabulary will not load",
+                      "special token ids out of range")
+
+
+def check_mask_token(f: Facts) -> Check:
+    v = f.g.metadata.get(key("mask_token_id"))
+    if v is None:
+        return Check("mask_token", FAIL, "tokenizer.ggml.mask_token_id is missing: the draft block is filled with the mask "
+                     "token, so drafting fails (convert again; the id is dflash_config.mask_token_id)")
+    mid = _int(v)
+    if mid is None:
+        return Check("mask_token", FAIL, f"tokenizer.ggml.mask_token_id is {type_name(v.vtype, v.sub)}")
+    V = f.dims.get("V")
+    if V is not None and mid >= V:
+        return Check("mask_token", FAIL, f"mask token id {mid} is not below the vocabulary size {V}: llama.cpp discards it")
+    return passed("mask_token", f"mask token id {mid}" + (f" < {V}" if V is not None else ""))
+
+
+# --- tensors ----------------------------------------------------------------------------------
+
+def check_inventory(f: Facts) -> Check:
+    names = [t.name for t in f.g.tensors]
+    if f.n_layer is None:
+        return Check("tensors.inventory", SKIP, "block_count unknown: cannot list the tensors llama.cpp claims")
+    present = set(names)
+    problems, warnings = [], []
+    problems += [f"{n} is missing (required)" for n in required_tensor_names(f.n_layer) if n not in present]
+    for i in range(min(f.n_layer, MAX_LAYERS)):
+        for s in LOADER_OPTIONAL_PER_LAYER:
+            if f"blk.{i}.{s}" not in present:
+                warnings.append(f"blk.{i}.{s} is missing: loads as the shared-KV variant (V = normed K), wrong for a "
+                                "Qwen-style drafter")
+    roles = {n: tensor_role(n, f.n_layer) for n in names}
+    stray = [n for n in names if roles[n] is None]
+    for n in stray:
+        bid = layer_of(n)
+        why = (f"layer {bid} but block_count is {f.n_layer}" if bid is not None and bid >= f.n_layer
+               else "t2d is never written: the runtime only uses d2t" if n == "t2d"
+               else "not a dflash tensor")
+        problems.append(f"{n}: {why}")
+    if stray:
+        problems.insert(0, f"llama.cpp claims every tensor or stops with \"wrong number of tensors; expected "
+                        f"{len(names)}, got {len(names) - len(stray)}\"")
+    found_heads = [n for n in names if roles[n] == HEAD_TENSOR]
+    if found_heads:
+        warnings.append(f"DSpark/DFlash2 head tensors present, not checked here: {', '.join(found_heads[:6])}"
+                        + (" ..." if len(found_heads) > 6 else ""))
+    return check_from("tensors.inventory", problems, warnings, f"{len(names)} tensors, all claimed, none missing",
+                      "tensor set does not match what llama.cpp loads", "tensor set loads, with remarks")
+
+
+def check_shapes(f: Facts) -> Check:
+    problems = []
+    checked = 0
+    for t in f.g.tensors:
+        want = f.expected_shape(t)
+        if want is None:
+            continue
+        checked += 1
+        if None in want:
+            continue  # a dimension the file does not state; the key checks report it
+        if t.ne != want:
+            problems.append(f"{t.name} has shape {{{', '.join(map(str, t.ne))}}}, llama.cpp expects "
+                            f"{{{', '.join(map(str, want))}}} (\"tensor has wrong shape\")")
+    return check_from("tensors.shapes", problems, [], f"{checked} tensor shapes match the hyper-parameters",
+                      f"{len(problems)} tensor(s) with the wrong shape", "")
+
+
+def check_types(f: Facts) -> Check:
+    problems = []
+    for t in f.g.tensors:
+        if tensor_role(t.name, f.n_layer or 0) == HEAD_TENSOR:
+            continue
+        want = FIXED_TYPES.get(generic_name(t.name))
+        if want is None and (t.name.endswith(NORM_SUFFIX) or len(t.ne) == 1):
+            want = VECTOR_TYPE
+        if want is not None and t.ggml_type.name != want:
+            problems.append(f"{t.name} is {t.ggml_type.name}, must be {want}")
+    types = sorted({t.ggml_type.name for t in f.g.tensors})
+    return check_from("tensors.types", problems, [], f"norms and vectors F32; types used: {', '.join(types)}",
+                      f"{len(problems)} tensor(s) stored in the wrong type", "")
+
+
+def check_tied_head(f: Facts) -> Check:
+    has_embd, has_out = f.g.tensor(EMBEDDING_TENSOR) is not None, f.g.tensor(OUTPUT_TENSOR) is not None
+    if has_embd and not has_out:
+        return Check("tied_head", FAIL, f"{EMBEDDING_TENSOR} without {OUTPUT_TENSOR}: llama.cpp then uses the embedding as "
+                     f"the output head (tied), while DFlash drafters use the target's own head; add {OUTPUT_TENSOR} or drop "
+                     f"{EMBEDDING_TENSOR}")
+    if has_embd:
+        return passed("tied_head", "own embedding and own output head (self-contained drafter)")
+    if has_out:
+        return passed("tied_head", "own output head, target's embedding")
+    return passed("tied_head", "embedding and output head shared from the target at run time")
+
+
+def check_d2t(f: Facts) -> Check:
+    t = f.g.tensor(D2T_TENSOR)
+    if t is None:
+        return passed("d2t", "no d2t: the drafter predicts over the full target vocabulary")
+    problems, warnings = [], []
+    V, VD = f.dims.get("V"), t.ne[0]
+    if len(t.ne) != 1:
+        problems.append(f"d2t has {len(t.ne)} dimensions, must be 1")
+    if t.ggml_type != GGMLType.I64:
+        problems.append(f"d2t is {t.ggml_type.name}; the graph asserts I64")
+    if f.g.tensor(OUTPUT_TENSOR) is None:
+        problems.append(f"d2t without {OUTPUT_TENSOR}: a reduced vocabulary needs the drafter's own head {{E, Vd}}")
+    if V is not None and VD > V:
+        problems.append(f"d2t maps {VD} draft ids, more than the {V} tokens of the vocabulary")
+    elif V is not None and VD == V:
+        warnings.append(f"d2t maps all {V} tokens: a full vocabulary needs no d2t")
+    if not problems:
+        ids = f.g.tensor_bytes(t).view("<i8")
+        bad = int(np.count_nonzero((ids < 0) | (ids >= (V if V is not None else np.iinfo(np.int64).max))))
+        if bad:
+            problems.append(f"{bad} d2t entries are outside [0, {V}) (d2t holds absolute target ids)")
+        elif len(np.unique(ids)) != len(ids):
+            problems.append("d2t maps two draft ids to the same target id")
+    return check_from("d2t", problems, warnings, f"{VD} draft ids -> target ids, unique and in range",
+                      "d2t is unusable", "d2t present but redundant")
+
+
+def semantic_checks(g: GGUFFile) -> tuple[Facts, list[Check]]:
+    f = Facts.of(g)
+    checks = [
+        check_architecture(g), check_required_keys(g), check_key_types(g), check_hparams(f), check_target_layers(f),
+        check_swa(f), check_block_size(f), check_tokenizer(f), check_mask_token(f), check_inventory(f),
+        check_shapes(f), check_types(f), check_tied_head(f), check_d2t(f),
+    ]
+    return f, checks
+
+
+def skipped_semantics(reason: str) -> list[Check]:
+    ids = ("architecture", "keys.required", "keys.types", "hparams", "target_layers", "swa", "block_size", "tokenizer",
+           "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", "d2t")
+    return [Check(i, SKIP, reason) for i in ids]
+

@@ -1,0 +1,104 @@
+"""What llama.cpp 0c1e57098 demands of a DFlash drafter GGUF and of its target, as data tables.
+
+The validator (``dflash_convert.checks``) reads these tables and never spells a key or a tensor
+name itself. Keys are short names from ``format.keys.KEYS``; tensor names and the PyTorch shapes
+of the classic tensors come from ``format.tensors`` (a ggml shape is the PyTorch shape reversed).
+Sources: src/models/dflash.cpp, src/llama-model.cpp, src/llama-model-loader.cpp,
+common/speculative.cpp (see ../shared/spec/dflash-gguf-format.md sections 1, 2 and 4).
+"""
+
+from __future__ import annotations
+
+from .keys import ValueType
+from .tensors import GLOBAL_TENSORS
+
+REQUIRED = "required"  # llama.cpp refuses to load the file without it
+EFFECTIVE = "effectively required"  # the file loads, but shapes or decoding are wrong without it
+
+# short key -> (requirement, what goes wrong without it)
+DRAFTER_KEYS: dict[str, tuple[str, str]] = {
+    "architecture": (REQUIRED, "selects llama.cpp's model class"),
+    "context_length": (REQUIRED, "read unconditionally by llama_model_base::load_hparams"),
+    "embedding_length": (REQUIRED, "read unconditionally by llama_model_base::load_hparams"),
+    "block_count": (REQUIRED, "read unconditionally by llama_model_base::load_hparams"),
+    "rms_eps": (REQUIRED, "read with required=true by src/models/dflash.cpp"),
+    "target_layers": (REQUIRED, "\"DFlash model requires 'target_layers' in GGUF metadata\""),
+    "feed_forward_length": (EFFECTIVE, "without it n_ff is 0 and every FFN tensor has the wrong shape"),
+    "head_count": (EFFECTIVE, "without it there are 0 heads and every attention tensor has the wrong shape"),
+    "tok_model": (REQUIRED, "the vocabulary loader needs it"),
+    "tok_tokens": (REQUIRED, "the vocabulary; its length is every vocabulary-sized dimension"),
+    "mask_token_id": (EFFECTIVE, "the draft block is filled with the mask token; without it drafting fails at run time"),
+}
+
+# Other key types llama.cpp accepts besides the one KEYS gives: integer arrays may be INT32 or
+# UINT32, per-layer keys may be arrays of n_layer, sections may be a broadcast scalar.
+_INT_ARRAYS = ((ValueType.ARRAY, ValueType.INT32), (ValueType.ARRAY, ValueType.UINT32))
+ALSO_ACCEPTED: dict[str, tuple[tuple[ValueType, ValueType | None], ...]] = {
+    "target_layers": _INT_ARRAYS,
+    "sliding_window_pattern": _INT_ARRAYS,
+    "rope_dimension_sections": (*_INT_ARRAYS, (ValueType.UINT32, None)),
+    "feed_forward_length": _INT_ARRAYS,
+    "head_count": _INT_ARRAYS,
+    "head_count_kv": _INT_ARRAYS,
+}
+
+# per-layer keys that may be arrays (then of length block_count)
+PER_LAYER_KEYS: tuple[str, ...] = ("feed_forward_length", "head_count", "head_count_kv")
+
+# accepted string values (anything else aborts loading)
+HIDDEN_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_pytorch_tanh")
+ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "longrope")
+
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: block_count and the SWA pattern length are capped by it
+ROPE_SECTIONS = 4  # rope.dimension_sections must have exactly this many entries
+DEFAULT_BLOCK_SIZE = 16  # common/speculative.cpp when dflash.block_size is absent
+
+# Tensors the dflash loader claims besides format.tensors.REQUIRED_GLOBAL / REQUIRED_PER_LAYER,
+# with ggml shapes (ne0 first) where format.tensors.EXPECTED_HF_SHAPES has none.
+OPTIONAL_GLOBAL: tuple[str, ...] = ("token_embd.weight", "output.weight", "d2t", "fc.scale", "rope_freqs.weight")
+OPTIONAL_PER_LAYER: tuple[str, ...] = (
+    "attn_sinks.weight", "post_attention_norm.weight", "post_ffw_norm.weight", "layer_output_scale.weight",
+)
+# required by format.tensors for a Qwen-style drafter, but optional to the loader (shared-KV variant)
+LOADER_OPTIONAL_PER_LAYER: tuple[str, ...] = ("attn_v.weight",)
+GGUF_ONLY_SHAPES: dict[str, tuple[str, ...]] = {
+    "fc.scale": ("1",),
+    "rope_freqs.weight": ("D/2",),
+    "post_attention_norm.weight": ("E",),
+    "post_ffw_norm.weight": ("E",),
+    "layer_output_scale.weight": ("1",),
+}
+
+# Tensors of the other members of the dflash architecture (DSpark Markov/confidence heads, DFlash2
+# convolutions and selector); claimed by the loader, their shapes are not checked here.
+HEAD_GLOBAL: tuple[str, ...] = (
+    "markov_w1.weight", "markov_w2.weight", "markov_w2.scale", "conf_proj.weight", "conf_proj.bias",
+    "selector_predecessor.weight", "selector_successor.weight", "selector_hidden.weight",
+)
+HEAD_PER_LAYER: tuple[str, ...] = ("attn_conv_base", "attn_conv_proj.weight", "ffn_conv_base", "ffn_conv_proj.weight")
+
+# GGUF names of the tensors single checks look at (spelled once, in format.tensors)
+FC_TENSOR = GLOBAL_TENSORS["fc.weight"]
+EMBEDDING_TENSOR = GLOBAL_TENSORS["embed_tokens.weight"]
+OUTPUT_TENSOR = GLOBAL_TENSORS["lm_head.weight"]
+D2T_TENSOR = GLOBAL_TENSORS["d2t"]
+
+# Tensor storage types: norms and other 1-D vectors are F32 (converter and llama-quantize keep
+# them so; nothing else is tested on the dflash graph); the graph asserts d2t is I64.
+NORM_SUFFIX = "_norm.weight"
+FIXED_TYPES: dict[str, str] = {D2T_TENSOR: "I64"}
+VECTOR_TYPE = "F32"
+
+# Target side (src/models/*.cpp): only these target architectures publish the layer inputs a
+# DFlash drafter taps; of them only these also publish the last layer's output (index n_layer).
+LAYER_INPUT_TARGET_ARCHS: tuple[str, ...] = (
+    "bailingmoe3", "deepseek4", "gemma4", "hunyuan_vl", "lfm2", "llama", "mimo2", "minimax-01", "minimax-m2",
+    "muse-glimmer", "nanbeige", "nemotron_h", "gpt-oss", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next",
+    "qwen4exp",
+)
+LAST_LAYER_OUTPUT_ARCHS: tuple[str, ...] = ("deepseek4", "nemotron_h", "mimo2")
+# drafter architectures that are not targets
+DRAFTER_ARCHS: tuple[str, ...] = ("dflash", "eagle3")
+
+# tokenizer keys that must be identical between drafter and target (beyond the token list)
+TOKENIZER_IDENTITY_KEYS: tuple[str, ...] = ("tok_model", "tok_pre")
