@@ -13,6 +13,7 @@ from ..errors import InputFileError
 from ..metadata import Metadata
 from .bpe import read_bpe_vocab
 from .from_gguf import copy_tokenizer_keys
+from .probe import Probe
 from .special import load_tokenizer_files, read_special_tokens
 
 # target architecture -> vocabulary route
@@ -45,10 +46,13 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
             raise InputFileError(
                 "target ships a SentencePiece tokenizer.model, which llama.cpp would convert as an SPM "
                 "vocabulary; pass --target-gguf with the converted target instead", target_dir)
-        tj, tc = load_tokenizer_files(target_dir)
-        if tj is None:
+        if not (target_dir / "tokenizer.json").is_file():
             raise InputFileError("target has no tokenizer.json (pass --target-gguf with the converted target instead)", target_dir)
-        vocab = read_bpe_vocab(target_dir, tj, tc or {}, vocab_size, tokenizer_pre)
+        # probe first, parse after: the tokenizer library's memory is gone before ours grows
+        result = Probe(target_dir / "tokenizer.json").result()
+        tj, tc = load_tokenizer_files(target_dir)
+        assert tj is not None
+        vocab = read_bpe_vocab(target_dir, tj, tc or {}, vocab_size, result, tokenizer_pre)
         md.set("tok_model", "gpt2")
         md.set("tok_pre", vocab.pre)
         md.set("tok_tokens", vocab.tokens)

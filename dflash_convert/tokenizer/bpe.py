@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import InputFileError
 from ..format.keys import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED
 from .pre_hashes import PRE_TOKENIZER_HASHES
-from .probe import Probe
+from .probe import ProbeResult
 
 # Added tokens that look special are typed CONTROL even when not flagged special (llama.cpp rule).
 _SPECIAL_LOOKING = ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
@@ -79,24 +79,21 @@ class BpeVocab:
 
 
 def read_bpe_vocab(target_dir: Path, tj: dict[str, Any], tc: dict[str, Any], vocab_size: int | None,
-                   tokenizer_pre: str | None = None) -> BpeVocab:
-    """Token list padded to ``vocab_size`` (the draft's), token types, and the pre-tokenizer name."""
+                   result: ProbeResult, tokenizer_pre: str | None = None) -> BpeVocab:
+    """Token list padded to ``vocab_size`` (the draft's), token types, and the pre-tokenizer name.
+
+    ``result`` is the probe of the same tokenizer.json (hash, added-token round trips).
+    """
     where = target_dir / "tokenizer.json"
     added = added_tokens(tj, where)
-    probe = Probe(where, [a.content for a in added.values() if not a.normalized])
-    try:
-        vocab = full_vocab(tj, where)
-        n = vocab_size if vocab_size is not None else len(vocab)
-        top = max(vocab.values())
-        if top >= n:
-            raise InputFileError(f"tokenizer has token id {top}, not below the draft's vocab_size {n}", where)
-        cleanup = bool(tc.get("clean_up_tokenization_spaces", False))
-        reverse = {i: t for t, i in vocab.items()}
-        del vocab
-    except BaseException:
-        probe.kill()
-        raise
-    result = probe.result()
+    vocab = full_vocab(tj, where)
+    n = vocab_size if vocab_size is not None else len(vocab)
+    top = max(vocab.values())
+    if top >= n:
+        raise InputFileError(f"tokenizer has token id {top}, not below the draft's vocab_size {n}", where)
+    cleanup = bool(tc.get("clean_up_tokenization_spaces", False))
+    reverse = {i: t for t, i in vocab.items()}
+    del vocab
     pre = tokenizer_pre or pre_tokenizer_name(result.probe_hash, where)
     added_contents = {a.content for a in added.values()}
     tokens: list[str] = []

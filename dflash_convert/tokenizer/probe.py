@@ -4,9 +4,10 @@
 2. For added tokens that are not normalized: their encode/decode round trip (llama.cpp stores
    them pre-normalized).
 
-Loading a 250k-token BPE takes ~200 MB; doing it in a short-lived child keeps the converter's
-own memory flat while it streams gigabytes, and lets the parent parse tokenizer.json at the
-same time on the other core. The child only reads the file; it runs no code from it.
+Loading a 250k-token BPE takes ~200 MB; doing it in a short-lived child, finished before the
+parent parses tokenizer.json itself, keeps the peak memory of the whole process tree low (the
+source files are hashed on the other core meanwhile). The child only reads the file; it runs no
+code from it.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ class ProbeResult:
     roundtrip: dict[str, str]
 
 
-def probe_in_process(tokenizer_json: Path, texts: list[str]) -> ProbeResult:
+def probe_in_process(tokenizer_json: Path) -> ProbeResult:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_json))
+    texts = [a.content for a in tok.get_added_tokens_decoder().values() if not a.normalized]
     ids = tok.encode(PROBE_TEXT).ids
     h = hashlib.sha256(str(ids).encode()).hexdigest()
     rt = {t: tok.decode(tok.encode(t, add_special_tokens=False).ids, skip_special_tokens=False) for t in texts}
@@ -41,18 +43,17 @@ def probe_in_process(tokenizer_json: Path, texts: list[str]) -> ProbeResult:
 class Probe:
     """A running probe; call result() to collect it."""
 
-    def __init__(self, tokenizer_json: Path, texts: list[str]) -> None:
+    def __init__(self, tokenizer_json: Path) -> None:
         self.path = tokenizer_json
         self.proc = subprocess.Popen([sys.executable, "-m", "dflash_convert.tokenizer.probe", str(tokenizer_json)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.texts = texts
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.communicate()
 
     def result(self) -> ProbeResult:
-        out, err = self.proc.communicate(json.dumps(self.texts).encode())
+        out, err = self.proc.communicate()
         if self.proc.returncode != 0:
             lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
             raise InputFileError(f"cannot load tokenizer.json: {lines[-1] if lines else 'tokenizer process failed'}", self.path)
@@ -61,8 +62,7 @@ class Probe:
 
 
 def main() -> int:
-    texts = json.loads(sys.stdin.buffer.read() or b"[]")
-    r = probe_in_process(Path(sys.argv[1]), texts)
+    r = probe_in_process(Path(sys.argv[1]))
     sys.stdout.write(json.dumps({"hash": r.probe_hash, "roundtrip": r.roundtrip}))
     return 0
 
