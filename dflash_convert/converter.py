@@ -23,7 +23,7 @@ from .sources.vocabulary import resolve_vocabulary
 from .sources.zlab import read_zlab
 from .target import TargetInfo, read_target_dir, target_from_gguf_facts
 from .tokenizer import borrow_from_dir, borrow_from_gguf
-from .write import string_array_item_offset, write_gguf
+from .write import check_output_path, string_array_item_offset, write_gguf
 
 log = logging.getLogger("dflash_convert")
 
@@ -156,18 +156,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:
-    out = plan.output
-    inputs = [plan.drafter.config_path, *plan.drafter.files]
-    if out.exists():
-        for p in inputs:
-            if p.exists() and os.path.samefile(p, out):
-                raise DFlashError("output would overwrite an input file; choose another -o", out)
-        if not force:
-            raise DFlashError("output exists; pass --force to replace it", out)
-        if out.is_dir():
-            raise DFlashError("output is a directory", out)
-    if not out.parent.is_dir():
-        raise DFlashError("output folder does not exist", out.parent)
+    check_output_path(plan.output, [plan.drafter.config_path, *plan.drafter.files], force=force)
 
 
 def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = True) -> Path:

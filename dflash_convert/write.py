@@ -165,6 +165,20 @@ class _OutputFile:
                 self.stage.close()
 
 
+def check_output_path(out: Path, inputs: list[Path], *, force: bool) -> None:
+    """Refuse to write over an input (ever) or an existing file (without force)."""
+    if out.exists():
+        for p in inputs:
+            if p.exists() and os.path.samefile(p, out):
+                raise DFlashError("output would overwrite an input file; choose another output path", out)
+        if not force:
+            raise DFlashError("output exists; pass --force to replace it", out)
+        if out.is_dir():
+            raise DFlashError("output is a directory", out)
+    if not out.parent.is_dir():
+        raise DFlashError("output folder does not exist", out.parent)
+
+
 def temp_path_for(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial-{os.getpid()}")
 

@@ -126,7 +126,7 @@ def test_buun_cli(tmp_path):
     assert r.returncode == 1 and "--force" in r.stderr and r.stderr.count("\n") == 1
     assert run_cli("migrate", src, out, "--force").returncode == 0
     r = run_cli("migrate", src, src, "--force")
-    assert r.returncode == 1 and "overwrite the input" in r.stderr
+    assert r.returncode == 1 and "overwrite an input" in r.stderr
     # a contradicting offset is refused, not applied
     r = run_cli("migrate", src, tmp_path / "o.gguf", "--target-layers-offset", "0")
     assert r.returncode == 1 and "contradicts the buun-dflash-draft dialect" in r.stderr

@@ -21,7 +21,7 @@ from ..format.keys import KEYS, ValueType, key
 from ..format.rules import FC_TENSOR, MAX_LAYERS
 from ..metadata import Metadata
 from ..sources.gguf import ALIGNMENT_KEY, GGUFFile, GGUFTensor, GGUFValue, read_gguf
-from ..write import OutTensor, write_gguf
+from ..write import OutTensor, check_output_path, write_gguf
 from .dialects import detect, layer_ids_key
 from .report import Report
 from .semantics import required_tensor_names, tensor_role
@@ -259,15 +259,7 @@ def _chunks(path: Path, t: GGUFTensor) -> Iterator[bytes]:
 
 def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> Path:
     out = Path(out)
-    if out.exists():
-        if os.path.samefile(out, plan.source):
-            raise DFlashError("output would overwrite the input file; choose another OUT", out)
-        if not force:
-            raise DFlashError("output exists; pass --force to replace it", out)
-        if out.is_dir():
-            raise DFlashError("output is a directory", out)
-    if not out.parent.is_dir():
-        raise DFlashError("output folder does not exist", out.parent)
+    check_output_path(out, [plan.source], force=force)
     src = plan.source
     tensors = [OutTensor(new, t.ne, t.ggml_type, t.nbytes, chunks=lambda t=t: _chunks(src, t)) for t, new in plan.tensors]
     write_gguf(out, plan.metadata, tensors, progress=False)
