@@ -6,7 +6,7 @@ import hashlib
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
@@ -68,7 +68,6 @@ class ConversionPlan:
     output: Path
     target: TargetInfo
     n_tokens: int
-    warnings: list[str] = field(default_factory=list)
     hasher: SourceHasher | None = None
 
     @property
@@ -149,8 +148,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     write_mask_token_id(md, drafter, n_tokens, vocab_where)
 
     output = Path(outfile) if outfile is not None else default_output(src, file_type)
-    if output.is_dir():
-        output = default_output(output, file_type).parent / default_output(src, file_type).name
+    if output.is_dir():  # -o FOLDER: the default file name, in that folder
+        output = output / default_output(src, file_type).name
     return ConversionPlan(drafter, md, plan_tensors(drafter, matrix_type), file_type, output, target, n_tokens,
                           hasher=hasher)
 

@@ -9,6 +9,7 @@ checked here is what only the combination with the target can tell.
 from __future__ import annotations
 
 from .drafter import Drafter
+from .errors import ConfigError
 from .format.ggml import FileType
 from .metadata import Metadata
 
@@ -132,8 +133,6 @@ def write_hparams(md: Metadata, d: Drafter, file_type: FileType, target_uses_mro
 
 def write_mask_token_id(md: Metadata, d: Drafter, n_tokens: int, where: str) -> None:
     """tokenizer.ggml.mask_token_id, after the vocabulary (it overrides any id the tokenizer had)."""
-    from .errors import ConfigError
-
     if d.mask_token_id >= n_tokens:
         raise ConfigError(f"mask_token_id {d.mask_token_id} is not below the vocabulary size {n_tokens} of {where}",
                           d.config_path)

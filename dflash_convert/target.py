@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputFileError
-from .sources.checkpoint import _weight_files, read_config
+from .sources.checkpoint import _weight_files, merged_text_config, read_config
 from .sources.safetensors import TensorRef, read_header
 
 # where a target checkpoint keeps its token embedding and output head (first found wins)
@@ -33,7 +33,7 @@ class TargetInfo:
     _weights: dict[str, TensorRef] | None = field(default=None, repr=False)
 
     def text_config(self) -> dict[str, Any]:
-        return _text_config(self.config)
+        return merged_text_config(self.config)
 
     def weights(self) -> dict[str, TensorRef] | None:
         """The target's embedding and head (headers only; data is read on demand), or None."""
@@ -52,17 +52,12 @@ class TargetInfo:
         return self._weights or None
 
 
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    text = cfg.get("text_config")
-    return {**cfg, **text} if isinstance(text, dict) else cfg
-
-
 def read_target_dir(target_dir: str | Path) -> TargetInfo:
     target_dir = Path(target_dir)
     cfg, path = read_config(target_dir)
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    text = _text_config(cfg)
+    text = merged_text_config(cfg)
     inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     rope = inner.get("rope_parameters") or inner.get("rope_scaling") or {}
     if not isinstance(rope, dict):

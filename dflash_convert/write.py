@@ -65,23 +65,21 @@ def _value(vtype: ValueType, value: object, sub: ValueType | None) -> bytes:
     return struct.pack(_SCALAR_FORMATS[vtype], value)
 
 
-def serialize_header(md: Metadata, tensors: list[OutTensor]) -> tuple[bytes, dict[str, int], list[int]]:
-    """Header bytes (padded to alignment), value offsets per key, and data offsets per tensor."""
+def serialize_header(md: Metadata, tensors: list[OutTensor]) -> tuple[bytes, dict[str, int]]:
+    """Header bytes (padded to alignment) and the file offset of each key's value."""
     out = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(md)))
     value_at: dict[str, int] = {}
     for kv in md:
         out += _string(kv.key) + struct.pack("<I", int(kv.vtype))
         value_at[kv.key] = len(out)
         out += _value(kv.vtype, kv.value, kv.sub)
-    offsets: list[int] = []
     cursor = 0
     for t in tensors:
-        offsets.append(cursor)
         out += _string(t.name) + struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne)
         out += struct.pack("<IQ", int(t.ggml_type), cursor)
         cursor += _pad(t.nbytes)
     out += b"\0" * (_pad(len(out)) - len(out))
-    return bytes(out), value_at, offsets
+    return bytes(out), value_at
 
 
 def string_array_item_offset(value_offset: int, index: int, item_len: int) -> int:
@@ -186,7 +184,7 @@ def temp_path_for(out: Path) -> Path:
 def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: bool = True,
                finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None) -> int:
     """Write a GGUF file atomically. ``finish`` returns (header offset, bytes) patches applied last."""
-    header, value_at, _ = serialize_header(md, tensors)
+    header, value_at = serialize_header(md, tensors)
     tmp = temp_path_for(out)
     total = sum(t.nbytes for t in tensors)
     bar = None

@@ -43,6 +43,12 @@ def read_json(path: Path, what: str, limit: int | None = None) -> Any:
         raise InputFileError(f"{what} is not valid JSON: {e}", path) from e
 
 
+def merged_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config with its text_config (multimodal wrappers) merged over the top level, as a new dict."""
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
+
+
 def read_config(model_dir: Path) -> tuple[dict[str, Any], Path]:
     """config.json of a model directory as a dict."""
     path = model_dir / "config.json"

@@ -10,12 +10,15 @@ indices, so ``dflash.target_layers`` = aux ids. Internally we express them as z-
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..drafter import Drafter
 from ..target import TargetInfo
 from .checkpoint import Checkpoint
 from .zlab import ConfigView, build_drafter
+
+log = logging.getLogger("dflash_convert")
 
 
 def is_speculators(cfg: dict[str, Any]) -> bool:
@@ -61,9 +64,7 @@ def read_speculators(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
             t == "sliding_attention" for t in flat.get("layer_types") or []):
         # speculators masks SWA layers causally and full layers bidirectionally; llama.cpp has one
         # flag for all layers (non-causal unless dflash.attention.causal is true)
-        import logging
-
-        logging.getLogger("dflash_convert").warning(
+        log.warning(
             "%s: sliding layers are causal in speculators but llama.cpp runs every layer non-causally; "
             "drafts of the sliding layers will differ from the reference", ckpt.config_path)
     return build_drafter(ckpt, cv, dflash, target, dialect="speculators",

@@ -158,7 +158,6 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: TargetInfo | None, 
         emb.row_override = (d.mask_token_id, _as_words(row, emb.ref.dtype))
         front.append(emb)
         d.tensors[:0] = front  # llama.cpp's converter emits these two first
-        by = {t.gguf_name: t for t in d.tensors}
         return
 
     emb, head = by.get("token_embd.weight"), by.get("output.weight")

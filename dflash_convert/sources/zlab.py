@@ -26,7 +26,7 @@ from ..format.tensors import (
     strip_model_prefix,
 )
 from ..target import TargetInfo
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, merged_text_config
 
 log = logging.getLogger("dflash_convert")
 
@@ -71,11 +71,6 @@ class ConfigView:
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise self.error(f"{key} must be a number, got {v!r}")
         return float(v)
-
-
-def _merged(cfg: dict[str, Any]) -> dict[str, Any]:
-    text = cfg.get("text_config")
-    return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
 
 
 def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | None, list[int] | None, float | None]:
@@ -147,7 +142,7 @@ def is_zlab(cfg: dict[str, Any]) -> bool:
 
 
 def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
-    cv = ConfigView(_merged(ckpt.config), ckpt.config_path)
+    cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     if not is_zlab(cv.cfg):
         raise cv.error(f"not a DFlash drafter: architectures is {cv.cfg.get('architectures')!r}, expected "
                        "['DFlashDraftModel'] (z-lab) or speculators_model_type 'dflash'")
