@@ -1,0 +1,684 @@
+"""Bit-exact numpy ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
+
+Each function returns the bytes that ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same
+float32 input, i.e. what ``ggml_quantize_chunk`` (and so ``llama-quantize``) produces without an
+importance matrix. Being byte-identical with llama.cpp is the point, so every floating-point step
+follows the C source operation by operation:
+
+* All arithmetic is float32 and evaluated in C's order. ``libggml-base`` (where the reference
+  quantizers live) is compiled for baseline x86-64 (native flags only go to the CPU backend), so
+  there is no FMA to contract ``a*b + c`` into: one rounding per operation, i.e. one numpy ufunc
+  per operation. C's double literals don't occur in these three quantizers (all are ``f``).
+* Sums over a block are sequential in C (``sum += ...`` in index order) and float addition is not
+  associative, so numpy's pairwise ``.sum()`` would round differently. Work is vectorised *across*
+  blocks instead: values are laid out position-major (``[position, group]``) and each per-group sum
+  adds one position after the other (see ``_Sums``).
+* ``nearest_int`` is the magic-number trick (``fval + 12582912.f``, keep the low mantissa bits). In
+  range that is round-half-to-even, which ``np.rint`` matches; out of range (or for inf/NaN) it
+  wraps, so such cases take an exact integer re-implementation (``_nearest_int``). Each search step
+  bounds its inputs first to know which applies.
+* Maxima/minima keep C's strict comparisons where ties can pick a different element (Q6_K's signed
+  max, the super-block maxima), so the same element wins.
+* fp16 conversion: ggml's ``GGML_FP32_TO_FP16`` (the bit-twiddling version in ggml-impl.h) rounds to
+  nearest-even and saturates to inf, exactly as numpy's ``astype(np.float16)`` does.
+
+Finite input is the fast path. A tile holding inf or NaN switches to loops that mirror C's scans
+(NaN skipped by the comparisons) and to exact rounding everywhere, so it is still reproduced.
+
+Speed (the searches make some 300 numpy passes over every value, so per-call cost matters):
+super-blocks are independent, so the input is cut into tiles of 512 super-blocks, each pass writes
+into preallocated scratch, per-group sums take one ``np.add.reduce`` call (checked to add in C's
+order, see ``_reduce_is_sequential``), and the ufunc buffer size is set to one row, so that a
+per-group vector broadcast over ``[position, group]`` runs straight through instead of being copied
+into buffers first. Scratch arrays are page-aligned and the broadcast vectors sit half a page
+further, which keeps a ufunc's loads from 4K-aliasing its stores (a several-fold slowdown,
+otherwise at the mercy of malloc). The functions are pure: scratch is allocated per call and the
+buffer size is set inside an ``np.errstate`` context, which restores it and is local to the thread,
+so they can run on a thread pool.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["quantize_q4_k", "quantize_q5_k", "quantize_q6_k"]
+
+QK_K = 256
+Q4_K_BYTES = 144
+Q5_K_BYTES = 176
+Q6_K_BYTES = 210
+
+_F32 = np.float32
+_ZERO = _F32(0.0)
+_MAGIC = _F32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low mantissa bits
+_NI_LIMIT = 4194303.0  # nearest_int is round-half-even only for |x| <= 2**22 - 1
+_GROUP_MAX_EPS = _F32(1e-15)  # GROUP_MAX_EPS is the float literal 1e-15f
+
+# Groups per tile (512 super-blocks, 128K values, either way): measured as the best trade between
+# numpy's per-call overhead and the scratch falling out of L2. Multiples of 1024 make every row of
+# the [position, group] scratch a whole number of pages (see _page_aligned).
+_QKX_TILE_GROUPS = 4096
+_QX_TILE_GROUPS = 8192
+_PAGE = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+def _page_aligned(shape: tuple[int, ...], dtype: type = _F32, offset: int = 0) -> np.ndarray:
+    """Uninitialised scratch starting ``offset`` bytes into a page.
+
+    Big arrays start on a page, the per-group vectors they are combined with at half a page: a
+    ufunc then never loads from an address that 4K-aliases a store it has just issued.
+    """
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + _PAGE + offset, dtype=np.uint8)
+    start = (-raw.ctypes.data) % _PAGE + offset
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's ``nearest_int`` bit for bit, as a new int32 array.
+
+    C adds 12582912.f and reinterprets the float: ``(bits & 0x7fffff) - 0x400000``. For
+    |v| <= 2**22 - 1 that is round-half-even; beyond it (and for inf/NaN) it wraps, and the wrapped
+    value survives the clamps that follow, so it is reproduced rather than assumed away.
+    """
+    t = np.add(v, _MAGIC, dtype=_F32)
+    i = t.view(np.int32)
+    np.bitwise_and(i, np.int32(0x7FFFFF), out=i)
+    np.subtract(i, np.int32(0x400000), out=i)
+    return i
+
+
+def _nearest_int_inplace(t: np.ndarray) -> np.ndarray:
+    """``_nearest_int`` overwriting the float32 array ``t``; returns the int32 view of it."""
+    np.add(t, _MAGIC, out=t)
+    i = t.view(np.int32)
+    np.bitwise_and(i, np.int32(0x7FFFFF), out=i)
+    np.subtract(i, np.int32(0x400000), out=i)
+    return i
+
+
+def _to_fp16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fp16 bits as uint16, the fp16 value widened back to float32), as GGML_FP32_TO_FP16 then
+    GGML_FP16_TO_FP32 give them. numpy rounds to nearest-even and saturates to inf like ggml's
+    conversion; callers never pass NaN (their maxima skip NaN), where the payloads would differ."""
+    h = np.asarray(v, dtype=_F32).astype(np.float16)
+    return h.view(np.uint16), h.astype(_F32)
+
+
+def _round_clamp(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, tmin: float, tmax: float, exact: bool) -> None:
+    """``MAX(lo, MIN(hi, nearest_int(t)))`` as float32, in place.
+
+    ``lo``/``hi`` are arrays shaped like ``t`` filled with the bounds: a same-shape ufunc call runs
+    numpy's contiguous SIMD loop, a scalar bound (or ``np.clip``) a much slower one. ``tmin``/``tmax``
+    bound t (NaN when unknown). ``np.rint`` reproduces nearest_int only when every |t| <= 2**22 - 1,
+    otherwise (or when ``exact``) the integer re-implementation runs; clamps the bounds prove idle
+    are skipped. The float path can leave -0.0 where C has the integer 0; these values only feed
+    products summed into +0-started sums or squared, where a zero's sign vanishes.
+    """
+    lo_v, hi_v = float(lo.flat[0]), float(hi.flat[0])
+    if exact or not (-_NI_LIMIT <= tmin and tmax <= _NI_LIMIT):
+        li = _nearest_int(t)
+        np.clip(li, int(lo_v), int(hi_v), out=li)
+        t[...] = li
+        return
+    np.rint(t, out=t)
+    if tmax >= hi_v + 0.5:
+        np.minimum(t, hi, out=t)
+    if tmin <= lo_v - 0.5:
+        np.maximum(t, lo, out=t)
+
+
+@functools.lru_cache(maxsize=64)
+def _reduce_is_sequential(shape: tuple[int, ...], axis: int, bufsize: int) -> bool:
+    """Whether ``np.add.reduce(a, axis)`` on a contiguous ``shape`` array adds the slices along
+    ``axis`` one after the other, as C's loop does (checked bit for bit, with and without ``initial``).
+
+    It does in numpy 2 whenever ``axis`` is not the innermost one: the inner loop then adds a whole
+    slice into the running sums. That is the implementation, not the documented contract, hence the
+    check; the answer depends only on the layout (and the ufunc buffer size), so it is memoised.
+    """
+    a = _page_aligned(shape)
+    moved = np.moveaxis(a, axis, 0)
+    if moved.shape[0] < 2 or moved[0].size < 2:
+        return False
+    # pseudo-random floats of both signs over 2**-16..2**16, from an integer hash
+    h = np.arange(a.size, dtype=np.uint32).reshape(shape)
+    h *= np.uint32(2654435761)
+    h ^= h >> np.uint32(15)
+    a[...] = ((h & np.uint32(0x801FFFFF)) | ((((h >> np.uint32(21)) & np.uint32(31)) + np.uint32(111)) << np.uint32(23))).view(_F32)
+    # and one lane of 1 followed by half-ulps of 1: left to right every half-ulp rounds away (ties to
+    # even), while adding any two of them first lands above 1.0
+    lane = moved[(slice(None),) + (0,) * (moved.ndim - 1)]
+    lane[...] = _F32(2.0**-24)
+    lane[0] = _F32(1.0)
+    for from_zero in (True, False):
+        want = _Sums.loop(a, axis, np.empty(moved.shape[1:], _F32), from_zero)
+        got = np.empty(moved.shape[1:], _F32)
+        if from_zero:
+            np.add.reduce(a, axis=axis, out=got, initial=_ZERO)
+        else:
+            np.add.reduce(a, axis=axis, out=got)
+        if not np.array_equal(want.view(np.uint32), got.view(np.uint32)):
+            return False
+    return True
+
+
+class _Sums:
+    """Sums over the position axis in C's order: ``float s = 0; s += a[0]; s += a[1]; ...``.
+
+    That order is what ggml's loops do; ``np.sum`` would pair terms up and round differently. One
+    ``np.add.reduce`` call does the same roundings as the explicit loop on the layouts used here
+    (see ``_reduce_is_sequential``) for a fraction of the Python overhead; the loop is the fallback.
+    """
+
+    def __init__(self, *layouts: tuple[np.ndarray, int]) -> None:
+        bufsize = np.getbufsize()
+        self.fast = all(_reduce_is_sequential(a.shape, axis, bufsize) for a, axis in layouts)
+
+    @staticmethod
+    def loop(a: np.ndarray, axis: int, out: np.ndarray, from_zero: bool) -> np.ndarray:
+        """The reference: one vector add per position."""
+        a = np.moveaxis(a, axis, 0)
+        if from_zero:
+            np.add(a[0], _ZERO, out=out)
+        else:
+            out[...] = a[0]
+        for i in range(1, a.shape[0]):
+            np.add(out, a[i], out=out)
+        return out
+
+    def from_zero(self, a: np.ndarray, out: np.ndarray, axis: int = 0) -> np.ndarray:
+        """``float s = 0; for (i) s += a[i];``"""
+        if self.fast:
+            return np.add.reduce(a, axis=axis, out=out, initial=_ZERO)
+        return self.loop(a, axis, out, True)
+
+    def from_first(self, a: np.ndarray, out: np.ndarray, axis: int = 0) -> np.ndarray:
+        """``float s = a[0]; for (i = 1..) s += a[i];``"""
+        if self.fast:
+            return np.add.reduce(a, axis=axis, out=out)
+        return self.loop(a, axis, out, False)
+
+
+def _check_input(x: np.ndarray, name: str) -> np.ndarray:
+    """Validate ``x`` (1-D, whole super-blocks) and return it as contiguous float32."""
+    x = np.asarray(x)
+    if x.ndim != 1 or x.size % QK_K:
+        raise ValueError(f"{name}: need a 1-D array of whole {QK_K}-value super-blocks, got shape {x.shape}")
+    return np.ascontiguousarray(x, dtype=_F32)
+
+
+def _pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """The 12-byte 6-bit scale/min packing of block_q4_K/q5_K (inverse of get_scale_min_k4).
+
+    ls, lm: uint8 [nb, 8], each value <= 63.
+    """
+    out = np.empty((ls.shape[0], 12), dtype=np.uint8)
+    out[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (ls[:, 4:8] & 0xF) | ((lm[:, 4:8] & 0xF) << 4)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Q4_K / Q5_K: make_qkx2_quants per 32 values, then 6-bit scales and mins per super-block
+# --------------------------------------------------------------------------------------------
+
+_PROD_A = np.array([0, 2, 0, 1, 3, 2])  # rows of [sum_w, sum_x, sum_l, sum_l2, sum_xl] ...
+_PROD_B = np.array([3, 2, 4, 2, 1, 4])  # ... multiplied pairwise: D = p0 - p1, num_scale = p2 - p3, num_min = p4 - p5
+
+
+class _QkxTile:
+    """Scratch and kernels for quantize_row_q4_K_ref / q5_K_ref over ``B`` groups of 32 values."""
+
+    def __init__(self, B: int, nmax: int, rmin: float, rdelta: float, nstep: int) -> None:
+        self.B, self.nmax, self.nstep = B, nmax, nstep
+        self.rmin, self.rdelta = _F32(rmin), _F32(rdelta)
+        self.X = _page_aligned((32, B))  # x, position-major: column b is group b
+        self.W = _page_aligned((32, B))  # weights av_x + |x|
+        self.T = _page_aligned((32, B))  # levels of the step being tried
+        self.S = _page_aligned((3, 32, B))  # w*l, w*l*l, w*l*x; S[0] then holds the squared errors
+        self.lo = _page_aligned((32, B))  # clamp bounds, see _round_clamp
+        self.hi = _page_aligned((32, B))
+        self.lo.fill(0)
+        self.hi.fill(nmax)
+        self.E = _page_aligned((2, B))  # data min and max: t = iscale*(x - min) peaks at these
+        self.E2 = _page_aligned((2, B))
+        # broadcast against [32, B]: cur_error, this_scale, iscale, min (running), this_min
+        self.VT = _page_aligned((5, B), offset=_PAGE // 2)
+        self.ST = _page_aligned((4, B))  # best_error, scale, best_iscale, best_min (min before the update)
+        self.V5 = _page_aligned((5, B))  # sum_w, sum_x, sum_l, sum_l2, sum_xl
+        self.A6 = _page_aligned((6, B))
+        self.B6 = _page_aligned((6, B))
+        self.R3 = _page_aligned((3, B))  # D, scale numerator, min numerator
+        self.alt = _page_aligned((B,))
+        self.vr = _page_aligned((B,))
+        self.ZD = _page_aligned((2, B), offset=_PAGE // 2)  # dm and d per group, final pass
+        self.upd = np.empty(B, dtype=bool)
+        self.msk = np.empty(B, dtype=bool)
+        self.sums = _Sums((self.S, 1), (self.T, 0))
+
+    # -- make_qkx2_quants -------------------------------------------------------------------
+
+    def _levels(self, exact: bool) -> None:
+        """T = MAX(0, MIN(nmax, nearest_int(iscale*(x - min)))) with the running min and iscale."""
+        X, T, E2, VT = self.X, self.T, self.E2, self.VT
+        iscale, m = VT[2], VT[3]
+        # x - min is monotonic in x and the product monotonic in that, so t peaks at the data extremes
+        np.subtract(self.E, m, out=E2)
+        np.multiply(E2, iscale, out=E2)
+        tmin, tmax = float(E2.min()), float(E2.max())
+        np.subtract(X, m, out=T)
+        np.multiply(T, iscale, out=T)
+        _round_clamp(T, self.lo, self.hi, tmin, tmax, exact)
+
+    def _error(self, scale: np.ndarray, mn: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """sum_i w*(diff*diff), diff = scale*L + min - x: the C expression, in C's order."""
+        D2 = self.S[0]
+        np.multiply(self.T, scale, out=D2)
+        np.add(D2, mn, out=D2)
+        np.subtract(D2, self.X, out=D2)
+        np.multiply(D2, D2, out=D2)
+        np.multiply(D2, self.W, out=D2)
+        return self.sums.from_zero(D2, out)
+
+    def search(self, finite: bool) -> np.ndarray:
+        """``make_qkx2_quants(32, nmax, x, weights, ..., use_mad=false)`` for every group at once.
+
+        Leaves scale in ST[1], min (C's ``min``, so the_min = -min) in VT[3], and the iscale and
+        min that produced the accepted levels in ST[2], ST[3]; returns the ``flat`` mask (C's
+        early return: levels 0, scale 0). The levels themselves are not carried through the search:
+        the caller overwrites nearly all of them and recomputes the rest from ST[2], ST[3].
+
+        Note the C quirk reproduced here: ``min`` is updated inside the search loop, so later steps
+        take both their iscale and ``x - min`` from the improved min.
+        """
+        X, W, T, S, VT, ST, V5 = self.X, self.W, self.T, self.S, self.VT, self.ST, self.V5
+        cur, ts, iscale, m, tm = VT
+        best_err, scale, best_iscale, best_min = ST
+        sum_w, sum_x = V5[0], V5[1]
+        mx = self.E[1]
+        nmax_f = _F32(self.nmax)
+        if finite:  # order-free for finite values (a zero's sign is moot, see _round_clamp)
+            np.minimum.reduce(X, axis=0, out=m)
+            np.maximum.reduce(X, axis=0, out=mx)
+        else:  # C's scan: `if (x[i] < min) min = x[i];` skips NaN unless x[0] is NaN
+            m[...] = X[0]
+            mx[...] = X[0]
+            for i in range(1, 32):
+                np.putmask(m, X[i] < m, X[i])
+                np.putmask(mx, X[i] > mx, X[i])
+        self.E[0] = m  # data min; with max the extremes of x - min
+        # float sum_w = weights[0], sum_x = sum_w*x[0]; then += in index order
+        self.sums.from_first(W, sum_w)
+        np.multiply(W, X, out=T)
+        self.sums.from_first(T, sum_x)
+        np.putmask(m, m > 0, _ZERO)  # if (min > 0) min = 0;
+        flat = mx == m  # if (max == min) { L = 0; the_min = -min; return 0; }
+        has_flat = bool(flat.any())
+        exact = not finite
+
+        with np.errstate(all="ignore"):  # flat groups divide by zero (their iscale is then zeroed)
+            np.subtract(mx, m, out=self.vr)
+            np.divide(nmax_f, self.vr, out=iscale)  # iscale = nmax/(max - min)
+            if has_flat:
+                np.putmask(iscale, flat, _ZERO)
+            np.divide(_F32(1.0), iscale, out=ts)  # scale = 1/iscale
+            self._levels(exact)
+            self._error(ts, m, best_err)
+            scale[...] = ts
+            best_iscale[...] = iscale
+            best_min[...] = m
+
+            for step in range(self.nstep + 1):
+                c = (self.rmin + self.rdelta * _F32(step)) + nmax_f  # rmin + rdelta*is + nmax, float32
+                np.subtract(mx, m, out=self.vr)
+                np.divide(c, self.vr, out=iscale)
+                if has_flat:  # iscale 0 gives levels 0 and D = 0: never accepted, as C never gets here
+                    np.putmask(iscale, flat, _ZERO)
+                self._levels(exact)
+                np.multiply(W, T, out=S[0])  # w*l
+                np.multiply(S[0], T, out=S[1])  # w*l*l
+                np.multiply(S[0], X, out=S[2])  # w*l*x[i]
+                self.sums.from_zero(S, V5[2:5], axis=1)  # sum_l, sum_l2, sum_xl
+                np.take(V5, _PROD_A, axis=0, out=self.A6)
+                np.take(V5, _PROD_B, axis=0, out=self.B6)
+                np.multiply(self.A6, self.B6, out=self.A6)
+                np.subtract(self.A6[0::2], self.A6[1::2], out=self.R3)  # D, sum_w*sum_xl - sum_x*sum_l, ...
+                np.divide(self.R3[1:3], self.R3[0], out=VT[1::3])  # this_scale, this_min
+                np.greater(tm, _ZERO, out=self.msk)  # if (this_min > 0) { this_min = 0; this_scale = sum_xl/sum_l2; }
+                np.divide(V5[4], V5[3], out=self.alt)
+                np.putmask(ts, self.msk, self.alt)
+                np.putmask(tm, self.msk, _ZERO)
+                self._error(ts, tm, cur)
+                np.greater(self.R3[0], _ZERO, out=self.upd)  # D > 0 && cur_error < best_error
+                np.less(cur, best_err, out=self.msk)
+                np.logical_and(self.upd, self.msk, out=self.upd)
+                np.copyto(ST, VT[0:4], where=self.upd)  # best_error, scale, best_iscale, best_min (pre-update)
+                np.putmask(m, self.upd, tm)  # min = this_min
+        np.putmask(scale, flat, _ZERO)
+        return flat
+
+    # -- quantize_row_q4_K_ref / q5_K_ref -----------------------------------------------------
+
+    def quantize(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One tile: x holds at most B/8 super-blocks. Returns (d bits, dmin bits, packed scales,
+        levels uint8 [nb, 256] in natural order)."""
+        nb = x.size // QK_K
+        G = nb * 8
+        X, W, T = self.X, self.W, self.T
+        X[:, :G] = x.reshape(G, 32).T
+        X[:, G:] = 0  # padding groups: all zero, flat, harmless
+        finite = bool(np.isfinite(X[:, :G]).all())
+
+        # weights[l] = av_x + fabsf(x[l]) with av_x = sqrtf(sum_x2/32), sum_x2 = 0 + x0*x0 + ...
+        with np.errstate(all="ignore"):
+            np.multiply(X, X, out=T)
+        av = self.sums.from_zero(T, self.VT[0])
+        np.divide(av, _F32(32.0), out=av)
+        np.sqrt(av, out=av)
+        np.abs(X, out=W)
+        np.add(W, av, out=W)
+
+        flat = self.search(finite)
+        scales = self.ST[1][:G].reshape(nb, 8)
+        mins = np.negative(self.VT[3][:G]).reshape(nb, 8)  # *the_min = -min
+
+        # `if (scale > max_scale) max_scale = scale;` from 0, likewise for mins
+        max_scale = np.zeros(nb, dtype=_F32)
+        max_min = np.zeros(nb, dtype=_F32)
+        for j in range(8):
+            np.putmask(max_scale, scales[:, j] > max_scale, scales[:, j])
+            np.putmask(max_min, mins[:, j] > max_min, mins[:, j])
+        with np.errstate(all="ignore"):
+            inv_scale = np.where(max_scale > 0, _F32(63.0) / max_scale, _ZERO).astype(_F32)
+            inv_min = np.where(max_min > 0, _F32(63.0) / max_min, _ZERO).astype(_F32)
+            # uint8_t ls = nearest_int(...): truncated to 8 bits before MIN(63, ls)
+            ls = np.minimum(_nearest_int(inv_scale[:, None] * scales).astype(np.uint8), np.uint8(63))
+            lm = np.minimum(_nearest_int(inv_min[:, None] * mins).astype(np.uint8), np.uint8(63))
+            d_bits, d16 = _to_fp16(max_scale / _F32(63.0))
+            dmin_bits, dmin16 = _to_fp16(max_min / _F32(63.0))
+
+            # L = MAX(0, MIN(nmax, nearest_int((x + dm)/d))) with d = fp16(d)*sc, dm = fp16(dmin)*m;
+            # block-major, straight from x, so the levels need no transposing back
+            d = (d16[:, None] * ls).reshape(G)
+            dm = (dmin16[:, None] * lm).reshape(G)
+            xb = x.reshape(G, 32)
+            v = np.add(xb, dm[:, None])
+            np.divide(v, d[:, None], out=v)
+            li = _nearest_int_inplace(v)
+            np.clip(li, 0, self.nmax, out=li)
+            L = li.astype(np.uint8)
+
+            # `if (!d) continue;` keeps the search's levels for those groups: recompute just them
+            skip = np.flatnonzero(d == 0)
+            if skip.size:
+                t = (xb[skip] - self.ST[3][skip, None]) * self.ST[2][skip, None]
+                lk = np.clip(_nearest_int(t), 0, self.nmax).astype(np.uint8)
+                lk[flat[skip]] = 0
+                L[skip] = lk
+        return d_bits, dmin_bits, _pack_scales_k4(ls, lm), L.reshape(nb, QK_K)
+
+
+def _quantize_qkx(x: np.ndarray, name: str, block_bytes: int, nmax: int, rmin: float, rdelta: float, nstep: int,
+                  pack: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray:
+    """quantize_row_q4_K_ref / q5_K_ref over whole tiles of super-blocks."""
+    x = _check_input(x, name)
+    nb = x.size // QK_K
+    out = np.empty((nb, block_bytes), dtype=np.uint8)
+    if nb == 0:
+        return out.reshape(-1)
+    per_tile = _QKX_TILE_GROUPS // 8
+    B = min(nb, per_tile) * 8
+    with np.errstate(all="ignore"):  # restores the bufsize too, and is local to this thread's context
+        np.setbufsize(max(16, B - B % 16))  # <= one row: rows are never gathered into buffers
+        tile = _QkxTile(B, nmax, rmin, rdelta, nstep)
+        for s in range(0, nb, per_tile):
+            e = min(nb, s + per_tile)
+            d, dmin, sc, L = tile.quantize(x[s * QK_K:e * QK_K])
+            o = out[s:e]
+            o[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+            o[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+            o[:, 4:16] = sc
+            pack(o, L.view(np.uint64).reshape(-1, 4, 2, 4))
+    return out.reshape(-1)
+
+
+# The packers take levels [nb, 256] as uint64 [nb, 4, 2, 4]: [block, 64-value chunk, first/second 32,
+# 8 levels per word]. All levels are < 64, so shifts never carry into the next byte.
+_LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_LOW_BITS = np.uint64(0x0101010101010101)
+
+
+def _pack_q4(o: np.ndarray, L64: np.ndarray) -> None:
+    """qs[32c + l] = L[64c + l] | L[64c + 32 + l] << 4."""
+    o[:, 16:144] = (L64[:, :, 0] | (L64[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(-1, 128)
+
+
+_Q5_SHIFTS = np.arange(8, dtype=np.uint64).reshape(4, 2, 1)
+
+
+def _pack_q5(o: np.ndarray, L64: np.ndarray) -> None:
+    """qh[l] bit 2c / 2c+1 = fifth bit of L[64c + l] / L[64c + 32 + l]; qs as Q4_K with the low nibbles."""
+    hb = ((L64 >> np.uint64(4)) & _LOW_BITS) << _Q5_SHIFTS
+    o[:, 16:48] = np.bitwise_or.reduce(hb.reshape(-1, 8, 4), axis=1).view(np.uint8).reshape(-1, 32)
+    lo = L64 & _LOW_NIBBLES
+    o[:, 48:176] = (lo[:, :, 0] | (lo[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(-1, 128)
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 values (a multiple of 256) -> block_q4_K bytes, identical to quantize_row_q4_K_ref.
+
+    Block layout (144 bytes): d (fp16), dmin (fp16), scales[12] (6-bit scales and mins), qs[128]
+    (4-bit levels; byte l of each 32-byte run holds value l in the low nibble, value l+32 high).
+    """
+    return _quantize_qkx(x, "quantize_q4_k", Q4_K_BYTES, 15, -1.0, 0.1, 20, _pack_q4)
+
+
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """float32 values (a multiple of 256) -> block_q5_K bytes, identical to quantize_row_q5_K_ref.
+
+    Block layout (176 bytes): d, dmin (fp16), scales[12], qh[32] (bit 2k / 2k+1 of byte l is the
+    fifth bit of value 64k+l / 64k+32+l), qs[128] (low nibbles, paired as in Q4_K).
+    """
+    return _quantize_qkx(x, "quantize_q5_k", Q5_K_BYTES, 31, -0.5, 0.1, 15, _pack_q5)
+
+
+# --------------------------------------------------------------------------------------------
+# Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
+# --------------------------------------------------------------------------------------------
+
+class _QxTile:
+    """Scratch and kernels for quantize_row_q6_K_ref over ``B`` groups of 16 values."""
+
+    def __init__(self, B: int) -> None:
+        self.B = B
+        self.X = _page_aligned((16, B))
+        self.W = _page_aligned((16, B))  # w = x*x (rmse_type 1)
+        self.WX = _page_aligned((16, B))  # w*x: C's w*x[i]*l is (w*x)*l
+        self.T = _page_aligned((16, B))
+        self.S = _page_aligned((2, 16, B))  # (w*x)*l, (w*l)*l
+        self.lo = _page_aligned((16, B))  # clamp bounds, see _round_clamp
+        self.hi = _page_aligned((16, B))
+        self.lo.fill(-32)
+        self.hi.fill(31)
+        self.E = _page_aligned((2, B))  # data min and max: iscale*x peaks at these
+        self.E2 = _page_aligned((2, B))
+        self.VT = _page_aligned((2, B), offset=_PAGE // 2)  # candidate scale, iscale (broadcast)
+        self.ST = _page_aligned((2, B))  # scale, best_iscale
+        self.sumv = _page_aligned((2, B))  # sumlx, suml2
+        self.mx = _page_aligned((B,))
+        self.best = _page_aligned((B,))
+        self.t1 = _page_aligned((B,))
+        self.t2 = _page_aligned((B,))
+        self.d = _page_aligned((B,), offset=_PAGE // 2)
+        self.upd = np.empty(B, dtype=bool)
+        self.msk = np.empty(B, dtype=bool)
+        self.sums = _Sums((self.S, 1))
+
+    def _sums_for(self, exact: bool) -> None:
+        """Levels for the iscale in VT[1] and their sums: sumlx += w*x*l, suml2 += w*l*l."""
+        X, T, S, E2 = self.X, self.T, self.S, self.E2
+        iscale = self.VT[1]
+        np.multiply(self.E, iscale, out=E2)
+        tmin, tmax = float(E2.min()), float(E2.max())
+        np.multiply(X, iscale, out=T)
+        _round_clamp(T, self.lo, self.hi, tmin, tmax, exact)  # l = MAX(-nmax, MIN(nmax-1, nearest_int(iscale*x)))
+        np.multiply(self.WX, T, out=S[0])
+        np.multiply(self.W, T, out=S[1])
+        np.multiply(S[1], T, out=S[1])
+        self.sums.from_zero(S, self.sumv, axis=1)
+
+    def search(self, finite: bool) -> np.ndarray:
+        """``make_qx_quants(16, 32, x, L, rmse_type=1, NULL)`` for every group at once.
+
+        Leaves scale in ST[0] and the iscale of the accepted levels in ST[1]; returns the ``zero``
+        mask (amax < GROUP_MAX_EPS: levels 0, scale 0). As for Q4_K the levels are recomputed by
+        the caller only where it keeps them.
+        """
+        X, VT, ST, mx, B = self.X, self.VT, self.ST, self.mx, self.B
+        cand, iscale = VT
+        sumlx, suml2 = self.sumv
+        # `if (ax > amax) { amax = ax; max = x[i]; }`: max is the first x of the largest |x|
+        lo, hi = self.E
+        if finite:
+            np.minimum.reduce(X, axis=0, out=lo)
+            np.maximum.reduce(X, axis=0, out=hi)
+            amax = np.maximum(hi, np.negative(lo))  # the largest |x| is max or -min
+            at_hi = hi == amax
+            mx[...] = lo
+            np.putmask(mx, at_hi, hi)
+            tie = at_hi & (lo == -amax) & (amax > 0)  # +amax and -amax both present: the first one counts
+            if tie.any():
+                cols = np.flatnonzero(tie)
+                sub = X[:, cols]
+                first = np.argmax(np.abs(sub) == amax[cols], axis=0)
+                mx[cols] = sub[first, np.arange(cols.size)]
+            np.putmask(mx, amax == 0, _ZERO)  # never updated from 0 when all |x| are 0
+        else:
+            A = np.abs(X)
+            amax = np.zeros(B, dtype=_F32)
+            mx[...] = 0
+            for i in range(16):
+                gt = A[i] > amax
+                np.putmask(amax, gt, A[i])
+                np.putmask(mx, gt, X[i])
+            self.E[...] = np.nan  # extremes unknown: forces exact rounding
+        zero = amax < _GROUP_MAX_EPS
+        has_zero = bool(zero.any())
+        exact = not finite
+
+        with np.errstate(all="ignore"):  # zero groups divide by ~0 (their iscale is then zeroed)
+            np.multiply(X, X, out=self.W)
+            np.multiply(self.W, X, out=self.WX)
+            np.divide(_F32(-32.0), mx, out=iscale)  # iscale = -nmax / max
+            if has_zero:
+                np.putmask(iscale, zero, _ZERO)
+            self._sums_for(exact)
+            np.divide(sumlx, suml2, out=cand)  # scale = suml2 ? sumlx/suml2 : 0.0f
+            np.putmask(cand, suml2 == 0, _ZERO)
+            ST[...] = VT
+            np.multiply(ST[0], sumlx, out=self.best)  # best = scale * sumlx
+            for step in range(-9, 10):
+                if step == 0:
+                    continue
+                c = -(_F32(32.0) + _F32(0.1) * _F32(step))  # -(nmax + 0.1f*is), float32
+                np.divide(c, mx, out=iscale)
+                if has_zero:  # levels 0, suml2 = 0: never accepted
+                    np.putmask(iscale, zero, _ZERO)
+                self._sums_for(exact)
+                # if (suml2 > 0 && sumlx*sumlx > best*suml2) { scale = sumlx/suml2; best = scale*sumlx; }
+                np.multiply(sumlx, sumlx, out=self.t1)
+                np.multiply(self.best, suml2, out=self.t2)
+                np.greater(self.t1, self.t2, out=self.upd)
+                np.greater(suml2, _ZERO, out=self.msk)
+                np.logical_and(self.upd, self.msk, out=self.upd)
+                np.divide(sumlx, suml2, out=cand)
+                np.copyto(ST, VT, where=self.upd)
+                np.multiply(ST[0], sumlx, out=self.t1)
+                np.putmask(self.best, self.upd, self.t1)
+        np.putmask(ST[0], zero, _ZERO)
+        return zero
+
+    def quantize(self, x: np.ndarray, out: np.ndarray) -> None:
+        """One tile of at most B/16 super-blocks, written to ``out`` [nb, 210]."""
+        nb = x.size // QK_K
+        G = nb * 16
+        X = self.X
+        X[:, :G] = x.reshape(G, 16).T
+        X[:, G:] = 0
+        finite = bool(np.isfinite(X[:, :G]).all())
+        zero = self.search(finite)
+        scales = self.ST[0][:G].reshape(nb, 16)
+
+        # `if (fabsf(scale) > max_abs_scale) { max_abs_scale = fabsf(scale); max_scale = scale; }`
+        abs_scales = np.abs(scales)
+        max_abs = np.zeros(nb, dtype=_F32)
+        max_scale = np.zeros(nb, dtype=_F32)
+        for j in range(16):
+            gt = abs_scales[:, j] > max_abs
+            np.putmask(max_abs, gt, abs_scales[:, j])
+            np.putmask(max_scale, gt, scales[:, j])
+        empty = max_abs < _GROUP_MAX_EPS  # the whole block is memset to 0 (and d = fp16(0) = 0)
+
+        with np.errstate(all="ignore"):
+            iscale = _F32(-128.0) / max_scale
+            d_bits, d16 = _to_fp16(_F32(1.0) / iscale)  # d = fp16(1/iscale)
+            sc = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # MIN(127, ...) into int8_t
+            # L = MAX(-32, MIN(31, nearest_int(x/d))) + 32 with d = fp16(d)*scale; block-major,
+            # straight from x, so the levels need no transposing back
+            d = (d16[:, None] * sc).reshape(G)
+            v = np.divide(x.reshape(G, 16), d[:, None])
+            np.add(v, _MAGIC, out=v)
+            li = v.view(np.int32)
+            np.bitwise_and(li, np.int32(0x7FFFFF), out=li)
+            np.subtract(li, np.int32(0x400000 - 32), out=li)
+            np.clip(li, 0, 63, out=li)
+            L = li.astype(np.uint8)
+
+            skip = np.flatnonzero(d == 0)  # `if (!d) continue;` keeps make_qx_quants' levels
+            if skip.size:
+                lk = np.clip(_nearest_int(X[:, skip].T * self.ST[1][skip, None]), -32, 31) + 32
+                lk[zero[skip]] = 0  # make_qx_quants' all-zero early return leaves 0, not nmax
+                L[skip] = lk.astype(np.uint8)
+
+        # Eight levels per uint64 (all < 64, so no shift carries into the next byte)
+        L64 = L.reshape(nb, QK_K).view(np.uint64)
+        lo = (L64 & np.uint64(0x0F0F0F0F0F0F0F0F)).reshape(nb, 2, 2, 8)  # [block, half, +0/+64, 64 levels]
+        out[:, 0:128] = (lo[:, :, 0] | (lo[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(nb, 128)
+        hb = ((L64 >> np.uint64(4)) & np.uint64(0x0303030303030303)).reshape(nb, 2, 4, 4)  # [block, half, +32k, 32]
+        qh = hb[:, :, 0] | (hb[:, :, 1] << np.uint64(2)) | (hb[:, :, 2] << np.uint64(4)) | (hb[:, :, 3] << np.uint64(6))
+        out[:, 128:192] = qh.view(np.uint8).reshape(nb, 64)
+        out[:, 192:208] = sc.view(np.uint8)
+        out[:, 208:210] = d_bits.view(np.uint8).reshape(nb, 2)
+        out[empty] = 0
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """float32 values (a multiple of 256) -> block_q6_K bytes, identical to quantize_row_q6_K_ref.
+
+    Block layout (210 bytes): ql[128] (low nibbles), qh[64] (high 2 bits), scales[16] (int8),
+    d (fp16); within each 128-value half, ql byte l holds values l / l+64 and byte l+32 holds
+    l+32 / l+96, qh byte l holds the high bits of l, l+32, l+64, l+96.
+    """
+    x = _check_input(x, "quantize_q6_k")
+    nb = x.size // QK_K
+    out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
+    if nb == 0:
+        return out.reshape(-1)
+    per_tile = _QX_TILE_GROUPS // 16
+    B = min(nb, per_tile) * 16
+    with np.errstate(all="ignore"):  # restores the bufsize too, and is local to this thread's context
+        np.setbufsize(max(16, B - B % 16))  # <= one row: rows are never gathered into buffers
+        tile = _QxTile(B)
+        for s in range(0, nb, per_tile):
+            e = min(nb, s + per_tile)
+            tile.quantize(x[s * QK_K:e * QK_K], out[s:e])
+    return out.reshape(-1)

@@ -1,0 +1,252 @@
+"""Bit-exact numpy ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
+
+Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
+input. That is what ``ggml_quantize_chunk`` (so ``llama-quantize``) runs for these types without an
+importance matrix: ``quantize_q4_0`` and friends call the ``_ref`` row function when
+``quant_weights`` is NULL. Being byte-identical with llama.cpp is the point, so every step follows
+the C source operation by operation:
+
+* Arithmetic is float32, one rounding per C operation (``libggml-base`` is built as gnu11 for
+  baseline x86-64: there is no FMA to contract into), and the int literals C mixes in (``max / -8``,
+  ``(1 << 4) - 1``) are converted to float first, as C does.
+* The scale comes from one extreme element, found with C's strict comparisons: the *first* element
+  of largest magnitude for the symmetric types (its sign matters: ``d = max / -8``), the first
+  minimum/maximum for the affine ones (the sign of a zero minimum is stored in ``m``). numpy's
+  ``argmax``/``argmin`` return first occurrences too; blocks holding inf or NaN, where C's scan
+  skips NaN and starts from ``FLT_MAX`` / ``0``, are redone with a loop that mirrors the C scan.
+* ``(int8_t)(x0 + 8.5f)`` truncates toward zero through a 32-bit integer (``cvttss2si``): values out
+  of int32 range (inf/NaN, reached when the scale is a denormal whose reciprocal overflows) become
+  ``INT32_MIN``, whose low byte is 0. numpy's float -> int32 cast does the same on x86, and int32 ->
+  int8 keeps the low byte, so the ``MIN(15, ...)`` clamp then sees what C sees.
+* fp16: ``GGML_FP32_TO_FP16`` rounds to nearest even and overflows to inf, like numpy's
+  ``astype(np.float16)`` (checked on all 2**32 float32 bit patterns); only NaN differs, which ggml
+  writes as ``sign | 0x7E00`` (``fp16_bits``).
+
+Blocks are independent, so work is vectorised across blocks; within a block there is no sum, so no
+order to preserve. The functions are pure (no state beyond read-only constants) and can run on a
+thread pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["quantize_q4_0", "quantize_q4_1", "quantize_q5_0", "quantize_q5_1"]
+
+QK = 32
+_F32 = np.float32
+_FLT_MAX = _F32(np.finfo(np.float32).max)
+
+# Byte layouts of ggml's block structs (ggml-common.h); numpy structured dtypes are packed, as the
+# C structs are (only 2-byte fields, no padding).
+BLOCK_Q4_0 = np.dtype([("d", "<u2"), ("qs", "u1", (16,))])
+BLOCK_Q4_1 = np.dtype([("d", "<u2"), ("m", "<u2"), ("qs", "u1", (16,))])
+BLOCK_Q5_0 = np.dtype([("d", "<u2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))])
+BLOCK_Q5_1 = np.dtype([("d", "<u2"), ("m", "<u2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))])
+assert (BLOCK_Q4_0.itemsize, BLOCK_Q4_1.itemsize, BLOCK_Q5_0.itemsize, BLOCK_Q5_1.itemsize) == (18, 20, 22, 24)
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared with iq4.py
+# --------------------------------------------------------------------------------------------
+
+def as_blocks(x: np.ndarray, block: int) -> np.ndarray:
+    """The float32 input as a C-contiguous ``[n_blocks, block]`` array, with the contract checked.
+
+    Non-float32 input is refused rather than converted: a silent float64 -> float32 rounding here
+    would make "bit-identical with ggml" depend on the caller.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"expected float32 values, got {x.dtype}")
+    if x.ndim != 1 or x.size % block:
+        raise ValueError(f"expected a 1-D array of whole {block}-value blocks, got shape {x.shape}")
+    return np.ascontiguousarray(x).reshape(-1, block)
+
+
+def fp16_bits(f: np.ndarray) -> np.ndarray:
+    """``GGML_FP32_TO_FP16`` as uint16 words.
+
+    numpy's cast rounds to nearest even and overflows to inf exactly like ggml's bit-twiddling
+    version, for every non-NaN float32. ggml turns every NaN into ``sign | 0x7E00`` while numpy
+    keeps (truncated) payload bits, so NaNs are patched.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = np.asarray(f, dtype=_F32).astype(np.float16).view(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        sign = (np.asarray(f, dtype=_F32)[nan].view(np.uint32) >> np.uint32(16)).astype(np.uint16) & np.uint16(0x8000)
+        h[nan] = sign | np.uint16(0x7E00)
+    return h
+
+
+def first_absmax(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: C's ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` scan from ``amax = max = 0``.
+
+    Returns ``(amax, max)``: the first element of largest magnitude (so of a +a/-a tie the one that
+    comes first) and its signed value; ``max`` stays +0.0 for an all-zero row (a leading -0.0 must
+    not leak its sign into the scale). Rows where the fast argmax meets inf/NaN (C skips NaN, numpy
+    picks it) are redone with the scan itself.
+    """
+    a = np.abs(xb)
+    idx = a.argmax(axis=1)[:, None]
+    amax = np.take_along_axis(a, idx, axis=1)[:, 0]
+    vmax = np.take_along_axis(xb, idx, axis=1)[:, 0]
+    vmax[amax == 0] = 0  # +0.0: C never replaces its initial max when no |v| exceeds 0
+    bad = np.flatnonzero(~np.isfinite(amax))
+    if bad.size:
+        sub = xb[bad]
+        am = np.zeros(bad.size, _F32)
+        vm = np.zeros(bad.size, _F32)
+        for j in range(xb.shape[1]):
+            v = sub[:, j]
+            av = np.abs(v)
+            upd = am < av  # false for NaN, as in C
+            am[upd] = av[upd]
+            vm[upd] = v[upd]
+        amax[bad] = am
+        vmax[bad] = vm
+    return amax, vmax
+
+
+def _min_max(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: C's ``min = FLT_MAX; max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;``.
+
+    The first element equal to the minimum (maximum) wins, which decides the sign of a zero
+    minimum; argmin/argmax return first occurrences. Rows with inf/NaN (C skips NaN and never goes
+    past +-FLT_MAX's start for an all-NaN row) are redone with the scan itself.
+    """
+    mn = np.take_along_axis(xb, xb.argmin(axis=1)[:, None], axis=1)[:, 0]
+    mx = np.take_along_axis(xb, xb.argmax(axis=1)[:, None], axis=1)[:, 0]
+    bad = np.flatnonzero(~(np.isfinite(mn) & np.isfinite(mx)))
+    if bad.size:
+        sub = xb[bad]
+        lo = np.full(bad.size, _FLT_MAX, _F32)
+        hi = np.full(bad.size, -_FLT_MAX, _F32)
+        for j in range(xb.shape[1]):
+            v = sub[:, j]
+            m = v < lo
+            lo[m] = v[m]
+            m = v > hi
+            hi[m] = v[m]
+        mn[bad] = lo
+        mx[bad] = hi
+    return mn, mx
+
+
+def reciprocal_or_zero(d: np.ndarray) -> np.ndarray:
+    """C's ``d ? 1.0f/d : 0.0f`` (a denormal d gives inf, as in C)."""
+    out = np.zeros_like(d)
+    with np.errstate(divide="ignore", over="ignore"):
+        np.divide(_F32(1), d, out=out, where=d != 0)
+    return out
+
+
+def _truncate_to_byte(t: np.ndarray) -> np.ndarray:
+    """C's ``(int8_t)t`` / ``(uint8_t)t`` for float t, as x86 compiles it: truncate to int32, keep the low byte.
+
+    Out-of-range values (inf, NaN) give INT32_MIN, low byte 0, on both sides.
+    """
+    with np.errstate(invalid="ignore"):
+        i = t.astype(np.int32)
+    return i.astype(np.int8)  # wraps: the low byte, as a signed char
+
+
+# --------------------------------------------------------------------------------------------
+# the quantizers
+# --------------------------------------------------------------------------------------------
+
+def _quant_symmetric(xb: np.ndarray, div: int, bias: float, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0/Q5_0: ``d = max / -div``, ``q = MIN(top, (int8_t)(x*id + bias))``. Returns (d, q as uint8)."""
+    _, vmax = first_absmax(xb)
+    d = vmax / _F32(-div)
+    with np.errstate(invalid="ignore"):  # 0 * inf when the scale is a denormal, as in C
+        t = xb * reciprocal_or_zero(d)[:, None]
+    t += _F32(bias)
+    q = _truncate_to_byte(t)
+    np.minimum(q, np.int8(top), out=q)
+    return d, q.view(np.uint8)  # uint8_t xi = MIN(...): the int8 result's byte
+
+
+def _quant_affine(xb: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1/Q5_1: ``d = (max - min) / levels``, ``x0 = (x - min)*id``. Returns (d, min, x0 + 0.5f)."""
+    mn, mx = _min_max(xb)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = (mx - mn) / _F32(levels)
+        t = xb - mn[:, None]
+        t *= reciprocal_or_zero(d)[:, None]
+    t += _F32(0.5)
+    return d, mn, t
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """``qs[j] = (q[j] & 0xF) | (q[j + 16] << 4)`` (uint8 arithmetic drops the shifted-out bits, as the C store does)."""
+    return (q[:, :16] & np.uint8(0x0F)) | (q[:, 16:] << np.uint8(4))
+
+
+def _fifth_bits(q: np.ndarray) -> np.ndarray:
+    """Q5 ``qh``: bit 4 of quant ``p`` (``xi0`` at j, ``xi1`` at j + 16) is bit ``p`` of a little-endian uint32."""
+    return np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=1, bitorder="little")
+
+
+def quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    """float32 ``(n*32,)`` -> Q4_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of nibbles.
+
+    Symmetric 4-bit: ``d = max / -8`` (max = signed value of largest magnitude), so that value maps
+    to -8 and the grid spans [-8, 7]; ``q = MIN(15, (int8_t)(x/d + 8.5f))``.
+    """
+    xb = as_blocks(x, QK)
+    d, q = _quant_symmetric(xb, 8, 8.5, 15)
+    out = np.empty(xb.shape[0], BLOCK_Q4_0)
+    out["d"] = fp16_bits(d)
+    out["qs"] = (q[:, :16] | (q[:, 16:] << np.uint8(4)))  # C: qs = xi0; qs |= xi1 << 4 (no mask on xi0)
+    return out.view(np.uint8)
+
+
+def quantize_q4_1(x: np.ndarray) -> np.ndarray:
+    """float32 ``(n*32,)`` -> Q4_1 blocks as bytes ``(n*20,)``: fp16 ``d``, fp16 ``m``, 16 bytes of nibbles.
+
+    Affine 4-bit over [min, max]: ``d = (max - min) / 15``, ``q = MIN(15, (int8_t)((x - min)/d + 0.5f))``.
+    """
+    xb = as_blocks(x, QK)
+    d, mn, t = _quant_affine(xb, 15)
+    q = _truncate_to_byte(t)
+    np.minimum(q, np.int8(15), out=q)
+    q = q.view(np.uint8)
+    out = np.empty(xb.shape[0], BLOCK_Q4_1)
+    out["d"] = fp16_bits(d)
+    out["m"] = fp16_bits(mn)
+    out["qs"] = (q[:, :16] | (q[:, 16:] << np.uint8(4)))
+    return out.view(np.uint8)
+
+
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    """float32 ``(n*32,)`` -> Q5_0 blocks as bytes ``(n*22,)``: fp16 ``d``, 4 bytes of fifth bits, 16 of nibbles.
+
+    Symmetric 5-bit: ``d = max / -16``, ``q = MIN(31, (int8_t)(x/d + 16.5f))``; low nibbles in
+    ``qs`` as Q4_0, bit 4 of quant p in bit p of ``qh``.
+    """
+    xb = as_blocks(x, QK)
+    d, q = _quant_symmetric(xb, 16, 16.5, 31)
+    out = np.empty(xb.shape[0], BLOCK_Q5_0)
+    out["d"] = fp16_bits(d)
+    out["qh"] = _fifth_bits(q)
+    out["qs"] = _pack_nibbles(q)
+    return out.view(np.uint8)
+
+
+def quantize_q5_1(x: np.ndarray) -> np.ndarray:
+    """float32 ``(n*32,)`` -> Q5_1 blocks as bytes ``(n*24,)``: fp16 ``d``, fp16 ``m``, 4 bytes ``qh``, 16 ``qs``.
+
+    Affine 5-bit: ``d = (max - min) / 31``, ``q = (uint8_t)((x - min)/d + 0.5f)`` (no clamp in C:
+    the largest value lands on 31 at most).
+    """
+    xb = as_blocks(x, QK)
+    d, mn, t = _quant_affine(xb, 31)
+    q = _truncate_to_byte(t).view(np.uint8)
+    out = np.empty(xb.shape[0], BLOCK_Q5_1)
+    out["d"] = fp16_bits(d)
+    out["m"] = fp16_bits(mn)
+    out["qh"] = _fifth_bits(q)
+    out["qs"] = _pack_nibbles(q)
+    return out.view(np.uint8)
