@@ -14,7 +14,11 @@ flips on every repeat); the fastest of the repeats is reported, memory as the ma
 After the first pair, the two outputs are compared: every key outside general.* (type and raw
 value bytes, in order), the tensor table (names, order, shapes, types) and every tensor's bytes.
 
-    python bench/bench_convert.py [--outtypes f16,q8_0] [--repeat 2]
+    python bench/bench_convert.py [--outtypes f16,q8_0] [--repeat 2] [--baseline DIR]
+
+``--baseline DIR`` adds a third tool: the dflash-convert source tree in DIR (for example a
+``git worktree`` of an earlier commit), run with this interpreter and DIR first on sys.path,
+so a change is measured before and after in the same run, next to upstream.
 
 Prints a markdown table and writes it to bench/results.md.
 """
@@ -210,6 +214,17 @@ def _ours_cmd(src: Path, target: Path, out: Path, outtype: str) -> list[str]:
     return [*base, "convert", str(src), "--target-model-dir", str(target), "-o", str(out), "--outtype", outtype, "-q"]
 
 
+def _baseline_cmd(tree: Path):
+    """The command line of the dflash-convert in source tree ``tree`` (first on sys.path, ahead of the cwd)."""
+    boot = f"import sys; sys.path.insert(0, {str(tree.resolve())!r}); from dflash_convert.cli import main; main()"
+
+    def cmd(src: Path, target: Path, out: Path, outtype: str) -> list[str]:
+        return [sys.executable, "-c", boot, "convert", str(src), "--target-model-dir", str(target), "-o", str(out),
+                "--outtype", outtype, "-q"]
+
+    return cmd
+
+
 def _upstream_cmd(src: Path, target: Path, out: Path, outtype: str) -> list[str]:
     # what fixtures.upstream.run_upstream_convert runs, but launched here so it can be measured
     return [sys.executable, str(llama_cpp_dir() / "convert_hf_to_gguf.py"), str(src), "--outtype", outtype,
@@ -324,110 +339,15 @@ def measure(tool: str, cmd: list[str], env: dict[str, str] | None, outtype: str,
 
 
 # --------------------------------------------------------------------------
-# Comparing two GGUF files (fast: raw bytes, no gguf-py)
+# Comparing two GGUF files: the package's reader and comparator (dflash_convert.checks.compare)
 # --------------------------------------------------------------------------
 
 
-class _Buf:
-    def __init__(self, f) -> None:  # type: ignore[no-untyped-def]
-        self.f = f
-
-    def read(self, n: int) -> bytes:
-        b = self.f.read(n)
-        if len(b) != n:
-            raise ValueError("truncated GGUF")
-        return b
-
-    def u32(self) -> int:
-        return struct.unpack("<I", self.read(4))[0]
-
-    def u64(self) -> int:
-        return struct.unpack("<Q", self.read(8))[0]
-
-    def string(self) -> bytes:
-        return self.read(self.u64())
-
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _raw_value(b: _Buf, vtype: int) -> bytes:
-    if vtype == 8:
-        s = b.string()
-        return struct.pack("<Q", len(s)) + s
-    if vtype == 9:
-        sub, n = b.u32(), b.u64()
-        if sub == 8:
-            parts = []
-            for _ in range(n):
-                s = b.string()
-                parts.append(struct.pack("<Q", len(s)) + s)
-            return struct.pack("<IQ", sub, n) + b"".join(parts)
-        return struct.pack("<IQ", sub, n) + b.read(_SCALAR_SIZES[sub] * n)
-    return b.read(_SCALAR_SIZES[vtype])
-
-
-def read_gguf_layout(path: Path) -> tuple[list[tuple[str, int, bytes]], list[tuple[str, tuple[int, ...], int, int]], int]:
-    """(keys [(name, type, raw value)], tensors [(name, ne, type, offset)], data start)."""
-    with open(path, "rb") as f:
-        b = _Buf(f)
-        if b.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        b.u32()
-        n_tensors, n_kv = b.u64(), b.u64()
-        kvs, alignment = [], 32
-        for _ in range(n_kv):
-            name = b.string().decode()
-            vtype = b.u32()
-            raw = _raw_value(b, vtype)
-            if name == "general.alignment":
-                alignment = struct.unpack("<I", raw)[0]
-            kvs.append((name, vtype, raw))
-        tensors = []
-        for _ in range(n_tensors):
-            name = b.string().decode()
-            nd = b.u32()
-            ne = tuple(b.u64() for _ in range(nd))
-            tensors.append((name, ne, b.u32(), b.u64()))
-        pos = f.tell()
-    return kvs, tensors, pos + (-pos % alignment)
-
-
-def _type_size(ggml_type: int, ne: tuple[int, ...]) -> int:
-    n = _numel(ne)
-    return {0: 4 * n, 1: 2 * n, 30: 2 * n, 8: n // 32 * 34}[ggml_type]
-
-
 def compare_ggufs(ours: Path, theirs: Path) -> list[str]:
-    """Differences outside general.*: keys (order, types, raw values), tensor table, tensor bytes."""
-    ka, ta, da = read_gguf_layout(ours)
-    kb, tb, db = read_gguf_layout(theirs)
-    diffs: list[str] = []
-    ka = [k for k in ka if not k[0].startswith("general.")]
-    kb = [k for k in kb if not k[0].startswith("general.")]
-    if [k[0] for k in ka] != [k[0] for k in kb]:
-        sa, sb = {k[0] for k in ka}, {k[0] for k in kb}
-        diffs.append(f"keys differ: only ours {sorted(sa - sb)}, only upstream {sorted(sb - sa)}"
-                     if sa != sb else "key order differs")
-    mb = {k[0]: k for k in kb}
-    for name, vtype, raw in ka:
-        if name in mb and (mb[name][1], mb[name][2]) != (vtype, raw):
-            diffs.append(f"{name}: type/value differs")
-    if [(t[0], t[1], t[2]) for t in ta] != [(t[0], t[1], t[2]) for t in tb]:
-        diffs.append("tensor table (names/order/shapes/types) differs")
-        return diffs
-    with open(ours, "rb", buffering=0) as fa, open(theirs, "rb", buffering=0) as fb:
-        for (name, ne, typ, oa), (_, _, _, ob) in zip(ta, tb, strict=True):
-            left = _type_size(typ, ne)
-            fa.seek(da + oa)
-            fb.seek(db + ob)
-            while left:
-                n = min(left, 64 << 20)
-                if fa.read(n) != fb.read(n):
-                    diffs.append(f"{name}: data bytes differ")
-                    break
-                left -= n
-    return diffs
+    """Differences outside general.*: keys (order, types, values), tensor table, tensor bytes."""
+    from dflash_convert.checks.compare import differences
+
+    return differences(ours, theirs)
 
 
 # --------------------------------------------------------------------------
@@ -441,7 +361,7 @@ def _table(best: dict[tuple[str, str], Run], all_runs: list[Run], outtypes: list
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     checks: list[str] = []
     for ot in outtypes:
-        for tool in ("ours", "upstream"):
+        for tool in ("ours", "baseline", "upstream"):
             r = best.get((tool, ot))
             if r is None:
                 continue
@@ -449,10 +369,10 @@ def _table(best: dict[tuple[str, str], Run], all_runs: list[Run], outtypes: list
                              for x in all_runs if x.tool == tool and x.outtype == ot)
             ratio_w = ratio_r = ""
             up = best.get(("upstream", ot))
-            if tool == "ours" and up is not None:
+            if tool in ("ours", "baseline") and up is not None:
                 ratio_w = f"{r.wall_s / up.wall_s:.2f}"
                 ratio_r = f"{r.rss_mb / up.rss_mb:.2f}"
-            name = "dflash-convert" if tool == "ours" else "upstream convert_hf_to_gguf.py"
+            name = {"ours": "dflash-convert", "baseline": "dflash-convert (baseline)"}.get(tool, "upstream convert_hf_to_gguf.py")
             lines.append(f"| {name} | {ot} | {r.wall_s:.1f} | {r.rss_mb:.0f} | {ratio_w} | {ratio_r} "
                          f"| {r.tree_mb:.0f} | {r.cpu_s:.1f} | {runs} |")
         o, u = best.get(("ours", ot)), best.get(("upstream", ot))
@@ -485,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-other-load", type=float, default=5.0,
                     help="re-measure a run during which the rest of the machine used more CPU seconds than this (default 5)")
     ap.add_argument("--retries", type=int, default=2, help="re-measurements allowed per run (default 2)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another dflash-convert source tree (e.g. a git worktree of an earlier commit) to measure too")
     args = ap.parse_args(argv)
     outtypes = [t.strip() for t in args.outtypes.split(",") if t.strip()]
 
@@ -499,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         while f.read(64 << 20):
             pass
     up_env = upstream_env()
+    tools = ["ours", "upstream"] + (["baseline"] if args.baseline is not None else [])
+    commands = {"ours": (_ours_cmd, None), "upstream": (_upstream_cmd, up_env)}
+    if args.baseline is not None:
+        commands["baseline"] = (_baseline_cmd(args.baseline), None)
 
     all_runs: list[Run] = []
     best: dict[tuple[str, str], Run] = {}
@@ -506,18 +432,19 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for ot in outtypes:
         for rep in range(args.repeat):
-            order = ["ours", "upstream"] if rep % 2 == 0 else ["upstream", "ours"]
+            order = tools if rep % 2 == 0 else tools[::-1]
             done: dict[str, Run] = {}
             for tool in order:
                 out = outdir / f"{tool}-{ot}.gguf"
-                cmd = _ours_cmd(src, target, out, ot) if tool == "ours" else _upstream_cmd(src, target, out, ot)
+                make_cmd, env = commands[tool]
+                cmd = make_cmd(src, target, out, ot)
                 for attempt in range(1 + args.retries):
                     os.sync()  # do not bill this run for the previous run's dirty pages
                     load = wait_for_idle(args.idle_wait)
                     if load >= 0.10:
                         print(f"  note: machine still {load:.0%} busy after {args.idle_wait:.0f} s; measuring anyway",
                               flush=True)
-                    r = measure(tool, cmd, None if tool == "ours" else up_env, ot, out)
+                    r = measure(tool, cmd, env, ot, out)
                     print(f"{tool:8} {ot:5} run {rep + 1}: {r.wall_s:6.1f} s  RSS {r.rss_mb:5.0f} MB  "
                           f"tree {r.tree_mb:5.0f} MB  cpu {r.cpu_s:5.1f} s  other load {r.foreign_cpu_s:4.1f} cpu-s  "
                           f"rc={r.rc}", flush=True)
@@ -533,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                 done[tool] = r
                 if (tool, ot) not in best or r.wall_s < best[(tool, ot)].wall_s:
                     best[(tool, ot)] = r
-            if rep == 0 and len(done) == 2:
+            if rep == 0 and "ours" in done and "upstream" in done:
                 t0 = time.perf_counter()
                 equality[ot] = compare_ggufs(done["ours"].output, done["upstream"].output)
                 verdict = "EQUAL outside general.*" if not equality[ot] else "DIFFERENT: " + "; ".join(equality[ot][:10])

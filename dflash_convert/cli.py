@@ -10,14 +10,24 @@ import typer
 
 from . import __version__
 from .errors import DFlashError, InputFileError
+from .format.keys import ARCH, key
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
 
 
-def _fail(e: DFlashError, code: int = 1) -> None:
+EXIT_REFUSED = 1  # the request was refused, or a check failed
+EXIT_UNREADABLE = 2  # an input cannot be read (missing, corrupt, not what it should be)
+
+
+def exit_code(e: DFlashError) -> int:
+    """The one exit-code rule of every command."""
+    return EXIT_UNREADABLE if isinstance(e, InputFileError) else EXIT_REFUSED
+
+
+def _fail(e: DFlashError) -> None:
     typer.echo(f"dflash-convert: error: {e}", err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_code(e))
 
 
 def _human(n: float) -> str:
@@ -59,14 +69,14 @@ def convert(
     except OSError as e:
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
     typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
-               f"file type {plan.file_type.name})")
+               f"file type {plan.type_name})")
 
 
 def _print_plan(plan) -> None:
     from .inspect import short
 
     typer.echo(f"output: {plan.output}")
-    typer.echo(f"file type: {plan.file_type.name}; vocabulary: {plan.n_tokens} tokens")
+    typer.echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
     typer.echo(f"keys ({len(plan.metadata)}):")
     for kv in plan.metadata:
         value = kv.value
@@ -78,18 +88,30 @@ def _print_plan(plan) -> None:
     typer.echo(f"tensors ({len(plan.tensors)}, {_human(plan.total_bytes)}):")
     for t in plan.tensors:
         ne = ", ".join(map(str, t.ne))
-        typer.echo(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.ref.name} {t.tensor.ref.dtype}")
+        typer.echo(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
 
 
 @app.command()
-def inspect(path: Path = typer.Argument(..., help="A GGUF file.")) -> None:
+def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
+            drafter: bool = typer.Option(False, "--drafter", help="Print the Drafter read_drafter makes of the file, as JSON.")) -> None:
     """Show architecture, keys, tensors, and the llama-server line that pairs the drafter."""
     from .inspect import block_size, pairing_hint, read_summary, short, type_name
 
+    if drafter:
+        import json
+
+        from .sources.gguf_drafter import describe, read_drafter
+
+        try:
+            d = read_drafter(path)
+        except DFlashError as e:
+            _fail(e)
+        typer.echo(json.dumps(describe(d), indent=1))
+        return
     try:
         g = read_summary(path)
     except DFlashError as e:
-        _fail(e, 2)
+        _fail(e)
     typer.echo(f"file: {g.path}")
     typer.echo(f"architecture: {g.architecture}")
     typer.echo(f"keys ({len(g.metadata)}):")
@@ -99,8 +121,8 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file.")) -> None:
     typer.echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
     for t in g.tensors:
         typer.echo(f"  {t.name:<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
-    if g.architecture == "dflash":
-        typer.echo(f"target layers (llama.cpp layer inputs): {g.get('dflash.target_layers')}; block size: {block_size(g)}")
+    if g.architecture == ARCH:
+        typer.echo(f"target layers (llama.cpp layer inputs): {g.get(key('target_layers'))}; block size: {block_size(g)}")
         typer.echo("pair with the target in llama.cpp:")
         typer.echo(f"  {pairing_hint(g)}")
 
@@ -138,8 +160,8 @@ def migrate(
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
 ) -> None:
     """Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), then validate it."""
-    from .checks.migrate import migrate as run_migrate
     from .checks.report import render_text
+    from .migrate import migrate as run_migrate
 
     try:
         layers = None
@@ -150,8 +172,6 @@ def migrate(
                 raise DFlashError(f"--target-layers must be comma-separated integers, got {target_layers!r}") from None
         result = run_migrate(src, out, force=force, target_layers_offset=target_layers_offset, target_layers=layers,
                              target_gguf=target_gguf, mask_token_id=mask_token_id)
-    except InputFileError as e:
-        _fail(e, 2)
     except DFlashError as e:
         _fail(e)
     except OSError as e:

@@ -13,15 +13,18 @@ from . import __version__
 from .drafter import Drafter
 from .errors import ConfigError, DFlashError, InputFileError
 from .format.ggml import OUTTYPES, QUANTIZATION_VERSION, FileType
-from .format.keys import key
+from .format.keys import ARCH, key
+from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
-from .plan import ChunkPipeline, PlannedTensor, choose_file_type, out_tensors, plan_tensors
+from .pipeline import ChunkPipeline, PlannedTensor
+from .plan import choose_file_type, plan_tensors
 from .sources.checkpoint import read_checkpoint
 from .sources.speculators import is_speculators, read_speculators
 from .sources.vocabulary import resolve_vocabulary
 from .sources.zlab import read_zlab
-from .target import TargetInfo, read_target_dir, target_from_gguf_facts
+from .target import Target, read_target_dir, read_target_gguf
+from .tensor_source import source_path
 from .tokenizer import borrow_from_dir, borrow_from_gguf
 from .write import check_output_path, string_array_item_offset, write_gguf
 
@@ -64,11 +67,13 @@ class ConversionPlan:
     drafter: Drafter
     metadata: Metadata
     tensors: list[PlannedTensor]
-    file_type: FileType
+    file_type: FileType | int  # a FileType for f32/f16/bf16/q8_0, the LLAMA_FTYPE value for a quantize type
     output: Path
-    target: TargetInfo
+    target: Target
     n_tokens: int
     hasher: SourceHasher | None = None
+    type_name: str = ""  # F16, BF16, Q4_K_M, ...: what the file is called after
+    fallbacks: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -85,9 +90,11 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def default_output(src: Path, file_type: FileType) -> Path:
-    name = {FileType.ALL_F32: "F32", FileType.MOSTLY_F16: "F16", FileType.MOSTLY_BF16: "BF16", FileType.MOSTLY_Q8_0: "Q8_0"}[file_type]
-    return src / f"{src.resolve().name}-{name}.gguf"
+_FILE_TYPE_NAMES = {FileType.ALL_F32: "F32", FileType.MOSTLY_F16: "F16", FileType.MOSTLY_BF16: "BF16", FileType.MOSTLY_Q8_0: "Q8_0"}
+
+
+def default_output(src: Path, type_name: str) -> Path:
+    return src / f"{src.resolve().name}-{type_name}.gguf"
 
 
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
@@ -100,6 +107,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     provenance keys write_plan fills in (pass False for a dry run).
     """
     src = Path(src_dir)
+    quant = None
     if outtype != "auto" and outtype not in OUTTYPES:
         raise DFlashError(f"unknown --outtype {outtype!r} (choose from auto, {', '.join(OUTTYPES)})")
     if target_model_dir is None and target_gguf is None:
@@ -109,9 +117,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
 
     tok_md = Metadata()
     if target_gguf is not None:
-        facts = borrow_from_gguf(tok_md, Path(target_gguf))
-        target = read_target_dir(target_model_dir) if target_model_dir is not None else target_from_gguf_facts(Path(target_gguf), facts)
-        n_tokens = int(facts["n_tokens"])  # type: ignore[arg-type]
+        gguf_target = read_target_gguf(target_gguf)
+        n_tokens = borrow_from_gguf(tok_md, gguf_target)
+        target = read_target_dir(target_model_dir) if target_model_dir is not None else gguf_target
         vocab_where = str(target_gguf)
     else:
         target = read_target_dir(target_model_dir)  # type: ignore[arg-type]
@@ -125,15 +133,18 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                                    drafter.vocab_size, tokenizer_pre)
     for t in drafter.tensors:
         rows = t.shape[0]
-        if t.gguf_name == "token_embd.weight" or (t.gguf_name == "output.weight" and drafter.draft_vocab_size is None):
+        if t.gguf_name == EMBEDDING_TENSOR or (t.gguf_name == OUTPUT_TENSOR and drafter.draft_vocab_size is None):
             if rows != n_tokens:
-                raise InputFileError(f"{t.hf_name} has {rows} rows but the vocabulary has {n_tokens} tokens", t.ref.path)
+                raise InputFileError(f"{t.hf_name} has {rows} rows but the vocabulary has {n_tokens} tokens",
+                                     source_path(t.source))
 
     first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
-    file_type, matrix_type = choose_file_type(outtype, first_matrix)
+    # a quantization type converts as auto would (bf16 for a bf16 checkpoint, else f16), then
+    # quantizes each tensor in the same pass: the bytes of `convert --outtype bf16` + `quantize`
+    file_type, matrix_type = choose_file_type("auto" if quant else outtype, first_matrix)
 
     md = Metadata()
-    md.set("architecture", "dflash")
+    md.set("architecture", ARCH)
     md.set("type", "model")
     md.set("name", src.resolve().name)
     md.set("converter", CONVERTER_NAME)
@@ -141,17 +152,20 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     md.set("source_config_sha256", _sha256_file(ckpt.config_path))
     md.set("source_files", [p.name for p in ckpt.files])
     md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
-    write_hparams(md, drafter, file_type, target.uses_mrope)
+    write_hparams(md, drafter, file_type)
     md.set("quantization_version", QUANTIZATION_VERSION)
     for kv in tok_md:
         md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
     write_mask_token_id(md, drafter, n_tokens, vocab_where)
 
-    output = Path(outfile) if outfile is not None else default_output(src, file_type)
+    planned = plan_tensors(drafter, matrix_type)
+    type_name = _FILE_TYPE_NAMES[file_type]
+    fallbacks = 0
+    output = Path(outfile) if outfile is not None else default_output(src, type_name)
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
-        output = output / default_output(src, file_type).name
-    return ConversionPlan(drafter, md, plan_tensors(drafter, matrix_type), file_type, output, target, n_tokens,
-                          hasher=hasher)
+        output = output / default_output(src, type_name).name
+    return ConversionPlan(drafter, md, planned, file_type, output, target, n_tokens, hasher=hasher,
+                          type_name=type_name, fallbacks=fallbacks)
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:
@@ -167,11 +181,10 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
         base = value_at[key("source_files_sha256")]
         return [(string_array_item_offset(base, i, SHA256_HEX_LEN), h.encode()) for i, h in enumerate(hasher.result())]
 
-    pipeline = ChunkPipeline()
     try:
-        write_gguf(plan.output, plan.metadata, out_tensors(plan.tensors, pipeline), progress=progress, finish=finish)
+        with ChunkPipeline() as pipeline:
+            write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, finish=finish)
     finally:
-        pipeline.close()
         hasher.thread.join()
     return plan.output
 

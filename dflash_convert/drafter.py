@@ -10,34 +10,35 @@ aux ids. Readers convert; nothing downstream adds or subtracts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-from .sources.safetensors import TensorRef
+from .tensor_source import TensorSource
 
 
 @dataclass
 class DrafterTensor:
-    """One output tensor and where its values come from.
+    """One tensor of the drafter under its GGUF name, and where its values come from.
 
-    Normally a checkpoint tensor (``ref``), streamed; optionally with rows permuted from
-    interleaved to NeoX rotary layout (``permute_head_dim``), or one row replaced
-    (``row_override``: the mask-embedding case). Small derived tables (``computed``: d2t as
-    absolute ids) carry their final values instead.
+    ``source`` is any TensorSource: a safetensors tensor, a GGUF tensor, a computed array, or one
+    of those under a value transform (NeoX row permutation, a replaced row). ``hf_name`` says
+    where it came from, for messages.
     """
 
     gguf_name: str
     hf_name: str
-    ref: TensorRef
-    permute_head_dim: int | None = None
-    row_override: tuple[int, np.ndarray] | None = None
-    computed: np.ndarray | None = None
+    source: TensorSource
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.computed.shape) if self.computed is not None else self.ref.shape
+        """PyTorch order ([out, in] for a linear layer); the GGUF ne is this reversed."""
+        return tuple(self.source.shape)
+
+    @property
+    def dtype(self) -> str:
+        """Element type of the source: a safetensors dtype name or a ggml type name."""
+        return self.source.dtype
 
 
 @dataclass
@@ -52,9 +53,26 @@ class RopeScaling:
 
 
 @dataclass
+class Origin:
+    """Where a Drafter was read from; not part of what the drafter is."""
+
+    path: Path  # the checkpoint directory or the GGUF file
+    config_path: Path  # config.json, or the GGUF file itself
+    files: list[Path] = field(default_factory=list)  # every file whose bytes the tensors come from
+    format: str = "z-lab"  # "z-lab", "speculators", "gguf"
+
+
+@dataclass
 class Drafter:
-    source: Path
-    config_path: Path
+    """Hyper-parameters and tensors of one drafter, as llama.cpp's dflash runtime sees them.
+
+    Float values are float32-valued (GGUF stores them as F32), so a drafter read back from a
+    GGUF file compares equal to the one it was written from. Read leniently from a broken GGUF
+    (validate), a value the file lacks or mistypes is None whatever its annotation says; strict
+    readers never produce None for a required field.
+    """
+
+    origin: Origin
     n_layers: int
     hidden_size: int
     intermediate_size: int
@@ -70,19 +88,43 @@ class Drafter:
     rope_theta: float | None = None
     rope_theta_swa: float | None = None
     rope_scaling: RopeScaling | None = None
-    rope_sections: list[int] | None = None  # the draft's own mrope_section, padded to 4
-    partial_rotary_factor: float | None = None
+    # rope.dimension_sections as written; upstream writes the draft's own mrope_section among the
+    # generic keys (early) and [head_dim/2, 0, 0, 0] for an M-RoPE target late, overwriting an
+    # early value in place: ``rope_sections_early`` keeps that key position
+    rope_sections: list[int] | None = None
+    rope_sections_early: bool = False
+    n_rot: int | None = None  # rotated dimensions per head (partial rotary); None: all of head_dim
     sliding_window: int | None = None
     swa_pattern: list[bool] | None = None
-    is_causal: bool | None = None  # top-level is_causal
-    causal: bool | None = None  # is_causal, else dflash_config.causal
+    # attention.causal as written; a config with top-level is_causal false gets it among the
+    # generic keys (early), dflash_config.causal late: ``causal_early`` keeps that key position
+    causal: bool | None = None
+    causal_early: bool = False
     value_scale: float | None = None
     embedding_scale: float | None = None
     logit_scale: float | None = None
-    final_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None  # > 0 when set
     hidden_act: str = "silu"
-    rope_is_neox: bool = True
     draft_vocab_size: int | None = None  # own output vocabulary (d2t) when below vocab_size
     tensors: list[DrafterTensor] = field(default_factory=list)
-    files: list[Path] = field(default_factory=list)
-    dialect: str = "z-lab"
+
+    # --- compatibility names for provenance --------------------------------------------------
+    @property
+    def source(self) -> Path:
+        return self.origin.path
+
+    @property
+    def config_path(self) -> Path:
+        return self.origin.config_path
+
+    @property
+    def files(self) -> list[Path]:
+        return self.origin.files
+
+    def tensor(self, gguf_name: str) -> DrafterTensor | None:
+        return next((t for t in self.tensors if t.gguf_name == gguf_name), None)
+
+    def hparams(self) -> dict[str, Any]:
+        """Every field but the origin and the tensors: what two readings of one drafter share."""
+        skip = ("origin", "tensors")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}

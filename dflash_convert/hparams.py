@@ -51,19 +51,21 @@ def write_head_dims(md: Metadata, d: Drafter) -> None:
 
 
 def write_rope_dimension_count(md: Metadata, d: Drafter) -> None:
-    """Partial rotary: only the first int(head_dim * factor) dims of each head rotate."""
-    if d.partial_rotary_factor is not None:
-        md.set("rope_dimension_count", int(d.head_dim * d.partial_rotary_factor))
+    """Partial rotary: only the first n_rot = int(head_dim * factor) dims of each head rotate."""
+    if d.n_rot is not None:
+        md.set("rope_dimension_count", d.n_rot)
 
 
-def write_rope_dimension_sections(md: Metadata, d: Drafter, target_uses_mrope: bool) -> None:
-    """M-RoPE targets (Qwen3.5/3.6): degenerate sections [head_dim/2, 0, 0, 0].
+def write_rope_dimension_sections(md: Metadata, d: Drafter, *, early: bool) -> None:
+    """rope.dimension_sections, at the position upstream gives it (see Drafter.rope_sections_early).
 
-    The draft then ropes on the temporal position row only, which equals NeoX RoPE; the sections
-    are needed because the runtime hands an M-RoPE target's 4-row positions to the draft.
+    M-RoPE targets (Qwen3.5/3.6) get degenerate sections [head_dim/2, 0, 0, 0]: the draft then
+    ropes on the temporal position row only, which equals NeoX RoPE; the sections are needed
+    because the runtime hands an M-RoPE target's 4-row positions to the draft. Upstream writes
+    a draft's own mrope_section among the generic keys, and the target's sections later, in place.
     """
-    if target_uses_mrope:
-        md.set("rope_dimension_sections", [d.head_dim // 2, 0, 0, 0])
+    if d.rope_sections is not None and early == d.rope_sections_early:
+        md.set("rope_dimension_sections", d.rope_sections)
 
 
 def write_scales(md: Metadata, d: Drafter) -> None:
@@ -97,8 +99,9 @@ def write_sliding_window(md: Metadata, d: Drafter) -> None:
         md.set("sliding_window_pattern", d.swa_pattern)
 
 
-def write_causal(md: Metadata, d: Drafter) -> None:
-    if d.causal is not None:
+def write_causal(md: Metadata, d: Drafter, *, early: bool) -> None:
+    """attention.causal, at the position upstream gives it (see Drafter.causal_early)."""
+    if d.causal is not None and early == d.causal_early:
         md.set("causal", d.causal)
 
 
@@ -108,14 +111,12 @@ def write_hidden_activation(md: Metadata, d: Drafter) -> None:
         md.set("hidden_activation", d.hidden_act)
 
 
-def write_hparams(md: Metadata, d: Drafter, file_type: FileType, target_uses_mrope: bool) -> None:
+def write_hparams(md: Metadata, d: Drafter, file_type: FileType) -> None:
     """All hyper-parameter keys, in llama.cpp's converter order."""
     write_base(md, d)
-    if d.is_causal is False:
-        md.set("causal", False)  # generic text-model key; the dflash value below overwrites in place
+    write_causal(md, d, early=True)  # a generic text-model key when the config's is_causal is false
     write_rope_scaling(md, d)
-    if d.rope_sections is not None:
-        md.set("rope_dimension_sections", d.rope_sections)
+    write_rope_dimension_sections(md, d, early=True)
     write_rope_base(md, d)
     md.set("rms_eps", d.rms_eps)
     write_head_dims(md, d)
@@ -126,8 +127,8 @@ def write_hparams(md: Metadata, d: Drafter, file_type: FileType, target_uses_mro
     write_output_scales(md, d)
     write_target_layers(md, d)
     write_sliding_window(md, d)
-    write_causal(md, d)
-    write_rope_dimension_sections(md, d, target_uses_mrope)
+    write_causal(md, d, early=False)
+    write_rope_dimension_sections(md, d, early=False)
     write_hidden_activation(md, d)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .format.keys import ValueType
+from .format.keys import ARCH, ValueType, key
+from .format.rules import DEFAULT_BLOCK_SIZE
 from .sources.gguf import GGUFFile, NumArray, read_gguf
 
 
@@ -19,7 +20,7 @@ def type_name(g: GGUFFile, key: str) -> str:
 
 
 def block_size(g: GGUFFile) -> int:
-    return int(g.get(f"{g.architecture}.block_size", 16))
+    return int(g.get(key("block_size", g.architecture or ARCH), DEFAULT_BLOCK_SIZE))
 
 
 def pairing_hint(g: GGUFFile) -> str:

@@ -11,26 +11,26 @@ input. The output is validated before migrate returns.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DFlashError
-from ..format.dialects import DROP, UPSTREAM_ARCH, Dialect
-from ..format.keys import KEYS, ValueType, key
-from ..format.rules import FC_TENSOR, MAX_LAYERS
-from ..metadata import Metadata
-from ..sources.gguf import ALIGNMENT_KEY, GGUFFile, GGUFTensor, GGUFValue, read_gguf
-from ..write import OutTensor, check_output_path, write_gguf
-from .dialects import detect, layer_ids_key
-from .report import Report
-from .semantics import required_tensor_names, tensor_role
+from .checks.dialects import detect, layer_ids_key
+from .checks.report import Report
+from .checks.semantics import required_tensor_names, tensor_role
+from .drafter import DrafterTensor
+from .errors import DFlashError
+from .format.dialects import DROP, UPSTREAM_ARCH, Dialect
+from .format.keys import GENERAL_PREFIX, KEYS, TOKENIZER_PREFIX, ValueType, key
+from .format.rules import FC_TENSOR, MAX_LAYERS
+from .format.tensors import LAYER_TEMPLATE, generic_name, gguf_to_hf, layer_of
+from .metadata import Metadata
+from .pipeline import ChunkPipeline
+from .plan import plan_tensor
+from .sources.gguf import ALIGNMENT_KEY, GGUFFile, GGUFTensor, GGUFValue, read_gguf
+from .sources.gguf_drafter import INT_TYPES
+from .write import check_output_path, write_gguf
 
-COPY_CHUNK = 8 << 20
-TOKENIZER_PREFIX = "tokenizer."
-GENERAL_PREFIX = "general."
-_INTS = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32, ValueType.INT32,
-                   ValueType.UINT64, ValueType.INT64})
+_INTS = INT_TYPES
 _INT_RANGE = {ValueType.UINT32: (0, (1 << 32) - 1), ValueType.INT32: (-(1 << 31), (1 << 31) - 1)}
 # "{arch}.<suffix>" templates of KEYS, by suffix: generic hyper-parameters keep their suffix
 _ARCH_SUFFIXES = {t[len("{arch}."):]: short for short, (t, _, _) in KEYS.items() if t.startswith("{arch}.")}
@@ -74,10 +74,10 @@ def _coerce(short: str, v: GGUFValue, name: str, notes: list[str]) -> tuple[Valu
 def _rename_tensor(name: str, d: Dialect) -> str:
     if name in d.tensor_map:
         return d.tensor_map[name]
-    if name.startswith("blk."):
-        bid, _, rest = name[4:].partition(".")
-        pattern = f"blk.{{bid}}.{rest}"
-        if bid.isdigit() and pattern in d.tensor_map:
+    bid = layer_of(name)
+    if bid is not None:
+        pattern = LAYER_TEMPLATE + generic_name(name)
+        if pattern in d.tensor_map:
             return d.tensor_map[pattern].format(bid=bid)
     return name
 
@@ -179,14 +179,15 @@ def plan_migration(src: str | os.PathLike, *, target_layers_offset: int | None =
                       "dflash_config.mask_token_id)", path)
     mask = next(iter(masks.values()))
     if target_gguf is not None:
-        from ..tokenizer.from_gguf import copy_tokenizer_keys
+        from .target import read_target_gguf
+        from .tokenizer.from_gguf import copy_tokenizer_keys
 
         tokenizer = Metadata()
-        copy_tokenizer_keys(Path(target_gguf), tokenizer)
+        copy_tokenizer_keys(read_target_gguf(target_gguf), tokenizer)
         tokenizer.remove(key("mask_token_id"))
         notes.append(f"tokenizer: every tokenizer.* key copied from {target_gguf}")
     elif key("tok_tokens") not in tokenizer:
-        raise _refuse("the file carries no vocabulary (tokenizer.ggml.tokens); pass --target-gguf TARGET.gguf to copy "
+        raise _refuse(f"the file carries no vocabulary ({key('tok_tokens')}); pass --target-gguf TARGET.gguf to copy "
                       "the target's tokenizer", path)
     tokenizer.set("mask_token_id", mask)
     if dropped:
@@ -243,26 +244,13 @@ def _check_fc(g: GGUFFile, d: Dialect, hparams: Metadata, ids: list[int], seen: 
             raise _refuse(f"{g.architecture}.{suffix} = {v.value} but {len(ids)} taps of hidden {E} give {len(ids) * E}", path)
 
 
-def _chunks(path: Path, t: GGUFTensor) -> Iterator[bytes]:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        done = 0
-        while done < t.nbytes:
-            data = os.pread(fd, min(COPY_CHUNK, t.nbytes - done), t.offset + done)
-            if not data:
-                raise DFlashError(f"tensor {t.name!r} is truncated (the input changed while migrating)", path)
-            done += len(data)
-            yield data
-    finally:
-        os.close(fd)
-
-
 def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> Path:
     out = Path(out)
     check_output_path(out, [plan.source], force=force)
-    src = plan.source
-    tensors = [OutTensor(new, t.ne, t.ggml_type, t.nbytes, chunks=lambda t=t: _chunks(src, t)) for t, new in plan.tensors]
-    write_gguf(out, plan.metadata, tensors, progress=False)
+    # the one streaming pipeline, with GGUF tensors as sources and bytes copied unchanged
+    planned = [plan_tensor(DrafterTensor(new, gguf_to_hf(new) or new, t), t.ggml_type, copy=True) for t, new in plan.tensors]
+    with ChunkPipeline() as pipeline:
+        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False)
     return out
 
 
@@ -270,7 +258,7 @@ def migrate(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
             target_layers: list[int] | None = None, target_gguf: str | os.PathLike | None = None,
             mask_token_id: int | None = None) -> MigrationResult:
     """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, then validate it."""
-    from . import validate
+    from .checks import validate
 
     plan = plan_migration(src, target_layers_offset=target_layers_offset, target_layers=target_layers,
                           target_gguf=target_gguf, mask_token_id=mask_token_id)

@@ -1,6 +1,9 @@
-"""What the converter needs to know about the target model: from its config.json or its GGUF.
+"""The one description of a target model, from its Hugging Face directory or from its GGUF.
 
-Only config and tokenizer files are read from a target directory, never its weights.
+Convert, validate and the runner all ask the same questions of a target: its architecture,
+hidden size, how many decoder layers publish their inputs, its vocabulary size, whether it uses
+M-RoPE, and where its embedding and output head are. Only config and tokenizer files are read
+from a target directory; its weights only when a caller asks for the embedding or the head.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputFileError
+from .format.keys import key
+from .format.rules import DRAFTER_ARCHS
 from .sources.checkpoint import _weight_files, merged_text_config, read_config
+from .sources.gguf import GGUFFile, read_gguf
 from .sources.safetensors import TensorRef, read_header
 
 # where a target checkpoint keeps its token embedding and output head (first found wins)
@@ -21,26 +27,46 @@ TARGET_WEIGHT_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 
+def decoder_layers(block_count: int | None, nextn_layers: int | None) -> int | None:
+    """Decoder layers whose inputs a target can publish: multi-token-prediction (nextn) layers excluded.
+
+    llama.cpp counts nextn layers in a GGUF's block_count; Hugging Face configs keep them out of
+    num_hidden_layers (num_nextn_predict_layers is separate), so a directory passes nextn 0.
+    """
+    if block_count is None:
+        return None
+    return block_count - (nextn_layers or 0)
+
+
 @dataclass
-class TargetInfo:
+class Target:
     source: Path
-    architecture: str | None
+    kind: str  # "dir" or "gguf"
+    architecture: str | None  # Hugging Face class (directory) or llama.cpp architecture (GGUF)
     hidden_size: int | None
-    num_hidden_layers: int | None
-    vocab_size: int | None
+    n_layers: int | None  # see decoder_layers
+    vocab_size: int | None  # config vocab_size (directory) or token count (GGUF)
     uses_mrope: bool
-    config: dict[str, Any]
-    _weights: dict[str, TensorRef] | None = field(default=None, repr=False)
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+    gguf: GGUFFile | None = field(default=None, repr=False)
+    _weights: dict[str, Any] | None = field(default=None, repr=False)
 
     def text_config(self) -> dict[str, Any]:
         return merged_text_config(self.config)
 
-    def weights(self) -> dict[str, TensorRef] | None:
-        """The target's embedding and head (headers only; data is read on demand), or None."""
+    def weights(self) -> dict[str, Any] | None:
+        """The target's embedding and head as TensorSources (data read on demand), or None."""
         if self._weights is None:
             self._weights = {}
-            if self.source.is_dir() and (any(self.source.glob("model*.safetensors"))
-                                         or (self.source / "model.safetensors.index.json").is_file()):
+            if self.kind == "gguf" and self.gguf is not None:
+                from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
+
+                for role, name in (("embed", EMBEDDING_TENSOR), ("head", OUTPUT_TENSOR)):
+                    t = self.gguf.tensor(name)
+                    if t is not None:
+                        self._weights[role] = t
+            elif self.source.is_dir() and (any(self.source.glob("model*.safetensors"))
+                                           or (self.source / "model.safetensors.index.json").is_file()):
                 found: dict[str, TensorRef] = {}
                 for path in _weight_files(self.source)[0]:
                     refs, _ = read_header(path)
@@ -52,7 +78,7 @@ class TargetInfo:
         return self._weights or None
 
 
-def read_target_dir(target_dir: str | Path) -> TargetInfo:
+def read_target_dir(target_dir: str | Path) -> Target:
     target_dir = Path(target_dir)
     cfg, path = read_config(target_dir)
     archs = cfg.get("architectures")
@@ -63,35 +89,63 @@ def read_target_dir(target_dir: str | Path) -> TargetInfo:
     if not isinstance(rope, dict):
         raise ConfigError("rope_parameters/rope_scaling must be an object", path)
 
-    def as_int(key: str) -> int | None:
-        v = text.get(key)
+    def as_int(k: str) -> int | None:
+        v = text.get(k)
         if v is None:
             return None
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ConfigError(f"target {key} must be a positive integer, got {v!r}", path)
+            raise ConfigError(f"target {k} must be a positive integer, got {v!r}", path)
         return v
 
-    return TargetInfo(
+    return Target(
         source=target_dir,
+        kind="dir",
         architecture=arch,
         hidden_size=as_int("hidden_size"),
-        num_hidden_layers=as_int("num_hidden_layers"),
+        n_layers=decoder_layers(as_int("num_hidden_layers"), 0),
         vocab_size=as_int("vocab_size"),
         uses_mrope="mrope_section" in rope,
         config=cfg,
     )
 
 
-def target_from_gguf_facts(path: Path, facts: dict[str, object]) -> TargetInfo:
-    """TargetInfo from the facts copy_tokenizer_keys gathered while reading a target GGUF."""
-    if "architecture" not in facts:
-        raise InputFileError("target GGUF has no general.architecture", path)
-    return TargetInfo(
-        source=path,
-        architecture=str(facts["architecture"]),
-        hidden_size=facts.get("embedding_length"),  # type: ignore[arg-type]
-        num_hidden_layers=facts.get("block_count"),  # type: ignore[arg-type]
-        vocab_size=facts.get("n_tokens"),  # type: ignore[arg-type]
-        uses_mrope=False,
-        config={},
+def target_from_gguf(g: GGUFFile) -> Target:
+    """A Target from a parsed GGUF (the caller decides whether a drafter architecture is an error)."""
+    arch = g.architecture
+    hidden = blocks = nextn = None
+    if arch:
+        hidden, blocks, nextn = (g.get(key(s, arch)) for s in ("embedding_length", "block_count", "nextn_predict_layers"))
+    tokens = g.get(key("tok_tokens"))
+
+    def as_int(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    return Target(
+        source=g.path,
+        kind="gguf",
+        architecture=arch,
+        hidden_size=as_int(hidden),
+        n_layers=decoder_layers(as_int(blocks), as_int(nextn)),
+        vocab_size=len(tokens) if isinstance(tokens, list) else None,
+        uses_mrope=False,  # as the converter always did for --target-gguf: the degenerate sections equal NeoX
+        gguf=g,
     )
+
+
+def read_target_gguf(path: str | Path) -> Target:
+    """A converted target model's GGUF; refuses drafters and files without an architecture."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError("target GGUF not found", path)
+    g = read_gguf(path)
+    if g.architecture is None:
+        raise InputFileError(f"target GGUF has no {key('architecture')}", path)
+    if g.architecture in DRAFTER_ARCHS:
+        raise InputFileError(f"this is a {g.architecture} drafter, not a target model; pass the target's GGUF", path)
+    return target_from_gguf(g)
+
+
+def read_target(path: str | Path) -> Target:
+    """A target directory or a target GGUF, whichever ``path`` is."""
+    path = Path(path)
+    return read_target_dir(path) if path.is_dir() else read_target_gguf(path)

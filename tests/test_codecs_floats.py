@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
+from dflash_convert.codecs import encoder
+from dflash_convert.codecs.floats import bf16_to_f16, widen_to_f32
+from dflash_convert.codecs.q8_0 import quantize_q8_0
 from dflash_convert.format.ggml import GGMLType
-from dflash_convert.quant import bf16_to_f16, encode, quantize_q8_0, widen_to_f32
 from dflash_convert.write import _OutputFile
 
 ALL_BF16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -46,10 +48,10 @@ def test_q8_0_rounding_ties_and_near_ties():
 def test_bf16_output_equals_reference_for_every_bf16_and_random_f32():
     f32 = widen_to_f32(ALL_BF16, "BF16")
     ref = quants.quantize(f32.reshape(1, -1), GGMLQuantizationType.BF16).view(np.uint16).reshape(-1)
-    assert np.array_equal(encode(f32.copy(), "F32", GGMLType.BF16).view(np.uint16), ref)
-    assert np.array_equal(encode(ALL_BF16, "BF16", GGMLType.BF16).view(np.uint16), ref)  # NaNs quieted too
+    assert np.array_equal(encoder("F32", GGMLType.BF16)(f32.copy()).view(np.uint16), ref)
+    assert np.array_equal(encoder("BF16", GGMLType.BF16)(ALL_BF16).view(np.uint16), ref)  # NaNs quieted too
     x = _weights(1 << 16, seed=3)
-    assert np.array_equal(encode(x, "F32", GGMLType.BF16).view(np.uint16),
+    assert np.array_equal(encoder("F32", GGMLType.BF16)(x).view(np.uint16),
                           quants.quantize(x.reshape(1, -1), GGMLQuantizationType.BF16).view(np.uint16).reshape(-1))
 
 
@@ -72,7 +74,7 @@ def test_encode_matches_upstream_pipeline(src, out):
     if out == GGMLType.Q8_0 or out == GGMLType.BF16:
         up = up.astype(np.float32)
     ref = quants.quantize(up.reshape(1, -1), qtype)
-    assert encode(raw, src, out).tobytes() == ref.tobytes()
+    assert encoder(src, out)(raw).tobytes() == ref.tobytes()
 
 
 @pytest.mark.parametrize("where", ["disk", "shm"])

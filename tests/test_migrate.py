@@ -13,11 +13,10 @@ import pytest
 from conftest import run_cli
 from drafter_gguf import KV, Parts, drafter_parts, drop_keys, get_key, read_parts, set_tensor, tensor, write_parts
 
-from dflash_convert.checks import migrate as migrate_module
 from dflash_convert.checks import validate
-from dflash_convert.checks.migrate import migrate
 from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.keys import ValueType
+from dflash_convert.migrate import migrate
 from dflash_convert.sources.gguf import read_gguf
 
 U32, I32, BOOL, ARR, STR = ValueType.UINT32, ValueType.INT32, ValueType.BOOL, ValueType.ARRAY, ValueType.STRING
@@ -223,9 +222,16 @@ def test_refusals(tmp_path):
 
 
 def test_tensor_data_is_streamed_in_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(migrate_module, "COPY_CHUNK", 7)
+    """Migrate copies through the one pipeline, a row chunk at a time (here: one row per chunk)."""
+    from dflash_convert import pipeline
+
+    spans = []
+    real = pipeline.row_spans
+    monkeypatch.setattr(pipeline, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(pipeline, "row_spans", lambda p, c=None: spans.append(real(p, c)) or spans[-1])
     src = write_parts(tmp_path / "buun.gguf", buun())
     result = migrate(src, tmp_path / "o.gguf")
+    assert max(len(s) for s in spans) > 1 and all(b - a == 1 for s in spans for a, b in s)
     _same_as_original(result.output, {"dflash.attention.causal", "dflash.rope.dimension_count"})
 
 

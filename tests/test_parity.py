@@ -14,6 +14,7 @@ from gguf_compare import differences
 
 from dflash_convert import convert
 from dflash_convert.sources.gguf import read_gguf
+from dflash_convert.sources.gguf_drafter import describe, read_drafter
 from fixtures.drafters import make_zlab_drafter
 from fixtures.targets import make_target_dir
 from fixtures.upstream import run_upstream_convert
@@ -72,6 +73,8 @@ def test_equal_to_upstream(built, drafter, outtype):
     assert r.returncode == 0, r.stderr[-3000:]
     diffs = differences(ours, theirs)
     assert diffs == [], "\n".join(diffs)
+    # upstream's file reads into the same Drafter as ours (every field, every tensor's name, shape, type)
+    assert describe(read_drafter(theirs)) == describe(read_drafter(ours))
     g = read_gguf(ours)
     assert g.architecture == "dflash" and len(g.tensors) == len(read_gguf(theirs).tensors)
     if drafter == "options":

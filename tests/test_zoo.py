@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from dflash_convert import convert
 from dflash_convert.errors import InputFileError
 from dflash_convert.sources.gguf import read_gguf
+from dflash_convert.sources.gguf_drafter import describe, read_drafter
 from fixtures.drafters import (
     add_tensors,
     draft_vocabulary,
@@ -214,6 +215,7 @@ def test_zoo_parity(tmp_path, qwen3_target, weighted_target, shape):
         assert diffs == ["keys only in ours: ['dflash.hidden_activation']; only upstream: []"]
         return
     assert diffs == [], "\n".join(diffs)
+    assert describe(read_drafter(theirs)) == describe(read_drafter(ours))
     t = _tensors(ours)
     if shape == "sinks":
         assert t["blk.0.attn_sinks.weight"][0].ggml_type.name == "F32" and t["blk.0.attn_sinks.weight"][0].ne == (4,)

@@ -37,14 +37,14 @@ def detect(g: GGUFFile) -> DialectMatch:
     arch = g.architecture
     if arch == UPSTREAM_ARCH:
         if key("target_layers") in g.metadata:
-            return DialectMatch(UPSTREAM, None, "upstream llama.cpp dflash (general.architecture = dflash, "
-                                "dflash.target_layers present)", True)
+            return DialectMatch(UPSTREAM, None, f"upstream llama.cpp dflash ({key('architecture')} = dflash, "
+                                f"{key('target_layers')} present)", True)
         return _foreign(g, PRE_MERGE)
     d = dialect_for_arch(arch)
     if d is not None:
         return _foreign(g, d)
     if arch is None:
-        return DialectMatch(None, None, "no general.architecture (string): not a model file", False)
+        return DialectMatch(None, None, f"no {key('architecture')} (string): not a model file", False)
     names = {t.name for t in g.tensors}
     if names & _FOREIGN_MARKERS:
         return DialectMatch(f"unknown:{arch}", None, f"architecture {arch!r} with DFlash tensors "

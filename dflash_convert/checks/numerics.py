@@ -1,16 +1,19 @@
-"""--deep: every tensor scanned for NaN and Inf, chunk by chunk (memory stays flat on large files).
+"""--deep: every tensor scanned for NaN and Inf, row chunk by row chunk (memory stays flat on large files).
 
-Float tensors are checked on their raw bit patterns (an all-ones exponent is NaN or Inf), so no
-copy is made; quantized tensors are dequantized a few rows at a time with gguf-py, which agrees
-with ggml bit for bit. Integer tensors (d2t) cannot hold NaN and are skipped.
+Rows are read by position into a small buffer, never mapped, so the resident set does not grow
+with the file (a CI runner with less memory than the model need not page it all in). Float
+tensors are checked on their raw bit patterns (an all-ones exponent is NaN or Inf); quantized
+tensors are dequantized a chunk of rows at a time with gguf-py, which agrees with ggml bit for
+bit. Integer tensors (d2t) cannot hold NaN and are skipped.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..format.ggml import BLOCK_GEOMETRY, GGMLType
+from ..format.ggml import GGMLType
 from ..sources.gguf import GGUFFile, GGUFTensor
+from ..tensor_source import FdCache
 from .report import Check, check_from
 
 CHUNK_BYTES = 16 << 20
@@ -24,12 +27,10 @@ _FLOAT_BITS: dict[GGMLType, tuple[str, int]] = {
 _INTEGER = frozenset({GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64})
 
 
-def _bad_float(raw: np.ndarray, t: GGUFTensor) -> int:
+def _bad_float(words: np.ndarray, t: GGUFTensor) -> int:
     dtype, mask = _FLOAT_BITS[t.ggml_type]
-    words = raw.view(dtype)
-    step = CHUNK_BYTES // words.itemsize
     m = np.array(mask, dtype=dtype)
-    return sum(int(np.count_nonzero((words[i:i + step] & m) == m)) for i in range(0, len(words), step))
+    return int(np.count_nonzero((words.view(dtype) & m) == m))
 
 
 def _bad_quantized(raw: np.ndarray, t: GGUFTensor) -> int | None:
@@ -40,30 +41,39 @@ def _bad_quantized(raw: np.ndarray, t: GGUFTensor) -> int | None:
         qtype = GGMLQuantizationType(int(t.ggml_type))
     except (ImportError, ValueError):
         return None
-    block, bsize = BLOCK_GEOMETRY[t.ggml_type]
-    row_bytes = t.ne[0] // block * bsize
-    rows = raw.reshape(-1, row_bytes)
-    step = max(1, CHUNK_BYTES // row_bytes)
+    try:
+        with np.errstate(all="ignore"):  # an Inf scale times a zero quant is NaN: counted, not warned
+            values = dequantize(raw.view(np.uint8).reshape(-1, t.row_nbytes), qtype)
+    except NotImplementedError:
+        return None
+    return int(np.count_nonzero(~np.isfinite(values)))
+
+
+def _scan_tensor(t: GGUFTensor, fds: FdCache) -> int | None:
+    rows = t.n_elements // t.ne[0]
+    step = max(1, CHUNK_BYTES // t.row_nbytes)
     bad = 0
-    for i in range(0, len(rows), step):
-        try:
-            with np.errstate(all="ignore"):  # an Inf scale times a zero quant is NaN: counted, not warned
-                values = dequantize(rows[i:i + step], qtype)
-        except NotImplementedError:
+    for a in range(0, rows, step):
+        raw = t.rows(a, min(rows, a + step), fds)
+        n = _bad_float(raw, t) if t.ggml_type in _FLOAT_BITS else _bad_quantized(raw, t)
+        if n is None:
             return None
-        bad += int(np.count_nonzero(~np.isfinite(values)))
+        bad += n
     return bad
 
 
 def scan(g: GGUFFile) -> Check:
+    with FdCache() as fds:
+        return _scan(g, fds)
+
+
+def _scan(g: GGUFFile, fds: FdCache) -> Check:
     problems, warnings = [], []
     scanned = 0
     for t in g.tensors:
         if t.ggml_type in _INTEGER:
             continue
-        raw = g.tensor_bytes(t)
-        bad = _bad_float(raw, t) if t.ggml_type in _FLOAT_BITS else _bad_quantized(raw, t)
-        del raw
+        bad = _scan_tensor(t, fds)
         if bad is None:
             warnings.append(f"{t.name}: {t.ggml_type.name} cannot be dequantized here, not scanned")
             continue

@@ -1,7 +1,7 @@
 """Is an upstream-dialect DFlash GGUF what llama.cpp 0c1e57098 will load, and what it claims to be?
 
 Each check reads the format tables (format.keys, format.tensors, format.rules) and the parsed
-container; nothing here spells a key or a tensor name. ``Facts`` gathers the hyper-parameters
+container; nothing here spells a key or a tensor name. ``DrafterView`` gathers the hyper-parameters
 once, tolerating missing or mistyped keys (the key checks report those), so every later check can
 still say something useful about a broken file.
 """
@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..drafter import Drafter
 from ..format.ggml import GGMLType
-from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
+from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, ARCH, KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
 from ..format.rules import (
     ALSO_ACCEPTED,
     D2T_TENSOR,
@@ -23,6 +24,7 @@ from ..format.rules import (
     DRAFTER_KEYS,
     EMBEDDING_TENSOR,
     FC_TENSOR,
+    FIXED,
     FIXED_TYPES,
     GGUF_ONLY_SHAPES,
     HEAD_GLOBAL,
@@ -30,22 +32,21 @@ from ..format.rules import (
     HIDDEN_ACTIVATIONS,
     LOADER_OPTIONAL_PER_LAYER,
     MAX_LAYERS,
-    NORM_SUFFIX,
     OPTIONAL_GLOBAL,
     OPTIONAL_PER_LAYER,
     OUTPUT_TENSOR,
     PER_LAYER_KEYS,
     ROPE_SCALING_TYPES,
     ROPE_SECTIONS,
+    VECTOR,
     VECTOR_TYPE,
+    storage_class,
 )
-from ..format.tensors import EXPECTED_HF_SHAPES, REQUIRED_GLOBAL, REQUIRED_PER_LAYER, generic_name, layer_of
-from ..sources.gguf import GGUFFile, GGUFTensor, GGUFValue
+from ..format.tensors import EXPECTED_HF_SHAPES, REQUIRED_GLOBAL, REQUIRED_PER_LAYER, generic_name, layer_name, layer_of
+from ..sources.gguf import GGUFFile, GGUFTensor
+from ..sources.gguf_drafter import as_float, as_int, as_ints, drafter_from_gguf
 from .report import FAIL, SKIP, WARN, Check, check_from, passed
 
-_INT_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
-                        ValueType.INT32, ValueType.UINT64, ValueType.INT64})
-_FLOAT_TYPES = frozenset({ValueType.FLOAT32, ValueType.FLOAT64})
 _DIM_TOKEN = re.compile(r"([*/])")
 
 
@@ -66,20 +67,7 @@ def known_keys() -> dict[str, tuple[tuple[ValueType, ValueType | None], ...]]:
     return out
 
 
-def _int(v: GGUFValue | None) -> int | None:
-    return v.value if v is not None and v.vtype in _INT_TYPES else None
-
-
-def _float(v: GGUFValue | None) -> float | None:
-    return float(v.value) if v is not None and v.vtype in _FLOAT_TYPES else None
-
-
-def _ints(v: GGUFValue | None) -> list[int] | None:
-    if v is None:
-        return None
-    if v.vtype == ValueType.ARRAY and v.sub in _INT_TYPES | {ValueType.BOOL}:
-        return [int(x) for x in v.value]
-    return None
+_int, _float, _ints = as_int, as_float, as_ints
 
 
 def eval_dim(expr: str, dims: dict[str, int | None]) -> int | None:
@@ -106,45 +94,42 @@ def eval_dim(expr: str, dims: dict[str, int | None]) -> int | None:
 
 
 @dataclass
-class Facts:
-    """The drafter's dimensions as the file states them (None where missing or mistyped)."""
+class DrafterView:
+    """The Drafter read leniently from the file (None where a key is missing or mistyped), next to
+    the raw key view that type checks and per-layer arrays need."""
 
+    d: Drafter
     g: GGUFFile
-    n_layer: int | None = None
-    dims: dict[str, int | None] = field(default_factory=dict)
     per_layer: dict[str, list[int]] = field(default_factory=dict)
-    target_layers: list[int] | None = None
     tokens: list[bytes] | None = None
 
     @classmethod
-    def of(cls, g: GGUFFile) -> Facts:
-        md = g.metadata
-        f = cls(g)
-        f.n_layer = _int(md.get(key("block_count")))
-        E = _int(md.get(key("embedding_length")))
-        scalars: dict[str, int | None] = {}
+    def of(cls, g: GGUFFile) -> DrafterView:
+        f = cls(drafter_from_gguf(g, strict=False), g)
         for short in PER_LAYER_KEYS:
-            v = md.get(key(short))
-            scalars[short] = _int(v)
-            arr = _ints(v)
+            arr = _ints(g.metadata.get(key(short)))
             if arr is not None:
                 f.per_layer[short] = arr
-                scalars[short] = arr[0] if arr and len(set(arr)) == 1 else None
-        H = scalars["head_count"]
-        KV = scalars["head_count_kv"] if key("head_count_kv") in md else H
-        D = _int(md.get(key("key_length")))
-        if D is None and key("key_length") not in md and E and H:
-            D = E // H
-        f.target_layers = _ints(md.get(key("target_layers")))
-        tok = md.get(key("tok_tokens"))
+        tok = g.metadata.get(key("tok_tokens"))
         if tok is not None and tok.vtype == ValueType.ARRAY and tok.sub == ValueType.STRING:
             f.tokens = tok.value
-        V = len(f.tokens) if f.tokens is not None else None
-        d2t = g.tensor(D2T_TENSOR)
-        VD = d2t.ne[0] if d2t is not None else V
-        T = len(f.target_layers) if f.target_layers is not None else None
-        f.dims = {"E": E, "F": scalars["feed_forward_length"], "H": H, "KV": KV, "D": D, "T": T, "V": V, "VD": VD}
         return f
+
+    @property
+    def n_layer(self) -> int | None:
+        return self.d.n_layers
+
+    @property
+    def target_layers(self) -> list[int] | None:
+        return self.d.target_layers
+
+    @property
+    def dims(self) -> dict[str, int | None]:
+        d = self.d
+        V = d.vocab_size
+        return {"E": d.hidden_size, "F": d.intermediate_size, "H": d.n_head, "KV": d.n_head_kv, "D": d.head_dim,
+                "T": len(d.target_layers) if d.target_layers is not None else None, "V": V,
+                "VD": d.draft_vocab_size if d.draft_vocab_size is not None else V}
 
     def layer_dims(self, i: int) -> dict[str, int | None]:
         dims = dict(self.dims)
@@ -179,7 +164,7 @@ def tensor_role(name: str, n_layer: int) -> str | None:
     if bid is None:
         return (REQUIRED_TENSOR if name in REQUIRED_GLOBAL else OPTIONAL_TENSOR if name in OPTIONAL_GLOBAL
                 else HEAD_TENSOR if name in HEAD_GLOBAL else None)
-    if bid >= n_layer or name != f"blk.{bid}.{generic_name(name)}":
+    if bid >= n_layer or name != layer_name(bid, generic_name(name)):
         return None
     gen = generic_name(name)
     if gen in LOADER_OPTIONAL_PER_LAYER or gen in OPTIONAL_PER_LAYER:
@@ -190,7 +175,7 @@ def tensor_role(name: str, n_layer: int) -> str | None:
 def required_tensor_names(n_layer: int) -> list[str]:
     """Every tensor the loader requires, in file order (layers capped at llama.cpp's maximum)."""
     per = range(min(n_layer, MAX_LAYERS))
-    return [*REQUIRED_GLOBAL, *(f"blk.{i}.{s}" for i in per for s in REQUIRED_PER_LAYER if s not in LOADER_OPTIONAL_PER_LAYER)]
+    return [*REQUIRED_GLOBAL, *(layer_name(i, s) for i in per for s in REQUIRED_PER_LAYER if s not in LOADER_OPTIONAL_PER_LAYER)]
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -198,10 +183,10 @@ def required_tensor_names(n_layer: int) -> list[str]:
 def check_architecture(g: GGUFFile) -> Check:
     v = g.metadata.get(key("architecture"))
     if v is None or v.vtype != ValueType.STRING:
-        return Check("architecture", FAIL, "general.architecture is missing or not a string")
-    if v.text() != "dflash":
-        return Check("architecture", FAIL, f"general.architecture is {v.text()!r}, llama.cpp's DFlash drafters are 'dflash'")
-    return passed("architecture", "general.architecture = dflash")
+        return Check("architecture", FAIL, f"{key('architecture')} is missing or not a string")
+    if v.text() != ARCH:
+        return Check("architecture", FAIL, f"{key('architecture')} is {v.text()!r}, llama.cpp's DFlash drafters are {ARCH!r}")
+    return passed("architecture", f"{key('architecture')} = {ARCH}")
 
 
 def check_required_keys(g: GGUFFile) -> Check:
@@ -230,7 +215,7 @@ def check_key_types(g: GGUFFile) -> Check:
                       f"{len(problems)} key(s) with the wrong type", "unknown dflash.* keys")
 
 
-def check_hparams(f: Facts) -> Check:
+def check_hparams(f: DrafterView) -> Check:
     md = f.g.metadata
     problems, warnings = [], []
     n, dims = f.n_layer, f.dims
@@ -280,17 +265,17 @@ def check_hparams(f: Facts) -> Check:
     return check_from("hparams", problems, warnings, summary, "hyper-parameters llama.cpp rejects or mis-reads", summary)
 
 
-def check_target_layers(f: Facts) -> Check:
+def check_target_layers(f: DrafterView) -> Check:
     v = f.g.metadata.get(key("target_layers"))
     if v is None:
-        return Check("target_layers", FAIL, "dflash.target_layers is missing: \"DFlash model requires 'target_layers' in "
+        return Check("target_layers", FAIL, f"{key('target_layers')} is missing: \"DFlash model requires 'target_layers' in "
                      "GGUF metadata\"; convert the checkpoint again (its dflash_config.target_layer_ids + 1)")
     ids = f.target_layers
     if ids is None or v.sub not in (ValueType.INT32, ValueType.UINT32):
-        return Check("target_layers", FAIL, f"dflash.target_layers is {type_name(v.vtype, v.sub)}, llama.cpp reads an "
+        return Check("target_layers", FAIL, f"{key('target_layers')} is {type_name(v.vtype, v.sub)}, llama.cpp reads an "
                      "INT32 or UINT32 array")
     if not ids:
-        return Check("target_layers", FAIL, "dflash.target_layers is empty")
+        return Check("target_layers", FAIL, f"{key('target_layers')} is empty")
     problems, warnings = [], []
     if any(i < 0 for i in ids):
         problems.append(f"negative layer ids {[i for i in ids if i < 0]} (llama.cpp reads them as huge unsigned ids and aborts)")
@@ -312,7 +297,7 @@ def check_target_layers(f: Facts) -> Check:
                       "target_layers are unusable", f"{ids}: suspicious")
 
 
-def check_swa(f: Facts) -> Check:
+def check_swa(f: DrafterView) -> Check:
     md = f.g.metadata
     window = _int(md.get(key("sliding_window")))
     pattern_v = md.get(key("sliding_window_pattern"))
@@ -338,38 +323,38 @@ def check_swa(f: Facts) -> Check:
                       "the sliding-window pattern does not match the layers", "sliding window unused")
 
 
-def check_block_size(f: Facts) -> Check:
+def check_block_size(f: DrafterView) -> Check:
     v = f.g.metadata.get(key("block_size"))
     if v is None:
-        return Check("block_size", WARN, f"dflash.block_size is missing: the runtime assumes {DEFAULT_BLOCK_SIZE}, which may "
+        return Check("block_size", WARN, f"{key('block_size')} is missing: the runtime assumes {DEFAULT_BLOCK_SIZE}, which may "
                      "not be the block the drafter was trained with")
     bs = _int(v)
     if bs is None:
-        return Check("block_size", FAIL, f"dflash.block_size is {type_name(v.vtype, v.sub)}")
+        return Check("block_size", FAIL, f"{key('block_size')} is {type_name(v.vtype, v.sub)}")
     if bs < 2:
-        return Check("block_size", FAIL, f"dflash.block_size is {bs}: the driver clamps --spec-draft-n-max to {max(bs - 1, 0)}, "
+        return Check("block_size", FAIL, f"{key('block_size')} is {bs}: the driver clamps --spec-draft-n-max to {max(bs - 1, 0)}, "
                      "nothing is drafted")
     return passed("block_size", f"{bs} (pair with --spec-draft-n-max {bs - 1})")
 
 
-def check_tokenizer(f: Facts) -> Check:
+def check_tokenizer(f: DrafterView) -> Check:
     md = f.g.metadata
     problems, warnings = [], []
     model = md.get(key("tok_model"))
     if model is None or model.vtype != ValueType.STRING:
-        problems.append("tokenizer.ggml.model is missing or not a string")
+        problems.append(f"{key('tok_model')} is missing or not a string")
     tokens_v = md.get(key("tok_tokens"))
     if f.tokens is None:
-        problems.append("tokenizer.ggml.tokens is missing or not a string array")
+        problems.append(f"{key('tok_tokens')} is missing or not a string array")
     elif not f.tokens:
-        problems.append("tokenizer.ggml.tokens is empty")
+        problems.append(f"{key('tok_tokens')} is empty")
     V = f.dims.get("V")
     for short in ("tok_token_type", "tok_scores"):
         arr = md.get(key(short))
         if arr is not None and V is not None and arr.vtype == ValueType.ARRAY and len(arr.value) != V:
             problems.append(f"{key(short)} has {len(arr.value)} entries for {V} tokens")
     if model is not None and model.vtype == ValueType.STRING and model.text() == "gpt2" and key("tok_merges") not in md:
-        problems.append("a BPE (gpt2) vocabulary without tokenizer.ggml.merges")
+        problems.append(f"a BPE (gpt2) vocabulary without {key('tok_merges')}")
     for kind, name in SPECIAL_TOKEN_ID_KEYS.items():
         tid = _int(md.get(name))
         if kind != "mask" and tid is not None and V is not None and tid >= V:
@@ -383,14 +368,14 @@ def check_tokenizer(f: Facts) -> Check:
                       "special token ids out of range")
 
 
-def check_mask_token(f: Facts) -> Check:
+def check_mask_token(f: DrafterView) -> Check:
     v = f.g.metadata.get(key("mask_token_id"))
     if v is None:
-        return Check("mask_token", FAIL, "tokenizer.ggml.mask_token_id is missing: the draft block is filled with the mask "
+        return Check("mask_token", FAIL, f"{key('mask_token_id')} is missing: the draft block is filled with the mask "
                      "token, so drafting fails (convert again; the id is dflash_config.mask_token_id)")
     mid = _int(v)
     if mid is None:
-        return Check("mask_token", FAIL, f"tokenizer.ggml.mask_token_id is {type_name(v.vtype, v.sub)}")
+        return Check("mask_token", FAIL, f"{key('mask_token_id')} is {type_name(v.vtype, v.sub)}")
     V = f.dims.get("V")
     if V is not None and mid >= V:
         return Check("mask_token", FAIL, f"mask token id {mid} is not below the vocabulary size {V}: llama.cpp discards it")
@@ -399,7 +384,7 @@ def check_mask_token(f: Facts) -> Check:
 
 # --- tensors ----------------------------------------------------------------------------------
 
-def check_inventory(f: Facts) -> Check:
+def check_inventory(f: DrafterView) -> Check:
     names = [t.name for t in f.g.tensors]
     if f.n_layer is None:
         return Check("tensors.inventory", SKIP, "block_count unknown: cannot list the tensors llama.cpp claims")
@@ -408,8 +393,8 @@ def check_inventory(f: Facts) -> Check:
     problems += [f"{n} is missing (required)" for n in required_tensor_names(f.n_layer) if n not in present]
     for i in range(min(f.n_layer, MAX_LAYERS)):
         for s in LOADER_OPTIONAL_PER_LAYER:
-            if f"blk.{i}.{s}" not in present:
-                warnings.append(f"blk.{i}.{s} is missing: loads as the shared-KV variant (V = normed K), wrong for a "
+            if layer_name(i, s) not in present:
+                warnings.append(f"{layer_name(i, s)} is missing: loads as the shared-KV variant (V = normed K), wrong for a "
                                 "Qwen-style drafter")
     roles = {n: tensor_role(n, f.n_layer) for n in names}
     stray = [n for n in names if roles[n] is None]
@@ -430,7 +415,7 @@ def check_inventory(f: Facts) -> Check:
                       "tensor set does not match what llama.cpp loads", "tensor set loads, with remarks")
 
 
-def check_shapes(f: Facts) -> Check:
+def check_shapes(f: DrafterView) -> Check:
     problems = []
     checked = 0
     for t in f.g.tensors:
@@ -447,14 +432,13 @@ def check_shapes(f: Facts) -> Check:
                       f"{len(problems)} tensor(s) with the wrong shape", "")
 
 
-def check_types(f: Facts) -> Check:
+def check_types(f: DrafterView) -> Check:
     problems = []
     for t in f.g.tensors:
         if tensor_role(t.name, f.n_layer or 0) == HEAD_TENSOR:
             continue
-        want = FIXED_TYPES.get(generic_name(t.name))
-        if want is None and (t.name.endswith(NORM_SUFFIX) or len(t.ne) == 1):
-            want = VECTOR_TYPE
+        cls = storage_class(t.name, t.ne)
+        want = FIXED_TYPES[generic_name(t.name)] if cls == FIXED else VECTOR_TYPE if cls == VECTOR else None
         if want is not None and t.ggml_type.name != want:
             problems.append(f"{t.name} is {t.ggml_type.name}, must be {want}")
     types = sorted({t.ggml_type.name for t in f.g.tensors})
@@ -462,7 +446,7 @@ def check_types(f: Facts) -> Check:
                       f"{len(problems)} tensor(s) stored in the wrong type", "")
 
 
-def check_tied_head(f: Facts) -> Check:
+def check_tied_head(f: DrafterView) -> Check:
     has_embd, has_out = f.g.tensor(EMBEDDING_TENSOR) is not None, f.g.tensor(OUTPUT_TENSOR) is not None
     if has_embd and not has_out:
         return Check("tied_head", FAIL, f"{EMBEDDING_TENSOR} without {OUTPUT_TENSOR}: llama.cpp then uses the embedding as "
@@ -475,10 +459,10 @@ def check_tied_head(f: Facts) -> Check:
     return passed("tied_head", "embedding and output head shared from the target at run time")
 
 
-def check_d2t(f: Facts) -> Check:
+def check_d2t(f: DrafterView) -> Check:
     t = f.g.tensor(D2T_TENSOR)
     if t is None:
-        return passed("d2t", "no d2t: the drafter predicts over the full target vocabulary")
+        return passed(D2T_TENSOR, "no d2t: the drafter predicts over the full target vocabulary")
     problems, warnings = [], []
     V, VD = f.dims.get("V"), t.ne[0]
     if len(t.ne) != 1:
@@ -498,12 +482,12 @@ def check_d2t(f: Facts) -> Check:
             problems.append(f"{bad} d2t entries are outside [0, {V}) (d2t holds absolute target ids)")
         elif len(np.unique(ids)) != len(ids):
             problems.append("d2t maps two draft ids to the same target id")
-    return check_from("d2t", problems, warnings, f"{VD} draft ids -> target ids, unique and in range",
+    return check_from(D2T_TENSOR, problems, warnings, f"{VD} draft ids -> target ids, unique and in range",
                       "d2t is unusable", "d2t present but redundant")
 
 
-def semantic_checks(g: GGUFFile) -> tuple[Facts, list[Check]]:
-    f = Facts.of(g)
+def semantic_checks(g: GGUFFile) -> tuple[DrafterView, list[Check]]:
+    f = DrafterView.of(g)
     checks = [
         check_architecture(g), check_required_keys(g), check_key_types(g), check_hparams(f), check_target_layers(f),
         check_swa(f), check_block_size(f), check_tokenizer(f), check_mask_token(f), check_inventory(f),
@@ -514,6 +498,6 @@ def semantic_checks(g: GGUFFile) -> tuple[Facts, list[Check]]:
 
 def skipped_semantics(reason: str) -> list[Check]:
     ids = ("architecture", "keys.required", "keys.types", "hparams", "target_layers", "swa", "block_size", "tokenizer",
-           "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", "d2t")
+           "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", D2T_TENSOR)
     return [Check(i, SKIP, reason) for i in ids]
 

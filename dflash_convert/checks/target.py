@@ -15,26 +15,42 @@ from typing import Any
 import numpy as np
 
 from ..errors import DFlashError
-from ..format.keys import SPECIAL_TOKEN_ID_KEYS, ValueType, key
+from ..format.keys import SPECIAL_TOKEN_ID_KEYS, TOKENIZER_PREFIX, ValueType, key
 from ..format.rules import D2T_TENSOR, DRAFTER_ARCHS, LAST_LAYER_OUTPUT_ARCHS, LAYER_INPUT_TARGET_ARCHS, TOKENIZER_IDENTITY_KEYS
 from ..metadata import Metadata
 from ..sources.gguf import GGUFFile, NumArray, read_gguf
+from ..target import Target, read_target_dir, target_from_gguf
 from .report import FAIL, SKIP, WARN, Check, check_from, passed
-from .semantics import Facts
-
-TOKENIZER_PREFIX = "tokenizer."
+from .semantics import DrafterView
 
 
 @dataclass
 class TargetFacts:
-    path: Path
-    kind: str  # "gguf" or "dir"
-    arch: str | None  # llama.cpp architecture (GGUF) or Hugging Face class (directory)
-    hidden: int | None = None
-    n_layer: int | None = None  # layers that publish inputs (block_count minus MTP/nextn layers)
-    vocab_size: int | None = None
+    """The one Target description, plus the tokenizer keys the pairing is judged on."""
+
+    target: Target
     tokenizer: dict[str, tuple[ValueType, Any, ValueType | None]] = field(default_factory=dict)
     tokenizer_error: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.target.kind
+
+    @property
+    def arch(self) -> str | None:
+        return self.target.architecture
+
+    @property
+    def hidden(self) -> int | None:
+        return self.target.hidden_size
+
+    @property
+    def n_layer(self) -> int | None:
+        return self.target.n_layers
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.target.vocab_size
 
 
 def _plain(vtype: ValueType, value: Any) -> Any:
@@ -49,28 +65,18 @@ def _plain(vtype: ValueType, value: Any) -> Any:
 
 
 def _from_gguf(path: Path, g: GGUFFile) -> TargetFacts:
-    arch = g.architecture
-    t = TargetFacts(path, "gguf", arch)
-    if arch:
-        t.hidden = g.get(key("embedding_length", arch))
-        blocks = g.get(key("block_count", arch))
-        nextn = g.get(key("nextn_predict_layers", arch), 0)
-        if isinstance(blocks, int) and isinstance(nextn, int):
-            t.n_layer = blocks - nextn
+    t = TargetFacts(target_from_gguf(g))
     t.tokenizer = {k: (v.vtype, _plain(v.vtype, v.value), v.sub) for k, v in g.metadata.items() if k.startswith(TOKENIZER_PREFIX)}
-    tokens = t.tokenizer.get(key("tok_tokens"))
-    t.vocab_size = len(tokens[1]) if tokens is not None and tokens[0] == ValueType.ARRAY else None
     if t.vocab_size is None:
-        t.tokenizer_error = "the target GGUF has no tokenizer.ggml.tokens"
+        t.tokenizer_error = f"the target GGUF has no {key('tok_tokens')}"
     return t
 
 
 def _from_dir(path: Path, draft_vocab: int | None) -> TargetFacts:
-    from ..target import read_target_dir
     from ..tokenizer import borrow_from_dir
 
     info = read_target_dir(path)
-    t = TargetFacts(path, "dir", info.architecture, info.hidden_size, info.num_hidden_layers, info.vocab_size)
+    t = TargetFacts(info)
     md = Metadata()
     try:
         borrow_from_dir(md, path, info.architecture, info.vocab_size or draft_vocab)
@@ -91,7 +97,7 @@ def read_target(path: Path, draft_vocab: int | None) -> TargetFacts:
     return _from_gguf(path, read_gguf(path))
 
 
-def target_checks(f: Facts, target_path: Path) -> list[Check]:
+def target_checks(f: DrafterView, target_path: Path) -> list[Check]:
     V = f.dims.get("V")
     try:
         t = read_target(target_path, V)
@@ -105,7 +111,7 @@ def target_checks(f: Facts, target_path: Path) -> list[Check]:
     return [passed("target.read", desc), _hidden(f, t), _layers(f, t), _tokenizer(f, t), _vocab(f, t)]
 
 
-def _hidden(f: Facts, t: TargetFacts) -> Check:
+def _hidden(f: DrafterView, t: TargetFacts) -> Check:
     E = f.dims.get("E")
     if E is None or t.hidden is None:
         return Check("target.hidden_size", SKIP, f"hidden size unknown (drafter {E}, target {t.hidden})")
@@ -115,7 +121,7 @@ def _hidden(f: Facts, t: TargetFacts) -> Check:
     return passed("target.hidden_size", f"{E} on both sides")
 
 
-def _layers(f: Facts, t: TargetFacts) -> Check:
+def _layers(f: DrafterView, t: TargetFacts) -> Check:
     ids = f.target_layers
     if not ids or t.n_layer is None:
         return Check("target.layers", SKIP, "target layer ids or the target's layer count unknown")
@@ -138,7 +144,7 @@ def _layers(f: Facts, t: TargetFacts) -> Check:
                       "target_layers outside what the target publishes", "target_layers at the edge of the target")
 
 
-def _tokenizer(f: Facts, t: TargetFacts) -> Check:
+def _tokenizer(f: DrafterView, t: TargetFacts) -> Check:
     if t.tokenizer_error:
         return Check("target.tokenizer", WARN, t.tokenizer_error)
     md = f.g.metadata
@@ -179,7 +185,7 @@ def _show(v: tuple[ValueType, Any, ValueType | None] | None) -> str:
     return repr(value)
 
 
-def _vocab(f: Facts, t: TargetFacts) -> Check:
+def _vocab(f: DrafterView, t: TargetFacts) -> Check:
     V, Vt = f.dims.get("V"), t.vocab_size
     if V is None or Vt is None:
         return Check("target.vocab", SKIP, f"vocabulary sizes unknown (drafter {V}, target {Vt})")

@@ -1,22 +1,18 @@
-"""Element conversions between checkpoint dtypes and ggml output types, chunk by chunk.
+"""Element conversions between float types (F64, F32, F16, BF16), chunk by chunk.
 
 Results are bit-exact with llama.cpp's converter (which widens everything that is not F16/F32 to
-F32, then narrows with round-to-nearest-even) and with ggml's reference Q8_0 quantizer. Each
-function takes a 1-D chunk, so callers stream a tensor in pieces of any size that is a multiple
-of the block size. Pure numpy: its element-wise kernels release the GIL, so chunks run on all
-cores from a thread pool (plan.py), and importing it costs a tenth of torch's memory.
+F32, then narrows with round-to-nearest-even). Each function takes a 1-D chunk of raw words
+(BF16 as uint16 words), so callers stream a tensor in pieces of any size. Pure numpy: its
+element-wise kernels release the GIL, so chunks run on all cores from a thread pool
+(pipeline.py), and importing it costs a tenth of torch's memory.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .format.ggml import GGMLType
-
-_SIGN = np.uint32(0x80000000)
-# Bits of the float32 just below 0.5. Adding it (with the value's sign) and truncating is C
-# roundf(): adding 0.5 itself would round 0.49999997 up to 1.
-_BELOW_HALF_BITS = np.float32(np.nextafter(np.float32(0.5), np.float32(0))).view(np.uint32)
+# element types whose raw words these functions read (the names of safetensors and ggml alike)
+FLOAT_WORDS: tuple[str, ...] = ("F64", "F32", "F16", "BF16")
 
 
 def widen_to_f32(raw: np.ndarray, src_dtype: str) -> np.ndarray:
@@ -70,46 +66,3 @@ def bf16_to_f16(words: np.ndarray) -> np.ndarray:
     if slow.size:
         out[slow] = to_f16((words[slow].astype(np.uint32) << 16).view(np.float32)).view(np.uint16)
     return out
-
-
-def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """float32 (n*32,) -> Q8_0 blocks as bytes (n*34,): per 32 values an f16 scale and 32 int8.
-
-    Same arithmetic as ggml's quantize_row_q8_0_ref: d = amax/127, q = roundf(x * (1/d)).
-    """
-    b = x.reshape(-1, 32)
-    a = np.abs(b)
-    # max of non-negative floats == max of their bit patterns as int32, and numpy's integer
-    # row reduction is faster; a NaN (largest pattern) still wins, as with a float max
-    amax = a.view(np.int32).max(axis=1).view(np.float32)
-    d = amax / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.float32(1) / d
-    inv[d == 0] = 0
-    np.multiply(b, inv[:, None], out=a)
-    a += ((a.view(np.uint32) & _SIGN) | _BELOW_HALF_BITS).view(np.float32)
-    out = np.empty((b.shape[0], 34), dtype=np.uint8)
-    with np.errstate(over="ignore", invalid="ignore"):
-        out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-        out[:, 2:] = a.astype(np.int8).view(np.uint8)  # float -> int truncates toward zero
-    return out.reshape(-1)
-
-
-def encode(raw: np.ndarray, src_dtype: str, out_type: GGMLType) -> np.ndarray:
-    """Raw source words of one chunk -> the output type's bytes (as a numpy array)."""
-    if out_type == GGMLType.BF16 and src_dtype == "BF16":
-        return quiet_bf16_nans(raw)
-    if out_type == GGMLType.F16 and src_dtype == "F16":
-        return raw
-    if out_type == GGMLType.F16 and src_dtype == "BF16":
-        return bf16_to_f16(raw)
-    x = widen_to_f32(raw, src_dtype)
-    if out_type == GGMLType.F32:
-        return x
-    if out_type == GGMLType.F16:
-        return to_f16(x)
-    if out_type == GGMLType.BF16:
-        return f32_to_bf16(x)
-    if out_type == GGMLType.Q8_0:
-        return quantize_q8_0(x)
-    raise ValueError(f"output type {out_type.name} is not produced by the converter")

@@ -29,6 +29,8 @@ class ValueType(IntEnum):
 
 
 ARCH = "dflash"
+TOKENIZER_PREFIX = "tokenizer."  # every key of the vocabulary a drafter borrows from its target
+GENERAL_PREFIX = "general."  # free for the writer: provenance, names; never compared for parity
 
 U32, I32, F32, BOOL, STR = ValueType.UINT32, ValueType.INT32, ValueType.FLOAT32, ValueType.BOOL, ValueType.STRING
 

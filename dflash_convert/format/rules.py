@@ -10,7 +10,7 @@ common/speculative.cpp (see ../shared/spec/dflash-gguf-format.md sections 1, 2 a
 from __future__ import annotations
 
 from .keys import ValueType
-from .tensors import GLOBAL_TENSORS
+from .tensors import GLOBAL_TENSORS, generic_name
 
 REQUIRED = "required"  # llama.cpp refuses to load the file without it
 EFFECTIVE = "effectively required"  # the file loads, but shapes or decoding are wrong without it
@@ -83,11 +83,52 @@ EMBEDDING_TENSOR = GLOBAL_TENSORS["embed_tokens.weight"]
 OUTPUT_TENSOR = GLOBAL_TENSORS["lm_head.weight"]
 D2T_TENSOR = GLOBAL_TENSORS["d2t"]
 
-# Tensor storage types: norms and other 1-D vectors are F32 (converter and llama-quantize keep
-# them so; nothing else is tested on the dflash graph); the graph asserts d2t is I64.
+# --- per-tensor storage types: the one table convert, validate and quantize read ---------------
+#
+# Every tensor is one of three classes. "fixed": its type is set by the graph (d2t must be I64).
+# "vector": 1-D tensors, *_norm.weight and names that do not end in .weight stay F32 (llama.cpp's
+# converter and llama-quantize both keep them so; the dflash graph is only tested that way).
+# "matrix": takes the file's matrix type, unless its rows (ne[0]) are not a whole number of that
+# type's blocks; then the fallback table says what it gets instead.
 NORM_SUFFIX = "_norm.weight"
+WEIGHT_SUFFIX = ".weight"
+FIXED, VECTOR, MATRIX = "fixed", "vector", "matrix"
 FIXED_TYPES: dict[str, str] = {D2T_TENSOR: "I64"}
 VECTOR_TYPE = "F32"
+# the converter's fallback (convert_hf_to_gguf.py: Q8_0 needs ne[0] % 32 == 0, else F16)
+CONVERT_FALLBACK: dict[str, str] = {"Q8_0": "F16"}
+
+
+def storage_class(name: str, shape: tuple[int, ...]) -> str:
+    """FIXED, VECTOR or MATRIX for a GGUF tensor name and its shape (any order: only its rank counts)."""
+    if generic_name(name) in FIXED_TYPES:
+        return FIXED
+    if len(shape) <= 1 or name.endswith(NORM_SUFFIX) or not name.endswith(WEIGHT_SUFFIX):
+        return VECTOR
+    return MATRIX
+
+
+def storage_type(name: str, shape: tuple[int, ...], matrix_type: str, fallback: dict[str, str],
+                 block_of: dict[str, int]) -> tuple[str, str]:
+    """(ggml type name, note) for one tensor: ``shape`` in PyTorch order, so shape[-1] is ne[0].
+
+    ``block_of`` gives each type's block size (format.ggml); ``fallback`` is followed while the row
+    length is not a whole number of blocks; the note says why a fallback was taken.
+    """
+    cls = storage_class(name, shape)
+    if cls == FIXED:
+        return FIXED_TYPES[generic_name(name)], ""
+    if cls == VECTOR:
+        return VECTOR_TYPE, ""
+    chosen, row = matrix_type, shape[-1]
+    while row % block_of[chosen]:
+        nxt = fallback.get(chosen)
+        if nxt is None:
+            raise ValueError(f"{name}: ne0={row} fits no block of {chosen} and there is no fallback")
+        chosen = nxt
+    note = "" if chosen == matrix_type else f"ne0={row} not a multiple of {block_of[matrix_type]}, {chosen} instead of {matrix_type}"
+    return chosen, note
+
 
 # Target side (src/models/*.cpp): only these target architectures publish the layer inputs a
 # DFlash drafter taps; of them only these also publish the last layer's output (index n_layer).

@@ -126,6 +126,15 @@ def gguf_to_hf(gguf_name: str) -> str | None:
     return None
 
 
+LAYER_PREFIX = "blk."  # per-layer GGUF names are LAYER_PREFIX + "<bid>." + suffix
+LAYER_TEMPLATE = LAYER_PREFIX + "{bid}."  # the same, as a pattern other tables (dialects) use
+
+
+def layer_name(bid: int | str, suffix: str) -> str:
+    """The GGUF name of per-layer tensor ``suffix`` in layer ``bid``."""
+    return f"{LAYER_PREFIX}{bid}.{suffix}"
+
+
 def layer_of(gguf_name: str) -> int | None:
     """Layer index of a per-layer GGUF name, None for global tensors."""
     m = _GGUF_LAYER.match(gguf_name)

@@ -38,11 +38,12 @@ from ..format.ggml import (
     REMOVED_TYPES,
     GGMLType,
 )
-from ..format.keys import ValueType
+from ..format.keys import ValueType, key
+from ..tensor_source import FdCache
 
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
-ALIGNMENT_KEY = "general.alignment"
+ALIGNMENT_KEY = key("alignment")
 _SCALARS = {
     ValueType.UINT8: ("<B", 1), ValueType.INT8: ("<b", 1), ValueType.UINT16: ("<H", 2), ValueType.INT16: ("<h", 2),
     ValueType.UINT32: ("<I", 4), ValueType.INT32: ("<i", 4), ValueType.FLOAT32: ("<f", 4), ValueType.BOOL: ("<B", 1),
@@ -116,13 +117,24 @@ class GGUFValue:
         return self.value.decode("utf-8", "replace")
 
 
+# ggml element types read as raw words (the same word types the safetensors reader uses); every
+# other type is read as block bytes
+_WORDS: dict[GGMLType, str] = {
+    GGMLType.F32: "<f4", GGMLType.F16: "<f2", GGMLType.BF16: "<u2", GGMLType.F64: "<f8",
+    GGMLType.I8: "i1", GGMLType.I16: "<i2", GGMLType.I32: "<i4", GGMLType.I64: "<i8",
+}
+
+
 @dataclass
 class GGUFTensor:
+    """A tensor of a parsed GGUF file; also a TensorSource (rows are read on demand, never mapped)."""
+
     name: str
     ne: tuple[int, ...]
     ggml_type: GGMLType
     offset: int  # absolute file offset
     nbytes: int
+    path: Path | None = field(default=None, repr=False)
 
     @property
     def n_elements(self) -> int:
@@ -130,6 +142,46 @@ class GGUFTensor:
         for d in self.ne:
             n *= d
         return n
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """PyTorch order: ne reversed."""
+        return tuple(reversed(self.ne))
+
+    @property
+    def dtype(self) -> str:
+        return self.ggml_type.name
+
+    @property
+    def row_nbytes(self) -> int:
+        block, size = BLOCK_GEOMETRY[self.ggml_type]
+        return self.ne[0] // block * size
+
+    def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
+        """Rows [a, b) as raw words (float and integer types) or block bytes (quantized types)."""
+        assert self.path is not None
+        n_rows = self.n_elements // self.ne[0]
+        if not 0 <= a <= b <= n_rows:
+            raise ValueError(f"read of {self.name}: rows [{a}, {b}) out of range")
+        want = (b - a) * self.row_nbytes
+        out = np.empty(want, dtype=np.uint8)
+        own = fds is None
+        fd = os.open(self.path, os.O_RDONLY) if own else fds.get(self.path)  # type: ignore[union-attr]
+        try:
+            got = 0
+            view = memoryview(out)
+            while got < want:
+                r = os.preadv(fd, [view[got:]], self.offset + a * self.row_nbytes + got)
+                if r <= 0:
+                    break
+                got += r
+        finally:
+            if own:
+                os.close(fd)
+        if got != want:
+            raise InputFileError(f"tensor {self.name!r} is truncated (the file shrank after it was read)", self.path)
+        words = _WORDS.get(self.ggml_type)
+        return out.view(words) if words else out
 
 
 @dataclass
@@ -141,7 +193,6 @@ class GGUFFile:
     alignment: int
     data_offset: int
     file_size: int
-    _map: mmap.mmap | None = field(default=None, repr=False)
 
     def get(self, key: str, default: Any = None) -> Any:
         """A value as plain Python: str for strings, list for arrays (strings decoded)."""
@@ -158,32 +209,18 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str | None:
-        arch = self.metadata.get("general.architecture")
+        arch = self.metadata.get(key("architecture"))
         return arch.text() if arch is not None and arch.vtype == ValueType.STRING else None
 
     def tensor(self, name: str) -> GGUFTensor | None:
         return next((t for t in self.tensors if t.name == name), None)
 
     def tensor_bytes(self, t: GGUFTensor) -> np.ndarray:
-        """The tensor's raw bytes (a read-only view of a memory map)."""
-        if self._map is None:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self.file_size else None
-            finally:
-                os.close(fd)
-        assert self._map is not None
-        if t.offset + t.nbytes > len(self._map):
-            raise InputFileError(f"tensor {t.name!r} is truncated (the file shrank after it was read)", self.path)
-        return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+        """The tensor's raw bytes, read into memory (for small tensors; stream big ones with t.rows)."""
+        return t.rows(0, t.n_elements // t.ne[0]).view(np.uint8)
 
     def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # views still alive; the map closes when they go
-                pass
-            self._map = None
+        """Nothing stays open: tensor data is read by position on demand."""
 
 
 class _Cursor:
@@ -416,4 +453,4 @@ def _tensor(path: Path, alignment: int, data_offset: int, size: int,
     start = data_offset + offset
     if start + nbytes > size:
         raise InputFileError(f"tensor {name!r} data [{start}, {start + nbytes}) runs past the end of the file ({size} bytes)", path)
-    return GGUFTensor(name, ne, gtype, start, nbytes)
+    return GGUFTensor(name, ne, gtype, start, nbytes, path)

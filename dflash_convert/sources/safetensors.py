@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
+from ..tensor_source import FdCache
 
 # Header cap: the reference implementation refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -61,6 +62,11 @@ class TensorRef:
         for d in self.shape:
             n *= d
         return n
+
+    def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
+        """Rows [a, b) (the last dimension is a row) as raw words: the TensorSource interface."""
+        r = self.shape[-1] if self.shape else 1
+        return self.read(a * r, (b - a) * r, fds.get(self.path) if fds is not None else None)
 
     def read(self, start: int = 0, count: int | None = None, fd: int | None = None) -> np.ndarray:
         """Read ``count`` elements from element ``start`` as raw little-endian words (1-D).

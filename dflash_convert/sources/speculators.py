@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from ..drafter import Drafter
-from ..target import TargetInfo
+from ..target import Target
 from .checkpoint import Checkpoint
 from .zlab import ConfigView, build_drafter
 
@@ -25,7 +25,7 @@ def is_speculators(cfg: dict[str, Any]) -> bool:
     return "speculators_model_type" in cfg
 
 
-def read_speculators(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
+def read_speculators(ckpt: Checkpoint, target: Target | None) -> Drafter:
     top = ConfigView(ckpt.config, ckpt.config_path)
     kind = top.cfg.get("speculators_model_type")
     if kind != "dflash":

@@ -17,13 +17,18 @@ import numpy as np
 
 from ..drafter import Drafter, DrafterTensor
 from ..errors import InputFileError
-from ..target import TargetInfo
+from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, OUTPUT_TENSOR
+from ..format.tensors import CHECKED_NOT_WRITTEN, gguf_to_hf
+from ..target import Target
+from ..tensor_source import ArraySource, RowOverride, TensorSource, source_path, unwrap
 from .checkpoint import Checkpoint
 from .safetensors import TensorRef
 
 log = logging.getLogger("dflash_convert")
 
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
+T2D_HF = CHECKED_NOT_WRITTEN[0]  # the inverse table of d2t: checked, never written
+_EMBED, _HEAD = gguf_to_hf(EMBEDDING_TENSOR), gguf_to_hf(OUTPUT_TENSOR)
 COMPARE_CHUNK = 1 << 22
 
 
@@ -57,17 +62,19 @@ def check_d2t(d2t: np.ndarray, t2d: np.ndarray | None, n_draft: int, n_target: i
     return ids
 
 
-def _equal(a: TensorRef, b: TensorRef) -> bool:
+def _equal(a: TensorSource, b: TensorSource) -> bool:
     """Same values (streamed, so a 2 GB embedding costs no more than a chunk of memory)."""
+    from ..codecs.floats import FLOAT_WORDS, widen_to_f32
+
     if a.shape != b.shape:
         return False
-    n = a.n_elements
-    for start in range(0, n, COMPARE_CHUNK):
-        count = min(COMPARE_CHUNK, n - start)
-        x, y = a.read(start, count), b.read(start, count)
+    if a.dtype != b.dtype and not (a.dtype in FLOAT_WORDS and b.dtype in FLOAT_WORDS):
+        return False  # a quantized target head is never equal to a float drafter tensor
+    rows = a.shape[0] if len(a.shape) > 1 else 1
+    step = max(1, COMPARE_CHUNK // max(1, a.shape[-1]))
+    for r in range(0, rows, step):
+        x, y = a.rows(r, min(rows, r + step)), b.rows(r, min(rows, r + step))
         if a.dtype != b.dtype:
-            from ..quant import widen_to_f32
-
             x, y = widen_to_f32(x, a.dtype), widen_to_f32(y, b.dtype)
         if not np.array_equal(x, y):
             return False
@@ -107,18 +114,19 @@ def _as_words(values: np.ndarray, dtype: str) -> np.ndarray:
     return t.to({"F16": torch.float16, "F32": torch.float32, "F64": torch.float64}[dtype]).numpy()
 
 
-def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: TargetInfo | None, *, keep_embeddings: bool = False) -> None:
+def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: Target | None, *, keep_embeddings: bool = False) -> None:
     """Finalize d.tensors' vocabulary part: d2t, mask row, which of token_embd/output to write."""
     by = {t.gguf_name: t for t in d.tensors}
-    t2d_ref = _find(ckpt.tensors, "t2d")
+    t2d_ref = _find(ckpt.tensors, T2D_HF)
 
     # own vocabulary
-    if d.draft_vocab_size is not None or "d2t" in by or t2d_ref is not None:
+    if d.draft_vocab_size is not None or D2T_TENSOR in by or t2d_ref is not None:
         n_draft = d.draft_vocab_size or d.vocab_size
-        if "d2t" not in by:
+        if D2T_TENSOR not in by:
             raise InputFileError(f"draft_vocab_size {n_draft} is below vocab_size {d.vocab_size} but the checkpoint "
                                  "has no d2t tensor to map draft ids to target ids", d.source)
-        ref = by["d2t"].ref
+        ref = unwrap(by[D2T_TENSOR].source)
+        assert isinstance(ref, TensorRef)
         if ref.dtype not in ("I64", "I32"):
             raise InputFileError(f"d2t has dtype {ref.dtype}, expected I64 offsets", ref.path)
         t2d = None
@@ -132,10 +140,10 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: TargetInfo | None, 
         if d.draft_vocab_size is None:  # a d2t over the full vocabulary must be the identity
             if not np.array_equal(ids, np.arange(d.vocab_size)):
                 raise InputFileError("d2t covers the full vocabulary but is not the identity", ref.path)
-            d.tensors.remove(by.pop("d2t"))
+            d.tensors.remove(by.pop(D2T_TENSOR))
         else:
-            by["d2t"].computed = ids
-            if "output.weight" not in by:
+            by[D2T_TENSOR].source = ArraySource(ids, "I64")
+            if OUTPUT_TENSOR not in by:
                 raise InputFileError("a drafter with its own vocabulary (d2t) needs its lm_head; none found", d.source)
 
     # MiMo-style mask embedding: the target's (or draft's) embedding with the mask row replaced
@@ -143,30 +151,29 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: TargetInfo | None, 
     if mask_path.is_file():
         row = _mask_embedding(d, mask_path)
         front: list[DrafterTensor] = []
-        if "output.weight" not in by:
-            head = _target_head(target, d, "mask_embedding.pt")
-            front.append(DrafterTensor("output.weight", "lm_head.weight (target)", head))
-        emb = by.pop("token_embd.weight", None)
+        if OUTPUT_TENSOR not in by:
+            head = _target_head(target, d, MASK_EMBEDDING_FILE)
+            front.append(DrafterTensor(OUTPUT_TENSOR, f"{_HEAD} (target)", head))
+        emb = by.pop(EMBEDDING_TENSOR, None)
         if emb is not None:
             d.tensors.remove(emb)
         else:
-            emb = DrafterTensor("token_embd.weight", "embed_tokens.weight (target)",
-                                _target_tensor(target, d, "embed", "mask_embedding.pt"))
+            emb = DrafterTensor(EMBEDDING_TENSOR, f"{_EMBED} (target)", _target_tensor(target, d, "embed", MASK_EMBEDDING_FILE))
         if emb.shape != (d.vocab_size, d.hidden_size):
             raise InputFileError(f"token embedding has shape {list(emb.shape)}, expected [{d.vocab_size}, {d.hidden_size}]",
-                                 emb.ref.path)
-        emb.row_override = (d.mask_token_id, _as_words(row, emb.ref.dtype))
+                                 source_path(emb.source))
+        emb.source = RowOverride(emb.source, d.mask_token_id, _as_words(row, emb.dtype))
         front.append(emb)
         d.tensors[:0] = front  # llama.cpp's converter emits these two first
         return
 
-    emb, head = by.get("token_embd.weight"), by.get("output.weight")
+    emb, head = by.get(EMBEDDING_TENSOR), by.get(OUTPUT_TENSOR)
     weights = target.weights() if target is not None else None
     if emb is not None and not keep_embeddings and weights:
         t_emb = weights.get("embed")
-        same_emb = t_emb is not None and _equal(emb.ref, t_emb)
+        same_emb = t_emb is not None and _equal(emb.source, t_emb)
         same_head = head is None or d.draft_vocab_size is not None or (
-            weights.get("head") is not None and _equal(head.ref, weights["head"]))
+            weights.get("head") is not None and _equal(head.source, weights["head"]))
         if same_emb and same_head:
             d.tensors.remove(emb)
             log.info("embed_tokens equals the target's: not written (llama.cpp shares the target's)")
@@ -175,10 +182,10 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: TargetInfo | None, 
             return
     if emb is not None and head is None:
         t_head = _target_head(target, d, "a drafter that ships embed_tokens but no lm_head")
-        d.tensors.insert(d.tensors.index(emb) + 1, DrafterTensor("output.weight", "lm_head.weight (target)", t_head))
+        d.tensors.insert(d.tensors.index(emb) + 1, DrafterTensor(OUTPUT_TENSOR, f"{_HEAD} (target)", t_head))
 
 
-def _target_tensor(target: TargetInfo | None, d: Drafter, which: str, why: str, what: str | None = None) -> TensorRef:
+def _target_tensor(target: Target | None, d: Drafter, which: str, why: str, what: str | None = None) -> TensorSource:
     weights = target.weights() if target is not None else None
     ref = (weights or {}).get(which)
     if ref is None:
@@ -188,6 +195,6 @@ def _target_tensor(target: TargetInfo | None, d: Drafter, which: str, why: str, 
     return ref
 
 
-def _target_head(target: TargetInfo | None, d: Drafter, why: str) -> TensorRef:
+def _target_head(target: Target | None, d: Drafter, why: str) -> TensorSource:
     tied = bool(target is not None and target.text_config().get("tie_word_embeddings", False))
     return _target_tensor(target, d, "embed" if tied else "head", why, "output head")

@@ -11,8 +11,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..drafter import Drafter, DrafterTensor, RopeScaling
+import numpy as np
+
+from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
 from ..errors import ConfigError, InputFileError
+from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR
 from ..format.tensors import (
     CHECKED_NOT_WRITTEN,
     EXPECTED_HF_SHAPES,
@@ -22,10 +25,12 @@ from ..format.tensors import (
     SKIPPED_SUFFIXES,
     generic_name,
     hf_to_gguf,
+    layer_name,
     layer_of,
     strip_model_prefix,
 )
-from ..target import TargetInfo
+from ..target import Target
+from ..tensor_source import NeoxPermuted
 from .checkpoint import Checkpoint, merged_text_config
 
 log = logging.getLogger("dflash_convert")
@@ -37,6 +42,12 @@ ROPE_THETA_KEYS = ("global_rope_theta", "rope_global_theta", "rope_theta_global"
 LOCAL_ROPE_THETA_KEYS = ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta", "rope_local_base_freq")
 PARTIAL_ROTARY_KEYS = ("partial_rotary_factor", "rope_pct", "rope_percent")
 SUPPORTED_ACTIVATIONS = {"silu": None, "swish": None, "gelu": "gelu", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
+
+
+def as_f32(v: float) -> float:
+    """The value GGUF will store (F32): keeping it in the Drafter makes GGUF round trips exact."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))
 
 
 class ConfigView:
@@ -70,7 +81,7 @@ class ConfigView:
             return None
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise self.error(f"{key} must be a number, got {v!r}")
-        return float(v)
+        return as_f32(v)
 
 
 def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | None, list[int] | None, float | None]:
@@ -86,13 +97,15 @@ def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | Non
     scaling = None
     factor = full.get("factor")
     if kind == "linear" and factor is not None:
-        scaling = RopeScaling("linear", float(factor))
+        scaling = RopeScaling("linear", cv.float_("rope factor", factor))
     elif kind == "yarn" and factor is not None:
         orig = full.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
         if orig is None:
             raise cv.error("yarn rope scaling needs original_max_position_embeddings")
-        scaling = RopeScaling("yarn", float(factor), int(orig), full.get("extrapolation_factor"),
-                              full.get("attention_factor", full.get("attn_factor")), full.get("beta_fast"), full.get("beta_slow"))
+        scaling = RopeScaling("yarn", cv.float_("rope factor", factor), int(orig),
+                              cv.float_("extrapolation_factor", full.get("extrapolation_factor")),
+                              cv.float_("attention_factor", full.get("attention_factor", full.get("attn_factor"))),
+                              cv.float_("beta_fast", full.get("beta_fast")), cv.float_("beta_slow", full.get("beta_slow")))
     elif kind not in (None, "default", "linear", "yarn"):
         # llama.cpp's DFlash converter writes nothing for other rope types (llama3, dynamic, ...);
         # we write the same, and say so.
@@ -104,7 +117,9 @@ def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | Non
             raise cv.error(f"mrope_section must be a list of at most 4 integers, got {sec!r}")
         sections = (list(sec) + [0, 0, 0, 0])[:4]
     prf = params.get("partial_rotary_factor", cv.first(PARTIAL_ROTARY_KEYS))
-    prf = cv.float_("partial_rotary_factor", prf)
+    if prf is not None and (not isinstance(prf, (int, float)) or isinstance(prf, bool)):
+        raise cv.error(f"partial_rotary_factor must be a number, got {prf!r}")
+    # not rounded to float32: upstream computes int(head_dim * factor) in double precision
     if prf is not None and not 0 < prf <= 1:
         raise cv.error(f"partial_rotary_factor must be in (0, 1], got {prf}")
     return theta, theta_swa, scaling, sections, prf
@@ -141,7 +156,7 @@ def is_zlab(cfg: dict[str, Any]) -> bool:
     return isinstance(archs, list) and any(a in ZLAB_ARCHITECTURES for a in archs)
 
 
-def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
+def read_zlab(ckpt: Checkpoint, target: Target | None) -> Drafter:
     cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     if not is_zlab(cv.cfg):
         raise cv.error(f"not a DFlash drafter: architectures is {cv.cfg.get('architectures')!r}, expected "
@@ -152,7 +167,7 @@ def read_zlab(ckpt: Checkpoint, target: TargetInfo | None) -> Drafter:
     return build_drafter(ckpt, cv, dflash, target, dialect="z-lab")
 
 
-def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], target: TargetInfo | None, *,
+def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], target: Target | None, *,
                   dialect: str, draft_vocab_size: int | None = None) -> Drafter:
     """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``."""
     cfg = cv.cfg
@@ -176,12 +191,12 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
                        "(add the list the drafter was trained with)")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise cv.error(f"target_layer_ids must be a list of integers, got {ids!r}")
-    if target is not None and target.num_hidden_layers is not None:
-        bad = [i for i in ids if not 0 <= i < target.num_hidden_layers]
+    if target is not None and target.n_layers is not None:
+        bad = [i for i in ids if not 0 <= i < target.n_layers]
         if bad:
-            raise cv.error(f"target_layer_ids {bad} are outside the target's {target.num_hidden_layers} layers "
+            raise cv.error(f"target_layer_ids {bad} are outside the target's {target.n_layers} layers "
                            f"({target.source}); wrong target?")
-        if max(ids) == target.num_hidden_layers - 1:
+        if max(ids) == target.n_layers - 1:
             log.warning("%s: target_layer_ids include the target's last layer (%d): llama.cpp publishes that layer's "
                         "output only for deepseek4, nemotron-h and mimo2 targets; other targets abort at run time",
                         cv.path, max(ids))
@@ -213,32 +228,38 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
 
     is_causal = cfg.get("is_causal")
     causal = is_causal if is_causal is not None else dflash.get("causal")
+    if target is not None and target.uses_mrope:
+        # the runtime hands an M-RoPE target's 4-row positions to the draft: degenerate sections
+        # [head_dim/2, 0, 0, 0] make its rope equal NeoX on the temporal row
+        final_sections = [head_dim // 2, 0, 0, 0]
+    else:
+        final_sections = sections
+    softcap = cv.float_("final_logit_softcapping", dflash.get("final_logit_softcapping", cfg.get("final_logit_softcapping")))
+    rope_is_neox = bool(cfg.get("rope_is_neox_style", True))
     d = Drafter(
-        source=ckpt.dir, config_path=ckpt.config_path, n_layers=n_layers, hidden_size=hidden,
+        origin=Origin(ckpt.dir, ckpt.config_path, list(ckpt.files), dialect),
+        n_layers=n_layers, hidden_size=hidden,
         intermediate_size=ffn, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, context_length=ctx,
         rms_eps=eps, vocab_size=vocab, mask_token_id=mask, target_layers=target_layers, block_size=block,
-        rope_theta=theta, rope_theta_swa=theta_swa, rope_scaling=scaling, rope_sections=sections,
-        partial_rotary_factor=prf, sliding_window=window, swa_pattern=pattern,
-        is_causal=None if is_causal is None else bool(is_causal),
-        causal=None if causal is None else bool(causal),
+        rope_theta=theta, rope_theta_swa=theta_swa, rope_scaling=scaling,
+        rope_sections=final_sections, rope_sections_early=sections is not None,
+        n_rot=None if prf is None else int(head_dim * prf), sliding_window=window, swa_pattern=pattern,
+        causal=None if causal is None else bool(causal), causal_early=is_causal is False,
         value_scale=cv.float_("attention_value_scale", dflash.get("attention_value_scale")),
         embedding_scale=cv.float_("input_embedding_scale", dflash.get("input_embedding_scale", cfg.get("input_embedding_scale"))),
         logit_scale=cv.float_("output_multiplier", dflash.get("output_multiplier", cfg.get("output_multiplier"))),
-        final_logit_softcapping=cv.float_("final_logit_softcapping", dflash.get("final_logit_softcapping", cfg.get("final_logit_softcapping"))),
+        final_logit_softcapping=softcap if softcap is not None and softcap > 0 else None,
         hidden_act=SUPPORTED_ACTIVATIONS[act] or "silu",
-        rope_is_neox=bool(cfg.get("rope_is_neox_style", True)),
         draft_vocab_size=draft_vocab_size,
-        files=list(ckpt.files),
-        dialect=dialect,
     )
-    if not d.rope_is_neox and cfg.get("head_dim") is None:
+    if not rope_is_neox and cfg.get("head_dim") is None:
         raise cv.error("rope_is_neox_style is false but head_dim is missing: the interleaved-to-NeoX row "
                        "permutation works per head and needs it")
-    d.tensors = _map_tensors(ckpt, cfg, d)
+    d.tensors = _map_tensors(ckpt, cfg, d, permute_rope=not rope_is_neox)
     return d
 
 
-def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter) -> list[DrafterTensor]:
+def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_rope: bool) -> list[DrafterTensor]:
     out: list[DrafterTensor] = []
     seen: set[str] = set()
     for ref in ckpt.tensors:
@@ -248,20 +269,18 @@ def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter) -> list[Draf
         gguf_name = hf_to_gguf(name)
         if gguf_name is None:
             raise InputFileError(f"unknown tensor {ref.name!r}: not part of a z-lab DFlash drafter", ref.path)
-        if gguf_name == "token_embd.weight" and cfg.get("has_embed_tokens") is False:
+        if gguf_name == EMBEDDING_TENSOR and cfg.get("has_embed_tokens") is False:
             continue
         if gguf_name in seen:
             raise InputFileError(f"tensor {ref.name!r} appears twice (with and without the model. prefix?)", ref.path)
         bid = layer_of(gguf_name)
         if bid is not None and bid >= d.n_layers:
             raise InputFileError(f"tensor {ref.name!r} is for layer {bid}, but num_hidden_layers is {d.n_layers}", ref.path)
-        if ref.dtype not in FLOAT_DTYPES and gguf_name != "d2t":
+        if ref.dtype not in FLOAT_DTYPES and gguf_name != D2T_TENSOR:
             raise InputFileError(f"tensor {ref.name!r} has dtype {ref.dtype}; only F32, F16, BF16 and F64 convert", ref.path)
         seen.add(gguf_name)
-        t = DrafterTensor(gguf_name, name, ref)
-        if not d.rope_is_neox and generic_name(gguf_name) in ROPE_PERMUTED:
-            t.permute_head_dim = d.head_dim
-        out.append(t)
+        source = NeoxPermuted(ref, d.head_dim) if permute_rope and generic_name(gguf_name) in ROPE_PERMUTED else ref
+        out.append(DrafterTensor(gguf_name, name, source))
     _check_tensors(out, d)
     return out
 
@@ -269,7 +288,7 @@ def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter) -> list[Draf
 def _check_tensors(tensors: list[DrafterTensor], d: Drafter) -> None:
     names = {t.gguf_name for t in tensors}
     missing = [n for n in REQUIRED_GLOBAL if n not in names]
-    missing += [f"blk.{i}.{s}" for i in range(d.n_layers) for s in REQUIRED_PER_LAYER if f"blk.{i}.{s}" not in names]
+    missing += [layer_name(i, s) for i in range(d.n_layers) for s in REQUIRED_PER_LAYER if layer_name(i, s) not in names]
     if missing:
         raise InputFileError(f"checkpoint lacks required tensors: {', '.join(missing[:6])}"
                              + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""), d.source)
@@ -281,8 +300,8 @@ def _check_tensors(tensors: list[DrafterTensor], d: Drafter) -> None:
             continue
         want = tuple(math.prod(dims[f] for f in dim.split("*")) for dim in spec)
         if tuple(t.shape) != want:
-            what = f"{t.ref.name!r} has shape {list(t.shape)}, expected {list(want)}"
-            if t.gguf_name == "fc.weight" and len(t.shape) == 2 and t.shape[0] == d.hidden_size:
-                what = (f"fc.weight input width {t.shape[1]} != len(target_layer_ids) * hidden_size = "
+            what = f"{t.hf_name!r} has shape {list(t.shape)}, expected {list(want)}"
+            if t.gguf_name == FC_TENSOR and len(t.shape) == 2 and t.shape[0] == d.hidden_size:
+                what = (f"{t.hf_name} input width {t.shape[1]} != len(target_layer_ids) * hidden_size = "
                         f"{len(d.target_layers)} * {d.hidden_size}")
-            raise InputFileError(what, t.ref.path)
+            raise InputFileError(what, d.config_path)

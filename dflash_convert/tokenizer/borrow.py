@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import InputFileError
 from ..metadata import Metadata
+from ..target import Target
 from .bpe import read_bpe_vocab
 from .from_gguf import copy_tokenizer_keys
 from .probe import Probe
@@ -64,5 +65,6 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
     return write_gemma4_vocab(md, target_dir)
 
 
-def borrow_from_gguf(md: Metadata, target_gguf: Path) -> dict[str, object]:
-    return copy_tokenizer_keys(target_gguf, md)
+def borrow_from_gguf(md: Metadata, target: Target) -> int:
+    """Every tokenizer key of a GGUF target, verbatim; returns the token count."""
+    return copy_tokenizer_keys(target, md)

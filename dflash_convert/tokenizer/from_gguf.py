@@ -6,32 +6,19 @@ library, no version drift. Strings stay raw bytes so the copy is byte-identical.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..errors import InputFileError
+from ..format.keys import TOKENIZER_PREFIX, key
 from ..metadata import Metadata
-from ..sources.gguf import read_gguf
+from ..target import Target
 
 
-def copy_tokenizer_keys(target_gguf: Path, md: Metadata) -> dict[str, object]:
-    """Copy the target's tokenizer keys into ``md``; returns facts about the target for checks."""
-    target_gguf = Path(target_gguf)
-    if not target_gguf.is_file():
-        raise InputFileError("target GGUF not found", target_gguf)
-    g = read_gguf(target_gguf)
-    arch = g.architecture
-    if arch is None:
-        raise InputFileError("target GGUF has no general.architecture", target_gguf)
-    if arch in ("dflash", "eagle3"):
-        raise InputFileError(f"this is a {arch} drafter, not a target model; pass the target's GGUF", target_gguf)
+def copy_tokenizer_keys(target: Target, md: Metadata) -> int:
+    """Copy a GGUF target's tokenizer keys into ``md``; returns its token count."""
+    g = target.gguf
+    assert g is not None, "copy_tokenizer_keys needs a GGUF target"
     for name, v in g.metadata.items():
-        if name.startswith("tokenizer."):
+        if name.startswith(TOKENIZER_PREFIX):
             md.set_raw(name, v.vtype, v.value, v.sub)
-    if "tokenizer.ggml.model" not in md or "tokenizer.ggml.tokens" not in md:
-        raise InputFileError("target GGUF has no tokenizer (tokenizer.ggml.model/tokens missing)", target_gguf)
-    return {
-        "architecture": arch,
-        "embedding_length": g.get(f"{arch}.embedding_length"),
-        "block_count": g.get(f"{arch}.block_count"),
-        "n_tokens": len(md.get("tokenizer.ggml.tokens")),
-    }
+    if key("tok_model") not in md or key("tok_tokens") not in md:
+        raise InputFileError(f"target GGUF has no tokenizer ({key('tok_model')}/{key('tok_tokens')} missing)", g.path)
+    return len(md.get(key("tok_tokens")))

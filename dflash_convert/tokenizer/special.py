@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputFileError
-from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType
+from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
 from ..metadata import Metadata
 from ..sources.checkpoint import read_json
 
@@ -57,7 +57,7 @@ class SpecialTokens:
 
 def _write_chat_template(md: Metadata, template: str | list[dict[str, str]] | None) -> None:
     if template is None:
-        md.remove("tokenizer.chat_template")
+        md.remove(key("tok_chat_template"))
         return
     if isinstance(template, list):
         default = None
@@ -72,7 +72,7 @@ def _write_chat_template(md: Metadata, template: str | list[dict[str, str]] | No
             else:
                 if name not in names:
                     names.append(name)
-                md.set_raw(f"tokenizer.chat_template.{name}", ValueType.STRING, text)
+                md.set_raw(f"{key('tok_chat_template')}.{name}", ValueType.STRING, text)
         if names:
             md.set("tok_chat_templates", sorted(names))
         if default is None:

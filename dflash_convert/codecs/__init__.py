@@ -1,0 +1,117 @@
+"""Encoders: raw source words of one chunk -> the bytes of a ggml type, keyed by (source, destination).
+
+A source element type is a safetensors dtype name or a ggml type name (they agree for F32, F16,
+BF16, F64, I32, I64). Conversions between float types live in ``floats``; each quantized
+destination has its quantizer module, fed float32. ``COPY`` passes bytes through unchanged: what
+migrate does, and what quantize does for a tensor that keeps its type.
+
+Conversion quirk kept on purpose: llama.cpp's converter sends BF16 through float32 and back, which
+quiets signalling NaNs, so a BF16 checkpoint tensor written as BF16 gets ``quiet_bf16_nans``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..format.ggml import BLOCK_GEOMETRY, GGMLType
+from .floats import FLOAT_WORDS, bf16_to_f16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
+from .iq4 import quantize_iq4_nl, quantize_iq4_xs
+from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
+from .kquants_low import quantize_q2_k, quantize_q3_k
+from .legacy import quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1
+from .q8_0 import quantize_q8_0
+
+Encoder = Callable[[np.ndarray], np.ndarray]
+
+
+def COPY(raw: np.ndarray) -> np.ndarray:  # noqa: N802 - a constant-like encoder
+    """Bytes through unchanged."""
+    return raw
+
+
+# quantized destination -> float32 chunk (whole blocks) -> block bytes
+QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.Q8_0: quantize_q8_0,
+    GGMLType.Q4_0: quantize_q4_0,
+    GGMLType.Q4_1: quantize_q4_1,
+    GGMLType.Q5_0: quantize_q5_0,
+    GGMLType.Q5_1: quantize_q5_1,
+    GGMLType.Q2_K: quantize_q2_k,
+    GGMLType.Q3_K: quantize_q3_k,
+    GGMLType.Q4_K: quantize_q4_k,
+    GGMLType.Q5_K: quantize_q5_k,
+    GGMLType.Q6_K: quantize_q6_k,
+    GGMLType.IQ4_NL: quantize_iq4_nl,
+    GGMLType.IQ4_XS: quantize_iq4_xs,
+}
+
+# float destination -> float32 chunk -> words
+_FROM_F32: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
+    GGMLType.F32: lambda x: x,
+    GGMLType.F16: to_f16,
+    GGMLType.BF16: f32_to_bf16,
+}
+
+# conversions that skip float32 (faster, same bits)
+_DIRECT: dict[tuple[str, GGMLType], Encoder] = {
+    ("F16", GGMLType.F16): COPY,
+    ("F32", GGMLType.F32): COPY,
+    ("BF16", GGMLType.BF16): quiet_bf16_nans,
+    ("BF16", GGMLType.F16): bf16_to_f16,
+    ("I64", GGMLType.I64): COPY,
+    ("I32", GGMLType.I32): COPY,
+}
+
+
+def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Block bytes of quantized type ``src`` -> float32, with gguf-py's dequantizer (ggml's arithmetic).
+
+    Only for --allow-requantize: a quantized tensor is widened back to float32 and quantized again,
+    as llama-quantize does.
+    """
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(int(GGMLType[src]))
+    block, size = BLOCK_GEOMETRY[GGMLType[src]]
+    row_bytes = row_length // block * size
+    return lambda raw: dequantize(raw.view(np.uint8).reshape(-1, row_bytes), qtype).reshape(-1).astype(np.float32, copy=False)
+
+
+def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encoder:
+    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none.
+
+    A quantized ``src`` (requantizing) needs ``row_length`` to dequantize whole rows first.
+    """
+    direct = _DIRECT.get((src, dst))
+    if direct is not None:
+        return direct
+    if src not in FLOAT_WORDS and src in GGMLType.__members__ and BLOCK_GEOMETRY[GGMLType[src]][0] > 1 and row_length:
+        widen = dequantizer(src, row_length)
+        if dst in _FROM_F32:
+            narrow = _FROM_F32[dst]
+            return lambda raw: narrow(widen(raw))
+        if dst in QUANTIZERS:
+            quantize_q = QUANTIZERS[dst]
+            return lambda raw: quantize_q(np.ascontiguousarray(widen(raw)))
+    if src in FLOAT_WORDS:
+        if dst in _FROM_F32:
+            narrow = _FROM_F32[dst]
+            return lambda raw: narrow(widen_to_f32(raw, src))
+        if dst in QUANTIZERS:
+            quantize = QUANTIZERS[dst]
+            return lambda raw: quantize(np.ascontiguousarray(widen_to_f32(raw, src), dtype=np.float32))
+    raise ValueError(f"no encoder from {src} to {dst.name}")
+
+
+def can_encode(src: str, dst: GGMLType) -> bool:
+    try:
+        encoder(src, dst)
+    except ValueError:
+        return False
+    return True
+
+
+__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder"]

@@ -1,0 +1,115 @@
+"""The one streaming pipeline: tensor sources -> row chunks -> encode -> the atomic writer.
+
+Every whole-file pass goes through here: convert (safetensors or computed sources, float
+encoders), migrate (GGUF sources, byte copy) and quantize (any source, quantizing encoders).
+Chunks are whole rows (whole heads for permuted sources), read by position, encoded on a thread
+pool and handed to the writer in order; the look-ahead window bounds memory whatever the model
+size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codecs import Encoder
+from .drafter import DrafterTensor
+from .format.ggml import GGMLType
+from .tensor_source import FdCache, n_rows, row_length
+from .write import OutTensor
+
+CHUNK_ELEMENTS = 1 << 20  # about 1M values per chunk: cache-friendly kernels, bounded memory
+# quantizers work on several temporaries per value: smaller chunks stay in cache
+SMALL_CHUNK_TYPES = frozenset({GGMLType.Q8_0})
+
+
+@dataclass
+class PlannedTensor:
+    """One output tensor: its source, its ggml type and shape, and how its bytes are made."""
+
+    tensor: DrafterTensor
+    ggml_type: GGMLType
+    ne: tuple[int, ...]
+    nbytes: int
+    encode: Encoder
+    note: str = ""
+
+
+def recycle_chunk_memory() -> None:
+    """Keep freed chunk buffers in the process instead of returning them to the kernel.
+
+    Every chunk allocates a few MB of numpy temporaries. glibc serves such sizes with fresh
+    mmaps and unmaps them on free, so each chunk page-faults its memory back in; on the 2-core
+    VM this costs seconds per 3 GB converted (bench/). Raising the mmap and trim thresholds makes
+    glibc reuse the same heap pages; memory stays bounded by the look-ahead window. No effect
+    (and no error) outside glibc.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 256 << 20)
+    mallopt(m_top_pad, 64 << 20)
+
+
+def row_spans(p: PlannedTensor, chunk_elements: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges [a, b) of about ``chunk_elements`` values each, aligned to the source's row groups."""
+    if chunk_elements is None:
+        chunk_elements = CHUNK_ELEMENTS
+    shape = p.tensor.shape
+    rows, row = n_rows(shape), row_length(shape)
+    if p.ggml_type in SMALL_CHUNK_TYPES:
+        chunk_elements //= 2
+    step = max(1, chunk_elements // max(1, row))
+    align = getattr(p.tensor.source, "row_align", 1)
+    step = max(align, step // align * align)
+    return [(a, min(rows, a + step)) for a in range(0, rows, step)]
+
+
+def _encoded(p: PlannedTensor, a: int, b: int, fds: FdCache) -> np.ndarray:
+    return p.encode(p.tensor.source.rows(a, b, fds))
+
+
+class ChunkPipeline:
+    """Encode chunks on a thread pool, hand them out in order; memory bounded by the look-ahead."""
+
+    def __init__(self, workers: int | None = None, lookahead: int = 12) -> None:
+        recycle_chunk_memory()
+        self.pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2, thread_name_prefix="encode")
+        self.lookahead = lookahead
+        self.fds = FdCache()
+
+    def chunks(self, p: PlannedTensor) -> Iterator[np.ndarray]:
+        pending: deque[Future] = deque()
+        try:
+            for a, b in row_spans(p):
+                pending.append(self.pool.submit(_encoded, p, a, b, self.fds))
+                if len(pending) >= self.lookahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def out_tensors(self, planned: list[PlannedTensor]) -> list[OutTensor]:
+        return [OutTensor(p.tensor.gguf_name, p.ne, p.ggml_type, p.nbytes, (lambda p=p: self.chunks(p))) for p in planned]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.fds.close()
+
+    def __enter__(self) -> ChunkPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

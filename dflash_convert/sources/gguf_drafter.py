@@ -1,0 +1,173 @@
+"""read_drafter(): a dflash GGUF file -> Drafter, the exact inverse of the hyper-parameter writer.
+
+Every key ``hparams.write_hparams`` writes is read back into the field it came from, including
+the two key positions upstream's order encodes (Drafter.rope_sections_early, causal_early);
+every tensor becomes a DrafterTensor whose source is the GGUF tensor itself (ggml type, shape,
+offset; rows are read on demand). Files written by llama.cpp's converter read into the same
+Drafter as ours.
+
+``drafter_from_gguf(g, strict=False)`` is the lenient form validate uses: a value the file lacks
+or mistypes becomes None, so every check can still say something about a broken file. The
+strict form (quantize, the runner) refuses such a file with one line that points to validate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
+from ..errors import InputFileError
+from ..format.keys import ARCH, ValueType, key
+from ..format.rules import D2T_TENSOR, DEFAULT_BLOCK_SIZE, DRAFTER_KEYS, REQUIRED
+from ..format.tensors import gguf_to_hf
+from .gguf import GGUFFile, GGUFValue, read_gguf
+
+INT_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
+                       ValueType.INT32, ValueType.UINT64, ValueType.INT64})
+FLOAT_TYPES = frozenset({ValueType.FLOAT32, ValueType.FLOAT64})
+
+
+def as_int(v: GGUFValue | None) -> int | None:
+    return v.value if v is not None and v.vtype in INT_TYPES else None
+
+
+def as_float(v: GGUFValue | None) -> float | None:
+    return float(v.value) if v is not None and v.vtype in FLOAT_TYPES else None
+
+
+def as_ints(v: GGUFValue | None) -> list[int] | None:
+    if v is None:
+        return None
+    if v.vtype == ValueType.ARRAY and v.sub in INT_TYPES | {ValueType.BOOL}:
+        return [int(x) for x in v.value]
+    return None
+
+
+def as_text(v: GGUFValue | None) -> str | None:
+    return v.text() if v is not None and v.vtype == ValueType.STRING else None
+
+
+def per_layer_or_scalar(v: GGUFValue | None) -> int | None:
+    """A per-layer key: a scalar, or an array whose entries are all equal (else None)."""
+    scalar = as_int(v)
+    if scalar is not None:
+        return scalar
+    arr = as_ints(v)
+    return arr[0] if arr and len(set(arr)) == 1 else None
+
+
+def _position(g: GGUFFile, full_key: str) -> int:
+    keys = list(g.metadata)
+    return keys.index(full_key) if full_key in g.metadata else -1
+
+
+def drafter_from_gguf(g: GGUFFile, *, strict: bool = True) -> Drafter:
+    """The Drafter a parsed dflash GGUF describes (see the module docstring for ``strict``)."""
+    md = g.metadata
+    if strict:
+        if g.architecture != ARCH:
+            raise InputFileError(f"{key('architecture')} is {g.architecture!r}, not {ARCH!r}: not a DFlash drafter "
+                                 "(dflash-convert validate says more; migrate converts other forks' files)", g.path)
+        missing = [key(s) for s, (need, _) in DRAFTER_KEYS.items() if need == REQUIRED and key(s) not in md]
+        if missing:
+            raise InputFileError(f"not a complete dflash drafter: {', '.join(missing)} missing (run dflash-convert validate)", g.path)
+
+    def get(short: str) -> GGUFValue | None:
+        return md.get(key(short))
+
+    E = as_int(get("embedding_length"))
+    H = per_layer_or_scalar(get("head_count"))
+    KV = per_layer_or_scalar(get("head_count_kv")) if get("head_count_kv") is not None else H
+    D = as_int(get("key_length"))
+    if D is None and get("key_length") is None and E and H:
+        D = E // H
+    tokens = get("tok_tokens")
+    V = len(tokens.value) if tokens is not None and tokens.vtype == ValueType.ARRAY and tokens.sub == ValueType.STRING else None
+    d2t = g.tensor(D2T_TENSOR)
+
+    scaling = None
+    kind = as_text(get("rope_scaling_type"))
+    if kind in ("linear", "yarn"):
+        scaling = RopeScaling(kind, as_float(get("rope_scaling_factor")) or 0.0)
+        if kind == "yarn":
+            scaling.original_context_length = as_int(get("rope_scaling_orig_ctx"))
+            scaling.yarn_ext_factor = as_float(get("rope_yarn_ext_factor"))
+            scaling.yarn_attn_factor = as_float(get("rope_yarn_attn_factor"))
+            scaling.yarn_beta_fast = as_float(get("rope_yarn_beta_fast"))
+            scaling.yarn_beta_slow = as_float(get("rope_yarn_beta_slow"))
+
+    # upstream's key order: the generic keys (causal when is_causal is false, the draft's own
+    # rope sections) come before the epsilon, the dflash ones after it
+    eps_at = _position(g, key("rms_eps"))
+    sections = as_ints(get("rope_dimension_sections"))
+    causal_v = get("causal")
+    pattern = as_ints(get("sliding_window_pattern"))
+    window = as_int(get("sliding_window"))
+    block = get("block_size")
+    act = as_text(get("hidden_activation"))
+    ids = as_ints(get("target_layers"))
+    d = Drafter(
+        origin=Origin(Path(g.path), Path(g.path), [Path(g.path)], "gguf"),
+        n_layers=as_int(get("block_count")),  # type: ignore[arg-type]
+        hidden_size=E,  # type: ignore[arg-type]
+        intermediate_size=per_layer_or_scalar(get("feed_forward_length")),  # type: ignore[arg-type]
+        n_head=H,  # type: ignore[arg-type]
+        n_head_kv=KV,  # type: ignore[arg-type]
+        head_dim=D,  # type: ignore[arg-type]
+        context_length=as_int(get("context_length")),  # type: ignore[arg-type]
+        rms_eps=as_float(get("rms_eps")),  # type: ignore[arg-type]
+        vocab_size=V,  # type: ignore[arg-type]
+        mask_token_id=as_int(get("mask_token_id")),  # type: ignore[arg-type]
+        target_layers=ids,  # type: ignore[arg-type]
+        block_size=DEFAULT_BLOCK_SIZE if block is None else as_int(block),  # type: ignore[arg-type]
+        rope_theta=as_float(get("rope_freq_base")),
+        rope_theta_swa=as_float(get("rope_freq_base_swa")),
+        rope_scaling=scaling,
+        rope_sections=sections,
+        rope_sections_early=sections is not None and 0 <= _position(g, key("rope_dimension_sections")) < eps_at,
+        n_rot=as_int(get("rope_dimension_count")),
+        sliding_window=window if window and pattern is not None else None,
+        swa_pattern=[bool(x) for x in pattern] if window and pattern is not None else None,
+        causal=causal_v.value if causal_v is not None and causal_v.vtype == ValueType.BOOL else None,
+        causal_early=causal_v is not None and 0 <= _position(g, key("causal")) < eps_at,
+        value_scale=as_float(get("value_scale")),
+        embedding_scale=as_float(get("embedding_scale")),
+        logit_scale=as_float(get("logit_scale")),
+        final_logit_softcapping=as_float(get("final_logit_softcapping")),
+        hidden_act=act if act is not None else "silu",
+        draft_vocab_size=d2t.ne[0] if d2t is not None else None,
+        tensors=[DrafterTensor(t.name, gguf_to_hf(t.name) or t.name, t) for t in g.tensors],
+    )
+    if strict:
+        _require(d, g)
+    return d
+
+
+# fields a strict reader needs (the rest are optional in the format)
+_REQUIRED_FIELDS: tuple[str, ...] = ("n_layers", "hidden_size", "intermediate_size", "n_head", "n_head_kv", "head_dim",
+                                     "context_length", "rms_eps", "vocab_size", "mask_token_id", "target_layers", "block_size")
+
+
+def _require(d: Drafter, g: GGUFFile) -> None:
+    bad = [name for name in _REQUIRED_FIELDS if getattr(d, name) is None]
+    if bad:
+        raise InputFileError(f"cannot read the drafter's {', '.join(bad)} from its keys (missing, mistyped or "
+                             "per-layer); run dflash-convert validate", g.path)
+
+
+def read_drafter(path: str | Path) -> Drafter:
+    """A dflash drafter GGUF as a Drafter (strict: raises InputFileError on an incomplete file).
+
+    Tensor data stays on disk; each tensor's source reads its rows on demand.
+    """
+    return drafter_from_gguf(read_gguf(path), strict=True)
+
+
+def describe(d: Drafter) -> dict[str, Any]:
+    """A Drafter as plain data: every hyper-parameter and the tensor table (name, shape, type)."""
+    out = dict(d.hparams())
+    if out.get("rope_scaling") is not None:
+        out["rope_scaling"] = vars(out["rope_scaling"])
+    out["tensors"] = [(t.gguf_name, list(t.shape), t.dtype) for t in d.tensors]
+    return out
