@@ -44,7 +44,8 @@ def convert(
     target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files (no weights read)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
     outfile: Path | None = typer.Option(None, "-o", "--outfile", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf)."),
-    outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0 or auto (bf16 for bf16 checkpoints, else f16)."),
+    outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
+                                "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing."),
     tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
@@ -190,6 +191,47 @@ def migrate(
         n = report.counts()
         typer.echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
     raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def quantize(
+    src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
+    out: Path = typer.Argument(..., help="The GGUF to write."),
+    qtype: str = typer.Argument(..., metavar="TYPE", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, "
+                                "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-tensor plan and write nothing."),
+    keep_type: list[str] = typer.Option([], "--keep-type", metavar="PATTERN=TYPE",
+                                        help="Give tensors matching a glob this type, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
+    allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+) -> None:
+    """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
+    from .quantize import plan_quantize, write_quantize
+
+    try:
+        plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
+        if dry_run:
+            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} (general.file_type {plan.file_type})")
+            by_name = {t.gguf_name: t for t in plan.drafter.tensors}
+            for p in plan.tensors:
+                src_type = by_name[p.tensor.gguf_name].dtype
+                shape = "x".join(map(str, p.ne))
+                typer.echo(f"  {p.tensor.gguf_name:<32} {shape:<14} {src_type:<5} -> {p.ggml_type.name:<6} {_human(p.nbytes):>10}"
+                           + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--keep-type")) else ""))
+            for note in plan.notes:
+                typer.echo(f"  {note}")
+            typer.echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
+            return
+        write_quantize(plan, force=force, progress=not quiet, threads=threads)
+    except DFlashError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+    for note in plan.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
 
 
 @app.command()

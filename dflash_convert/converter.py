@@ -109,7 +109,13 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     src = Path(src_dir)
     quant = None
     if outtype != "auto" and outtype not in OUTTYPES:
-        raise DFlashError(f"unknown --outtype {outtype!r} (choose from auto, {', '.join(OUTTYPES)})")
+        from .quantize import QUANT_TYPES, parse_ftype
+
+        try:
+            quant = parse_ftype(outtype)
+        except DFlashError:
+            raise DFlashError(f"unknown --outtype {outtype!r} (choose from auto, {', '.join(OUTTYPES)}, "
+                              f"or a quantization type: {', '.join(QUANT_TYPES)})") from None
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     ckpt = read_checkpoint(src)
@@ -161,6 +167,12 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     planned = plan_tensors(drafter, matrix_type)
     type_name = _FILE_TYPE_NAMES[file_type]
     fallbacks = 0
+    if quant is not None:
+        from .quantize import quantize_planned, quantized_metadata
+
+        file_type, planned, fallbacks = quantize_planned(planned, drafter, quant, where=ckpt.config_path)
+        md = quantized_metadata(md, file_type)
+        type_name = quant
     output = Path(outfile) if outfile is not None else default_output(src, type_name)
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
         output = output / default_output(src, type_name).name

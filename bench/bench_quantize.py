@@ -1,0 +1,131 @@
+"""Benchmark: dflash-convert quantize vs llama-quantize, and the one-pass convert --outtype Q4_K_M.
+
+The full-size synthetic drafter of bench_convert.py (z-lab Qwen3.6-27B-DFlash shapes, 3.46 GB BF16)
+is converted once to F16 by llama.cpp's converter; then, in the same run, each TYPE is quantized
+by ours and by llama-quantize (2 threads, no imatrix) and the outputs are compared byte for byte.
+The one-pass figure: ours `convert --outtype Q4_K_M` straight from the checkpoint, against
+upstream `convert_hf_to_gguf.py --outtype bf16` followed by `llama-quantize Q4_K_M` (summed).
+Wall time, peak RSS (GNU time) and the ratios go to a markdown table in bench/results-quantize.md.
+
+    python bench/bench_quantize.py [--types Q8_0,Q4_K_M] [--repeat 1] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_convert import _machine, _upstream_cmd, ensure_drafter, ensure_target, measure, wait_for_idle  # noqa: E402
+
+from fixtures.targets import cache_root  # noqa: E402
+from fixtures.upstream import llama_tool, upstream_env  # noqa: E402
+
+TARGETS = {"Q8_0": 1.0, "Q4_K_M": 1.5, "rss_mb": 500}
+
+
+def _ours(*args: str) -> list[str]:
+    exe = Path(sys.executable).with_name("dflash-convert")
+    return [*([str(exe)] if exe.is_file() else [sys.executable, "-m", "dflash_convert.cli"]), *args]
+
+
+def _run(name: str, cmd: list[str], env: dict[str, str] | None, out: Path, idle_wait: float):
+    os.sync()
+    wait_for_idle(idle_wait)
+    r = measure(name, cmd, env, name, out)
+    print(f"{name:34} {r.wall_s:7.1f} s  RSS {r.rss_mb:6.0f} MB  cpu {r.cpu_s:6.1f} s  other load {r.foreign_cpu_s:5.1f}  rc={r.rc}",
+          flush=True)
+    if r.rc != 0:
+        print(r.log[-3000:], file=sys.stderr)
+        raise SystemExit(f"{name} failed")
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--types", default="Q8_0,Q4_K_M")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--idle-wait", type=float, default=120.0)
+    ap.add_argument("--no-one-pass", action="store_true", help="skip the checkpoint -> Q4_K_M comparison")
+    ap.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results-quantize.md")
+    args = ap.parse_args(argv)
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+
+    root = cache_root() / "bench"
+    root.mkdir(parents=True, exist_ok=True)
+    src, target = ensure_drafter(root), ensure_target(root)
+    outdir = root / "qout"
+    outdir.mkdir(exist_ok=True)
+    f16 = outdir / "drafter-F16.gguf"
+    if not f16.is_file():
+        _run("upstream convert -> F16 (setup)", _upstream_cmd(src, target, f16, "f16"), upstream_env(), f16, 0)
+    quantize_tool = str(llama_tool("llama-quantize"))
+
+    rows = []
+    for t in types:
+        theirs, ours = outdir / f"llama-quantize-{t}.gguf", outdir / f"ours-{t}.gguf"
+        u = _run(f"llama-quantize {t}", [quantize_tool, str(f16), str(theirs), t, str(args.threads)], None, theirs, args.idle_wait)
+        o = _run(f"dflash-convert quantize {t}", _ours("quantize", str(f16), str(ours), t, "--threads", str(args.threads), "-q",
+                                                       "--force"), None, ours, args.idle_wait)
+        same = _same_file(ours, theirs)
+        print(f"  {t}: {'IDENTICAL files' if same else 'FILES DIFFER'}", flush=True)
+        rows.append((t, o, u, same))
+        theirs.unlink(missing_ok=True)
+        ours.unlink(missing_ok=True)
+
+    one_pass = None
+    if not args.no_one_pass:
+        mid, q_up, q_ours = outdir / "up-bf16.gguf", outdir / "up-Q4_K_M.gguf", outdir / "one-pass-Q4_K_M.gguf"
+        c = _run("upstream convert -> BF16", _upstream_cmd(src, target, mid, "bf16"), upstream_env(), mid, args.idle_wait)
+        q = _run("llama-quantize BF16 -> Q4_K_M", [quantize_tool, str(mid), str(q_up), "Q4_K_M", str(args.threads)], None, q_up,
+                 args.idle_wait)
+        o = _run("dflash-convert convert --outtype Q4_K_M", _ours("convert", str(src), "--target-model-dir", str(target), "-o",
+                                                                  str(q_ours), "--outtype", "Q4_K_M", "-q"), None, q_ours, args.idle_wait)
+        one_pass = (c, q, o)
+        for p in (mid, q_up, q_ours):
+            p.unlink(missing_ok=True)
+
+    lines = ["# dflash-convert quantize benchmark", "", f"Machine: {_machine()}", "",
+             f"Drafter: {src.name} (3.46 GB BF16 checkpoint), F16 GGUF made by upstream's converter; {args.threads} threads each.", "",
+             "| TYPE | ours wall s | llama-quantize wall s | ratio ours/llama | ours peak RSS MB | llama peak RSS MB | bytes |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    verdicts = []
+    for t, o, u, same in rows:
+        ratio = o.wall_s / u.wall_s
+        lines.append(f"| {t} | {o.wall_s:.1f} | {u.wall_s:.1f} | {ratio:.2f} | {o.rss_mb:.0f} | {u.rss_mb:.0f} | "
+                     f"{'identical' if same else 'DIFFERENT'} |")
+        goal = TARGETS.get(t)
+        if goal is not None:
+            verdicts.append(f"- {t}: {ratio:.2f}x llama-quantize's wall time (target <= {goal}x: {'met' if ratio <= goal else 'NOT met'}); "
+                            f"peak RSS {o.rss_mb:.0f} MB (target < {TARGETS['rss_mb']}: {'met' if o.rss_mb < TARGETS['rss_mb'] else 'NOT met'})")
+    if one_pass:
+        c, q, o = one_pass
+        up = c.wall_s + q.wall_s
+        lines += ["", "| one pass, checkpoint -> Q4_K_M | wall s | peak RSS MB |", "|---|---:|---:|",
+                  f"| dflash-convert convert --outtype Q4_K_M | {o.wall_s:.1f} | {o.rss_mb:.0f} |",
+                  f"| upstream convert bf16 + llama-quantize | {up:.1f} ({c.wall_s:.1f} + {q.wall_s:.1f}) | {max(c.rss_mb, q.rss_mb):.0f} |",
+                  f"| ratio ours/upstream | {o.wall_s / up:.2f} | {o.rss_mb / max(c.rss_mb, q.rss_mb):.2f} |"]
+    report = "\n".join([*lines, "", *verdicts, ""])
+    print(report)
+    args.results.write_text(report)
+    return 0 if all(same for *_, same in rows) else 1
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb", buffering=0) as fa, open(b, "rb", buffering=0) as fb:
+        while True:
+            x, y = fa.read(64 << 20), fb.read(64 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

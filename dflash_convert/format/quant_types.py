@@ -1,0 +1,393 @@
+"""Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF, as data tables.
+
+Mirrors llama.cpp 0c1e57098 (llama-cpp-python 0.3.36) ``src/llama-quant.cpp`` for the case our
+``quantize`` command covers: no imatrix, no ``--pure``/``--tensor-type``/``--output-tensor-type``/
+``--token-embedding-type``/``--leave-output-tensor``/``--allow-requantize``, a dense model
+(``expert_count`` absent or <= 1), and an architecture that is neither Falcon nor a llama 70B.
+For arch ``dflash`` that is every drafter this package writes.
+
+How llama-quantize decides, in order, for each tensor:
+
+1. ``quantizable`` -- only tensors with >= 2 dims (ggml_n_dims: trailing 1s do not count) whose
+   name ends in ``weight`` and is not a norm or one of a list of small special tensors. All others
+   (1-D norms, ``d2t``, ``fc.scale``, ...) are written unchanged, in their input type.
+2. The file type's default ggml type. F32/F16/BF16 are not quantized types: every quantizable tensor
+   simply becomes that type, with no mix rules and no block-size fallback.
+3. For quantized defaults, the ``_S/_M/_L`` mix rules by tensor category (``MIX_RULES``), the
+   special case of ``output.weight`` (and of ``token_embd.weight`` when there is no
+   ``output.weight``: tied embeddings), then
+4. the fallback when ne[0] is not a multiple of the chosen type's block size (``FALLBACK``; F16
+   when even that does not fit). llama-quantize counts every tensor that took this step and prints
+   ``WARNING: <n> of <all tensors> tensor(s) required fallback quantization``.
+
+Per-layer rules use running counters, not the layer number in the name: llama-quantize walks the
+tensors in its loader's order (non-``blk.`` tensors by name, then layer by layer, by name within a
+layer -- also the order of the tensors in the file it writes), and counts the attn_v / ffn_down
+tensors it has typed so far. ``n_attention_wv`` is the number of tensors whose name is attn_v-like;
+``n_ffn_down`` is NOT counted from names: it is ``<arch>.block_count``.
+
+Metadata: llama-quantize copies every key unchanged, then removes ``general.quantization_version``
+and ``general.file_type`` wherever they were and appends them, in that order, at the end, both
+UINT32 (``quantization_version`` = 2, ``file_type`` = the LLAMA_FTYPE value below); any
+``split.*`` keys are dropped. Nothing else is added or changed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .ggml import BLOCK_GEOMETRY, GGMLType
+
+# --- file types --------------------------------------------------------------------------------
+
+# name a user types (tools/quantize/quantize.cpp, matched case-insensitively) ->
+# (LLAMA_FTYPE_* value from include/llama.h = general.file_type, default ggml type of the
+# quantizable tensors from llama_ftype_get_default_type)
+FTYPES: dict[str, tuple[int, GGMLType]] = {
+    "F32": (0, GGMLType.F32),
+    "F16": (1, GGMLType.F16),
+    "Q4_0": (2, GGMLType.Q4_0),
+    "Q4_1": (3, GGMLType.Q4_1),
+    "Q8_0": (7, GGMLType.Q8_0),
+    "Q5_0": (8, GGMLType.Q5_0),
+    "Q5_1": (9, GGMLType.Q5_1),
+    "Q2_K": (10, GGMLType.Q2_K),
+    "Q3_K_S": (11, GGMLType.Q3_K),
+    "Q3_K_M": (12, GGMLType.Q3_K),
+    "Q3_K_L": (13, GGMLType.Q3_K),
+    "Q4_K_S": (14, GGMLType.Q4_K),
+    "Q4_K_M": (15, GGMLType.Q4_K),
+    "Q5_K_S": (16, GGMLType.Q5_K),
+    "Q5_K_M": (17, GGMLType.Q5_K),
+    "Q6_K": (18, GGMLType.Q6_K),
+    "IQ4_NL": (25, GGMLType.IQ4_NL),
+    "IQ4_XS": (30, GGMLType.IQ4_XS),
+    "BF16": (32, GGMLType.BF16),
+}
+
+# quantize.cpp's aliases: the bare K names mean the _M mix
+FTYPE_ALIASES: dict[str, str] = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
+# default types that are plain floats (ggml_is_quantized is false): no mixes, no fallback
+FLOAT_TYPES: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
+
+# input types llama-quantize can convert from when the target differs (llama_tensor_dequantize_impl
+# takes F16/BF16 or a quantized type, and reads F32 directly); anything else (I64, I32, ...) it
+# refuses -- it never needs to for our files, since such tensors are never quantizable
+CONVERTIBLE_FLOATS: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
+
+# --- which tensors are quantized (tensor_allows_quantization) ------------------------------------
+
+# a name containing any of these is never quantized: norms, MoE routers, and small tensors of
+# other architectures (gemma3n altup/laurel, mamba conv1d, RWKV time-mix, T5 relative bias,
+# multimodal position/patch tensors, audio codebooks); none of them is arch-specific but glm5-next's
+NOT_QUANTIZED_SUBSTRINGS: tuple[str, ...] = (
+    "_norm.weight",
+    "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight",
+    "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d", "shortconv.conv.weight",
+    "indexer.k_proj.weight", "indexer.q_proj.weight",
+    "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
+    "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight",
+    "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
+    "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger",
+    "a.rvq.codebook", "mm.a.code_embd",
+)
+# exact names never quantized (BERT positional embeddings and token types; LLM_TN gives the same
+# spelling for every arch, dflash included)
+NOT_QUANTIZED_NAMES: frozenset[str] = frozenset({"position_embd.weight", "token_types.weight"})
+# the suffix a quantizable name must end with (note: "weight", not ".weight")
+QUANTIZED_SUFFIX = "weight"
+
+# --- tensor categories (tensor_get_category) ---------------------------------------------------
+
+OUTPUT_NAMES: frozenset[str] = frozenset({"output.weight"})
+TOKEN_EMBD_NAMES: frozenset[str] = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
+# (substring, category), tried in this order after the exact names above; first hit wins
+CATEGORY_SUBSTRINGS: tuple[tuple[str, str], ...] = (
+    ("attn_qkv.weight", "attn_qkv"),
+    ("attn_kv_b.weight", "attn_kv_b"),
+    ("attn_v.weight", "attn_v"),
+    ("attn_k.weight", "attn_k"),
+    ("attn_q.weight", "attn_q"),
+    ("attn_output.weight", "attn_output"),
+    ("ffn_up", "ffn_up"),
+    ("ffn_gate", "ffn_gate"),
+    ("ffn_down", "ffn_down"),
+)
+# categories that share the attn_v counter and rules (category_is_attn_v)
+ATTN_V_LIKE: frozenset[str] = frozenset({"attn_v", "attn_qkv", "attn_kv_b"})
+
+# --- mix rules (llama_tensor_get_type_impl), for the file types above ------------------------------
+#
+# ftype -> rule group -> ((condition, type), ...): the first pair whose condition holds gives the
+# type; when none holds the tensor keeps the default type. Groups: "attn_v" (attn_v-like tensors;
+# i = attn_v tensors typed so far, n = n_attention_wv), "ffn_down" (i = ffn_down tensors typed so
+# far, n = block_count), "attn_output". llama.cpp also has attn_qkv rules, but attn_qkv is tested as
+# attn_v-like first, so they are unreachable and the "attn_v" group applies to it; attn_q, attn_k,
+# ffn_gate, ffn_up and token_embd (untied) have rules only for IQ1/IQ2/IQ3/TQ file types.
+# Conditions are the names in CONDITIONS. File types not listed here (F16.., Q4_0.., Q5_K_S,
+# Q6_K, Q3_K_S) have no mix: every quantizable tensor but the output gets the default type.
+MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
+    "Q2_K": {
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q3_K)),
+        "ffn_down": (("always", GGMLType.Q3_K),),
+        "attn_output": (("always", GGMLType.Q3_K),),
+    },
+    "Q3_K_M": {
+        "attn_v": (("i<2", GGMLType.Q5_K), ("always", GGMLType.Q4_K)),
+        "ffn_down": (("i<n/16", GGMLType.Q5_K), ("always", GGMLType.Q4_K)),
+        "attn_output": (("always", GGMLType.Q4_K),),
+    },
+    "Q3_K_L": {
+        "attn_v": (("always", GGMLType.Q5_K),),
+        "ffn_down": (("always", GGMLType.Q5_K),),
+        "attn_output": (("always", GGMLType.Q5_K),),
+    },
+    "Q4_K_S": {
+        "attn_v": (("i<4", GGMLType.Q5_K),),
+        "ffn_down": (("i<n/8", GGMLType.Q5_K),),
+    },
+    "Q4_K_M": {
+        "attn_v": (("more_bits", GGMLType.Q6_K),),
+        "ffn_down": (("more_bits", GGMLType.Q6_K),),
+    },
+    "Q5_K_M": {
+        "attn_v": (("more_bits", GGMLType.Q6_K),),
+        "ffn_down": (("more_bits", GGMLType.Q6_K),),
+    },
+    # the ffn_down rule is the no-imatrix one ("i<n/8" only applies without an imatrix)
+    "IQ4_NL": {
+        "attn_v": (("gqa>=4", GGMLType.Q5_K),),
+        "ffn_down": (("i<n/8", GGMLType.Q5_K),),
+    },
+    "IQ4_XS": {
+        "attn_v": (("gqa>=4", GGMLType.Q5_K),),
+        "ffn_down": (("i<n/8", GGMLType.Q5_K),),
+    },
+}
+
+# the output tensor (and a tied token_embd): Q8_0 when ne[0] does not fill the default type's
+# blocks, else Q6_K unless the default already is Q8_0
+OUTPUT_UNALIGNED_TYPE = GGMLType.Q8_0
+OUTPUT_TYPE = GGMLType.Q6_K
+OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
+
+# --- block-size fallback (tensor_type_fallback) ----------------------------------------------------
+
+# 256-block type -> the 32-block type used when ne[0] % 256 != 0; a 32-block target keeps its type
+# here. If the result still does not divide ne[0] (ne[0] % 32 != 0), the tensor is written F16.
+FALLBACK: dict[GGMLType, GGMLType] = {
+    GGMLType.IQ1_S: GGMLType.IQ4_NL, GGMLType.IQ1_M: GGMLType.IQ4_NL,
+    GGMLType.IQ2_XXS: GGMLType.IQ4_NL, GGMLType.IQ2_XS: GGMLType.IQ4_NL, GGMLType.IQ2_S: GGMLType.IQ4_NL,
+    GGMLType.IQ3_XXS: GGMLType.IQ4_NL, GGMLType.IQ3_S: GGMLType.IQ4_NL, GGMLType.IQ4_XS: GGMLType.IQ4_NL,
+    GGMLType.Q2_0: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.Q3_K: GGMLType.Q4_0,
+    GGMLType.TQ1_0: GGMLType.Q4_0, GGMLType.TQ2_0: GGMLType.Q4_0,
+    GGMLType.Q4_K: GGMLType.Q5_0,
+    GGMLType.Q5_K: GGMLType.Q5_1,
+    GGMLType.Q6_K: GGMLType.Q8_0,
+}
+LAST_RESORT_TYPE = GGMLType.F16
+
+# notes: every choice says why; these prefixes let a caller count or filter them
+NOTE_KEPT = "kept"
+NOTE_FALLBACK = "fallback"
+# the type reported for a tensor llama-quantize leaves alone when the caller gave no input types
+KEEP = "keep"
+
+# loader order: llama_model_loader::weight_name_comparer reads the layer with sscanf("blk.%d.")
+_LAYER = re.compile(r"blk\.\s*([+-]?\d+)")
+
+
+# --- small functions over the tables -----------------------------------------------------------
+
+def _use_more_bits(i: int, n: int) -> bool:
+    """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between.
+    (i - n//8 is never negative when the last term is reached: the first term caught it.)"""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+@dataclass(frozen=True)
+class _Where:
+    i: int  # tensors of this rule group typed so far
+    n: int  # their total (n_attention_wv, or block_count for ffn_down)
+    n_gqa: int  # head_count // head_count_kv (layer 0)
+
+
+CONDITIONS: dict[str, Callable[[_Where], bool]] = {
+    "always": lambda w: True,
+    "gqa>=4": lambda w: w.n_gqa >= 4,
+    "i<2": lambda w: w.i < 2,
+    "i<4": lambda w: w.i < 4,
+    "i<n/8": lambda w: w.i < w.n // 8,
+    "i<n/16": lambda w: w.i < w.n // 16,
+    "more_bits": lambda w: _use_more_bits(w.i, w.n),
+}
+
+
+def resolve_ftype(ftype: str) -> str:
+    """The canonical file-type name for what a user typed (case-insensitive, aliases resolved)."""
+    name = ftype.upper()
+    name = FTYPE_ALIASES.get(name, name)
+    if name not in FTYPES:
+        raise ValueError(f"unknown quantization type {ftype!r}; choose one of {', '.join([*FTYPES, *FTYPE_ALIASES])}")
+    return name
+
+
+def n_dims(ne: Sequence[int]) -> int:
+    """ggml_n_dims: trailing dimensions of size 1 do not count; at least 1."""
+    n = len(ne)
+    while n > 1 and ne[n - 1] == 1:
+        n -= 1
+    return max(n, 1)
+
+
+def not_quantized_reason(name: str, ne: Sequence[int]) -> str | None:
+    """Why tensor_allows_quantization (default options) says no, or None when it says yes."""
+    if n_dims(ne) < 2:
+        return "1-D"
+    # llama.cpp tests name.rfind("weight") == name.size() - 6 in size_t arithmetic: a 5-character
+    # name wraps to npos and passes. Mirrored so the odd case agrees too.
+    if not (name.endswith(QUANTIZED_SUFFIX) or (len(name) == 5 and QUANTIZED_SUFFIX not in name)):
+        return f"name does not end in {QUANTIZED_SUFFIX!r}"
+    if name in NOT_QUANTIZED_NAMES:
+        return "never quantized"
+    hit = next((s for s in NOT_QUANTIZED_SUBSTRINGS if s in name), None)
+    return None if hit is None else f"name contains {hit!r}"
+
+
+def is_quantizable(name: str, ne: Sequence[int]) -> bool:
+    """tensor_allows_quantization with default options."""
+    return not_quantized_reason(name, ne) is None
+
+
+def category(name: str) -> str:
+    """tensor_get_category: "output", "token_embd", one of CATEGORY_SUBSTRINGS' names, or "other"."""
+    if name in OUTPUT_NAMES:
+        return "output"
+    if name in TOKEN_EMBD_NAMES:
+        return "token_embd"
+    return next((cat for sub, cat in CATEGORY_SUBSTRINGS if sub in name), "other")
+
+
+def loader_order(names: Sequence[str]) -> list[int]:
+    """Indices of ``names`` in llama-quantize's order (and the order of the tensors it writes)."""
+
+    def sort_key(i: int) -> tuple[int, bytes]:
+        m = _LAYER.match(names[i])
+        return (int(m.group(1)) if m else -1, names[i].encode())
+
+    return sorted(range(len(names)), key=sort_key)
+
+
+def _block(t: GGMLType) -> int:
+    return BLOCK_GEOMETRY[t][0]
+
+
+def _fallback(ncols: int, t: GGMLType) -> tuple[GGMLType, str | None]:
+    """tensor_type_fallback: (type, note) -- note is None when ne[0] fits the type's blocks."""
+    if ncols % _block(t) == 0:
+        return t, None
+    if t in FALLBACK:
+        new = FALLBACK[t]
+    elif _block(t) <= 32:
+        new = t
+    else:
+        raise ValueError(f"llama-quantize defines no fallback for {t.name} (ne[0]={ncols})")
+    if ncols % _block(new) != 0:
+        new = LAST_RESORT_TYPE
+    return new, f"{NOTE_FALLBACK}: ne[0]={ncols} is not a multiple of {_block(t)} ({t.name}) -> {new.name}"
+
+
+def _infer_n_layer(names: Sequence[str]) -> int:
+    layers = [int(m.group(1)) for n in names if (m := _LAYER.match(n))]
+    return max(layers) + 1 if layers else 0
+
+
+def _infer_n_gqa(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> int:
+    """head_count // head_count_kv from layer 0's attn_q / attn_k rows (both H*D and KV*D)."""
+    shapes = {cat: ne for name, ne in tensors if (cat := category(name)) in ("attn_q", "attn_k") and name.startswith("blk.0.")}
+    q, k = shapes.get("attn_q", ()), shapes.get("attn_k", ())
+    if len(q) < 2 or len(k) < 2 or k[1] == 0:
+        return 1
+    return q[1] // k[1]
+
+
+def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
+                       n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None) -> tuple[int, list[tuple[str, str]]]:
+    """tensors: (GGUF name, ggml ne, i.e. ne[0] first) in file order, as in the input F16/BF16/F32 file.
+    Returns (general.file_type value, [(ggml type name for each tensor, note)]).
+
+    ``ftype`` is what a user types to llama-quantize (``Q4_K_M``, ``q4_k``, ...). ``input_types``
+    (ggml type names, same order) gives the type of the tensors llama-quantize leaves alone; without
+    it their type is reported as ``"keep"``. With it, a tensor already in a quantized type is refused
+    (as llama-quantize refuses without --allow-requantize) unless it is already the chosen type.
+    ``n_layer`` is ``<arch>.block_count`` and ``n_head``/``n_head_kv`` the head counts (layer 0; pass
+    the metadata values, n_head_kv None when the key is absent); when n_layer / n_head are omitted
+    they are read off the tensors (highest ``blk.N`` + 1; attn_q rows // attn_k rows of layer 0).
+    The notes of fallback choices start with ``"fallback"``: their count is what llama-quantize
+    prints as ``<n> of <all> tensor(s) required fallback quantization``.
+    """
+    name_ft = resolve_ftype(ftype)
+    file_type, default = FTYPES[name_ft]
+    names = [n for n, _ in tensors]
+    if input_types is not None and len(input_types) != len(tensors):
+        raise ValueError("input_types must have one entry per tensor")
+    nl = _infer_n_layer(names) if n_layer is None else n_layer
+    if n_head is not None:
+        kv = n_head if n_head_kv is None else n_head_kv  # llama.cpp: head_count_kv defaults to head_count
+        gqa = 0 if kv == 0 else n_head // kv
+    else:
+        gqa = _infer_n_gqa(tensors)
+    cats = [category(n) for n in names]
+    n_attn_v = sum(c in ATTN_V_LIKE for c in cats)
+    tied = not any(c == "output" for c in cats)  # no output.weight: token_embd doubles as the output
+    rules = MIX_RULES.get(name_ft, {})
+    seen = {"attn_v": 0, "ffn_down": 0}
+    totals = {"attn_v": n_attn_v, "ffn_down": nl}
+
+    out: list[tuple[str, str]] = [("", "")] * len(tensors)
+    for idx in loader_order(names):
+        name, ne = tensors[idx]
+        src = input_types[idx] if input_types is not None else None
+        reason = not_quantized_reason(name, ne)
+        if reason is not None:
+            out[idx] = (src or KEEP, f"{NOTE_KEPT}: {reason}")
+            continue
+        cat = cats[idx]
+        note = f"{name_ft} default"
+        new = default
+        if default not in FLOAT_TYPES:
+            if cat == "output" or (tied and cat == "token_embd"):
+                if ne[0] % _block(default) != 0:
+                    new, note = OUTPUT_UNALIGNED_TYPE, f"output: ne[0] does not fill {default.name} blocks"
+                elif default not in OUTPUT_KEEPS_DEFAULT:
+                    new, note = OUTPUT_TYPE, "output" + (" (tied token_embd)" if cat == "token_embd" else "")
+            else:
+                group = "attn_v" if cat in ATTN_V_LIKE else cat
+                for cond, t in rules.get(group, ()):
+                    where = _Where(seen.get(group, 0), totals.get(group, 0), gqa)
+                    if CONDITIONS[cond](where):
+                        new, note = t, f"{name_ft} mix: {group} {cond} (i={where.i}, n={where.n})"
+                        break
+                if group in seen:
+                    seen[group] += 1
+            new, fb = _fallback(ne[0], new)
+            note = fb or note
+        if src is not None and src != new.name:
+            cur = GGMLType[src]
+            if cur not in CONVERTIBLE_FLOATS and _block(cur) > 1:
+                raise ValueError(f"{name}: llama-quantize refuses to requantize {src} to {new.name} (no --allow-requantize)")
+            if cur not in CONVERTIBLE_FLOATS:
+                raise ValueError(f"{name}: llama-quantize cannot convert a {src} tensor to {new.name}")
+        out[idx] = (new.name, note)
+    return file_type, out
+
+
+def fallback_count(choices: Sequence[tuple[str, str]]) -> int:
+    """How many choices took the block-size fallback (llama-quantize's printed count)."""
+    return sum(note.startswith(NOTE_FALLBACK) for _, note in choices)
