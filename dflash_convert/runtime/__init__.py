@@ -1,0 +1,1 @@
+"""In-process execution of converted DFlash drafters (torch, CPU or CUDA)."""

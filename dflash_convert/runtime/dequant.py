@@ -1,0 +1,354 @@
+"""ggml tensor bytes -> torch values, for running converted drafters in process (CPU or CUDA).
+
+Every kernel is a handful of torch ops over all blocks of a chunk at once (no Python loop over
+blocks, no numpy), so it runs on whatever device the bytes are on; the only loop is over chunks of
+16M values on CPU (see _CHUNK_VALUES_CPU), one chunk for most tensors. The block layouts and
+formulas follow ggml's ``dequantize_row_*`` (ggml-quants.c, block structs in ggml-common.h).
+
+Results are bit-identical to gguf-py's numpy dequantizers (and to ggml's reference C built
+without floating-point contraction): each kernel rounds the same float32 products and sums in the
+same order, ``scale * quant`` then ``+ min`` / ``- min``, with the per-sub-block scale formed first
+(``d * sc``). Integer steps (nibble unpacking, sign offsets) are exact in any order. We use
+separate in-place ``mul_``/``add_`` rather than ``addcmul`` because a fused multiply-add rounds
+once instead of twice and would differ from the reference in the last bit.
+
+The fp16 scale fields are reinterpreted with ``Tensor.view(torch.float16)``, which reads host byte
+order; GGUF is little-endian, and dequantize() refuses a big-endian host rather than byte-swap.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+
+from ..format.ggml import BLOCK_GEOMETRY, REMOVED_TYPES, GGMLType, tensor_nbytes
+
+# Block structs (ggml-common.h): field name and byte size, in memory order. Fields named d, dmin
+# and m are fp16; everything else is packed integers. Checked against BLOCK_GEOMETRY below.
+BLOCK_FIELDS: dict[GGMLType, tuple[tuple[str, int], ...]] = {
+    GGMLType.Q4_0: (("d", 2), ("qs", 16)),
+    GGMLType.Q4_1: (("d", 2), ("m", 2), ("qs", 16)),
+    GGMLType.Q5_0: (("d", 2), ("qh", 4), ("qs", 16)),
+    GGMLType.Q5_1: (("d", 2), ("m", 2), ("qh", 4), ("qs", 16)),
+    GGMLType.Q8_0: (("d", 2), ("qs", 32)),
+    GGMLType.Q2_K: (("scales", 16), ("qs", 64), ("d", 2), ("dmin", 2)),
+    GGMLType.Q3_K: (("hmask", 32), ("qs", 64), ("scales", 12), ("d", 2)),
+    GGMLType.Q4_K: (("d", 2), ("dmin", 2), ("scales", 12), ("qs", 128)),
+    GGMLType.Q5_K: (("d", 2), ("dmin", 2), ("scales", 12), ("qh", 32), ("qs", 128)),
+    GGMLType.Q6_K: (("ql", 128), ("qh", 64), ("scales", 16), ("d", 2)),
+    GGMLType.IQ4_NL: (("d", 2), ("qs", 16)),
+    GGMLType.IQ4_XS: (("d", 2), ("scales_h", 2), ("scales_l", 4), ("qs", 128)),
+}
+
+# Types stored one value per element: reinterpret the bytes, then cast to the requested dtype.
+FLOAT_ELEMENT_DTYPES: dict[GGMLType, torch.dtype] = {
+    GGMLType.F32: torch.float32,
+    GGMLType.F16: torch.float16,
+    GGMLType.BF16: torch.bfloat16,
+    GGMLType.F64: torch.float64,
+}
+# Integer tensors (d2t is I64) come back as int64 whatever dtype is asked for: they are indices.
+INT_ELEMENT_DTYPES: dict[GGMLType, torch.dtype] = {
+    GGMLType.I8: torch.int8,
+    GGMLType.I16: torch.int16,
+    GGMLType.I32: torch.int32,
+    GGMLType.I64: torch.int64,
+}
+
+# IQ4_NL / IQ4_XS non-linear 4-bit codebook (kvalues_iq4nl, ggml-common.h).
+KVALUES_IQ4NL: tuple[int, ...] = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+# Right shifts that spread one byte into its 4-bit, 2-bit and 1-bit fields, lowest bits first.
+_NIBBLE_SHIFTS = (0, 4)
+_CRUMB_SHIFTS = (0, 2, 4, 6)
+_BIT_SHIFTS = (0, 1, 2, 3, 4, 5, 6, 7)
+
+
+def _check_fields() -> None:
+    """The struct table must add up to ggml's block sizes, or every offset after a typo is wrong."""
+    for t, fields in BLOCK_FIELDS.items():
+        if sum(size for _, size in fields) != BLOCK_GEOMETRY[t][1]:
+            raise AssertionError(f"BLOCK_FIELDS[{t.name}] does not add up to {BLOCK_GEOMETRY[t][1]} bytes")
+
+
+_check_fields()
+
+
+@lru_cache(maxsize=16)
+def _iq4nl_table(device: torch.device) -> torch.Tensor:
+    """The codebook as float32 on one device, made once so CUDA calls do not re-upload it."""
+    return torch.tensor([float(v) for v in KVALUES_IQ4NL], dtype=torch.float32, device=device)
+
+
+def _fields(blocks: torch.Tensor, t: GGMLType) -> dict[str, torch.Tensor]:
+    """(n_blocks, type_size) uint8 -> one strided column slice per struct field (no copies)."""
+    out: dict[str, torch.Tensor] = {}
+    start = 0
+    for name, size in BLOCK_FIELDS[t]:
+        out[name] = blocks[:, start : start + size]
+        start += size
+    return out
+
+
+def _half(field: torch.Tensor) -> torch.Tensor:
+    """(n, 2) uint8 fp16 field -> (n, 1) float32 (exact). The copy makes it contiguous and aligned for view()."""
+    return field.contiguous().view(torch.float16).float()
+
+
+def _u8(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    return torch.empty(shape, dtype=torch.uint8, device=like.device)
+
+
+def _spread(q: torch.Tensor, shifts: tuple[int, ...], mask: int, out: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """Split packed fields: ``out.select(dim, k) = (q >> shifts[k]) & mask``.
+
+    One scalar-shift op per field position (2, 4 or 8 of them, never per block): torch vectorizes
+    scalar shifts but not a broadcast tensor of shifts, which measured about 3x slower on CPU.
+    """
+    for k, s in enumerate(shifts):
+        torch.bitwise_right_shift(q, s, out=out.select(dim, k))
+    return out.bitwise_and_(mask)
+
+
+def _k4_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins (get_scale_min_k4).
+
+    Bytes 0-3 hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; bytes 8-11 hold the low
+    nibbles of scales 4-7 (low half) and mins 4-7 (high half), whose top 2 bits are the spare top
+    bits of bytes 0-3 and 4-7.
+    """
+    a, b, c = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = torch.cat((a & 0x3F, (c & 0x0F) | ((a >> 6) << 4)), dim=1)
+    mn = torch.cat((b & 0x3F, (c >> 4) | ((b >> 6) << 4)), dim=1)
+    return sc, mn
+
+
+# Kernels: (n_blocks, type_size) uint8 blocks -> writes (n_blocks, block_elements) float32 ``out``
+# (contiguous). Codes are unpacked into small uint8 buffers, widened by out.copy_(), then scaled
+# in place, so the only large allocation is the caller's output.
+
+
+def _q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    f, n = _fields(blocks, GGMLType.Q4_0), blocks.shape[0]
+    q = _spread(f["qs"], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 16)).view(torch.int8).sub_(8)
+    out.copy_(q.view(n, 32)).mul_(_half(f["d"]))
+
+
+def _q4_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    f, n = _fields(blocks, GGMLType.Q4_1), blocks.shape[0]
+    q = _spread(f["qs"], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 16))
+    out.copy_(q.view(n, 32)).mul_(_half(f["d"])).add_(_half(f["m"]))
+
+
+def _q5_codes(blocks: torch.Tensor, f: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Q5_0/Q5_1 5-bit codes: nibbles of qs, plus bit j of the little-endian 32-bit qh for element j."""
+    n = blocks.shape[0]
+    q = _spread(f["qs"], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 16)).view(n, 32)
+    high = _spread(f["qh"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 4, 8), dim=-1)  # [byte, bit]: element 8*byte + bit
+    return q.bitwise_or_(high.view(n, 32).bitwise_left_shift_(4))
+
+
+def _q5_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    f = _fields(blocks, GGMLType.Q5_0)
+    out.copy_(_q5_codes(blocks, f).view(torch.int8).sub_(16)).mul_(_half(f["d"]))
+
+
+def _q5_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    f = _fields(blocks, GGMLType.Q5_1)
+    out.copy_(_q5_codes(blocks, f)).mul_(_half(f["d"])).add_(_half(f["m"]))
+
+
+def _q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    f = _fields(blocks, GGMLType.Q8_0)
+    out.copy_(f["qs"].view(torch.int8)).mul_(_half(f["d"]))
+
+
+def _q2_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """16 sub-blocks of 16: 4-bit scale (low) and min (high) per sub-block, 2-bit quants.
+
+    Element 128*h + 32*j + l is bits 2j..2j+1 of qs[32*h + l]; its sub-block is element // 16.
+    """
+    f, n = _fields(blocks, GGMLType.Q2_K), blocks.shape[0]
+    sc = f["scales"]
+    dl = _half(f["d"]) * (sc & 0x0F).float()
+    ml = _half(f["dmin"]) * (sc >> 4).float()
+    q = _spread(f["qs"].reshape(n, 2, 32), _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 2, 4, 32))
+    out.copy_(q.view(n, 256))
+    out.view(n, 16, 16).mul_(dl.unsqueeze(-1)).sub_(ml.unsqueeze(-1))
+
+
+def _q3_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """16 sub-blocks of 16: signed 6-bit scales, 2 low bits in qs plus an inverted high bit in hmask.
+
+    Scale k: low 4 bits from byte k % 8 (nibble k // 8), high 2 bits from byte 8 + k % 4 (field k // 4).
+    Element 32*p + l (p = 0..7) takes bits from qs[32*(p // 4) + l] at shift 2*(p % 4) and bit p of
+    hmask[l]; a clear hmask bit subtracts 4.
+    """
+    f, n = _fields(blocks, GGMLType.Q3_K), blocks.shape[0]
+    sc = f["scales"]
+    lo = _spread(sc[:, 0:8], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 8)).view(n, 16)
+    hi = _spread(sc[:, 8:12], _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 4, 4)).view(n, 16)
+    dl = _half(f["d"]) * (lo | (hi << 4)).view(torch.int8).sub_(32).float()
+    q = _spread(f["qs"].reshape(n, 2, 32), _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 2, 4, 32)).view(n, 256)
+    high = _spread(f["hmask"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 8, 32)).view(n, 256)
+    q = q.bitwise_or_(high.bitwise_left_shift_(2)).view(torch.int8).sub_(4)
+    out.copy_(q)
+    out.view(n, 16, 16).mul_(dl.unsqueeze(-1))
+
+
+def _q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """8 sub-blocks of 32 with 6-bit scales and mins; element 64*j + 32*h + l is nibble h of qs[32*j + l]."""
+    f, n = _fields(blocks, GGMLType.Q4_K), blocks.shape[0]
+    sc, mn = _k4_scales_mins(f["scales"])
+    d1 = _half(f["d"]) * sc.float()
+    m1 = _half(f["dmin"]) * mn.float()
+    q = _spread(f["qs"].reshape(n, 4, 32), _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 4, 2, 32))
+    out.copy_(q.view(n, 256))
+    out.view(n, 8, 32).mul_(d1.unsqueeze(-1)).sub_(m1.unsqueeze(-1))
+
+
+def _q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """Q4_K plus a fifth bit: sub-block s takes bit s of qh[l] for its element l."""
+    f, n = _fields(blocks, GGMLType.Q5_K), blocks.shape[0]
+    sc, mn = _k4_scales_mins(f["scales"])
+    d1 = _half(f["d"]) * sc.float()
+    m1 = _half(f["dmin"]) * mn.float()
+    q = _spread(f["qs"].reshape(n, 4, 32), _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 4, 2, 32)).view(n, 256)
+    high = _spread(f["qh"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 8, 32)).view(n, 256)
+    out.copy_(q.bitwise_or_(high.bitwise_left_shift_(4)))
+    out.view(n, 8, 32).mul_(d1.unsqueeze(-1)).sub_(m1.unsqueeze(-1))
+
+
+def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """16 sub-blocks of 16 with int8 scales; 6-bit quants, low 4 bits in ql, high 2 in qh, offset 32.
+
+    In half h, element 128*h + 32*k + l has low bits from ql[64*h + 32*(k % 2) + l] (nibble k // 2)
+    and high bits from qh[32*h + l] at shift 2*k; its sub-block is element // 16.
+    """
+    f, n = _fields(blocks, GGMLType.Q6_K), blocks.shape[0]
+    dsc = _half(f["d"]) * f["scales"].view(torch.int8).float()
+    q = _spread(f["ql"].reshape(n, 2, 64), _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 2, 64)).view(n, 256)
+    high = _spread(f["qh"].reshape(n, 2, 32), _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 2, 4, 32)).view(n, 256)
+    out.copy_(q.bitwise_or_(high.bitwise_left_shift_(4)).view(torch.int8).sub_(32))
+    out.view(n, 16, 16).mul_(dsc.unsqueeze(-1))
+
+
+def _iq4_lookup(codes: torch.Tensor, out: torch.Tensor) -> None:
+    """4-bit codes -> codebook values into out (same number of elements). int32 indices: half of int64's traffic."""
+    torch.index_select(_iq4nl_table(codes.device), 0, codes.reshape(-1).to(torch.int32), out=out.view(-1))
+
+
+def _iq4_nl(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    f, n = _fields(blocks, GGMLType.IQ4_NL), blocks.shape[0]
+    _iq4_lookup(_spread(f["qs"], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 16)), out)
+    out.mul_(_half(f["d"]))
+
+
+def _iq4_xs(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """8 sub-blocks of 32 with 6-bit scales (low nibble in scales_l, 2 high bits in the 16-bit scales_h), IQ4_NL codes."""
+    f, n = _fields(blocks, GGMLType.IQ4_XS), blocks.shape[0]
+    lo = _spread(f["scales_l"], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 4, 2), dim=-1)  # sub-block 2*byte + nibble
+    hi = _spread(f["scales_h"], _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 2, 4), dim=-1)  # sub-block 4*byte + field
+    dl = _half(f["d"]) * (lo.view(n, 8) | (hi.view(n, 8) << 4)).view(torch.int8).sub_(32).float()
+    _iq4_lookup(_spread(f["qs"].reshape(n, 8, 16), _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 8, 2, 16)), out)
+    out.view(n, 8, 32).mul_(dl.unsqueeze(-1))
+
+
+_BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
+    GGMLType.Q4_0: _q4_0,
+    GGMLType.Q4_1: _q4_1,
+    GGMLType.Q5_0: _q5_0,
+    GGMLType.Q5_1: _q5_1,
+    GGMLType.Q8_0: _q8_0,
+    GGMLType.Q2_K: _q2_k,
+    GGMLType.Q3_K: _q3_k,
+    GGMLType.Q4_K: _q4_k,
+    GGMLType.Q5_K: _q5_k,
+    GGMLType.Q6_K: _q6_k,
+    GGMLType.IQ4_NL: _iq4_nl,
+    GGMLType.IQ4_XS: _iq4_xs,
+}
+
+# Values per kernel call. Each chunk's uint8 code buffers (a byte or two per value) stay below
+# glibc's 32 MiB mmap threshold at 16M values, so they are recycled from the heap instead of being
+# page-faulted in afresh for every call; fresh memory measured costlier per byte than the arithmetic.
+# Smaller chunks did not pay on 2 cores: every chunk is a few more parallel regions, and their
+# thread hand-offs cost more than the cache they save once the cores are shared. On a GPU one
+# launch per op is best; the cap there only bounds the temporary buffers.
+_CHUNK_VALUES_CPU = 1 << 24
+_CHUNK_VALUES_OTHER = 1 << 26
+
+SUPPORTED_TYPES: frozenset[int] = frozenset(int(t) for t in (*FLOAT_ELEMENT_DTYPES, *INT_ELEMENT_DTYPES, *_BLOCK_KERNELS))
+
+
+def _type_name(ggml_type: int) -> str:
+    try:
+        return f"{GGMLType(ggml_type).name} ({int(ggml_type)})"
+    except ValueError:
+        removed = REMOVED_TYPES.get(int(ggml_type))
+        return f"id {int(ggml_type)}" + (f" ({removed}, removed from ggml)" if removed else "")
+
+
+def _reinterpret(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes -> elements of dtype. view() needs the storage offset to be a whole element; a slice
+    of a larger buffer at an odd offset is copied first rather than refused."""
+    raw = raw.contiguous()
+    if raw.storage_offset() % dtype.itemsize:
+        raw = raw.clone()
+    return raw.view(dtype)
+
+
+def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode one ggml tensor's bytes to values on ``raw``'s device.
+
+    raw: 1-D torch.uint8 tensor with the tensor's bytes (any device). ggml_type: ggml type id
+    (GGMLType). shape: the PyTorch shape, i.e. ggml ``ne`` reversed, so the last dim is ne[0], the
+    row that blocks run along. Quantized types are computed in float32 and then cast to ``dtype``;
+    F16/BF16/F32/F64 are reinterpreted and cast. Integer types come back as int64 and ignore dtype.
+    When no cast is needed (e.g. F32 asked as float32) the result shares memory with ``raw``.
+
+    Raises ValueError for an unsupported type, a malformed ``raw``, a row that is not a whole number
+    of blocks, or a byte count that does not match shape and type.
+    """
+    if sys.byteorder != "little":
+        raise RuntimeError("ggml dequantization reinterprets little-endian bytes in place; this host is big-endian")
+    if int(ggml_type) not in SUPPORTED_TYPES:
+        raise ValueError(f"cannot dequantize ggml type {_type_name(ggml_type)}; supported: {', '.join(GGMLType(t).name for t in sorted(SUPPORTED_TYPES))}")
+    t = GGMLType(int(ggml_type))
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.dim() != 1:
+        what = f"{raw.dtype} tensor of {raw.dim()} dims" if isinstance(raw, torch.Tensor) else type(raw).__name__
+        raise ValueError(f"{t.name}: raw must be a 1-D torch.uint8 tensor, got a {what}")
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{t.name}: negative dimension in shape {shape}")
+    block, _ = BLOCK_GEOMETRY[t]
+    if block > 1 and not shape:
+        raise ValueError(f"{t.name}: a scalar cannot hold a {block}-element block")
+    expected = tensor_nbytes(t, tuple(reversed(shape)))  # raises ValueError when the row is not whole blocks
+    if raw.numel() != expected:
+        raise ValueError(f"{t.name} tensor of shape {shape} needs {expected} bytes, got {raw.numel()}")
+
+    if t in INT_ELEMENT_DTYPES:
+        return _reinterpret(raw, INT_ELEMENT_DTYPES[t]).to(torch.int64).reshape(shape)
+    if t in FLOAT_ELEMENT_DTYPES:
+        return _reinterpret(raw, FLOAT_ELEMENT_DTYPES[t]).to(dtype).reshape(shape)
+    block_bytes = BLOCK_GEOMETRY[t][1]
+    n_blocks = expected // block_bytes
+    blocks = raw.contiguous().view(n_blocks, block_bytes)
+    kernel = _BLOCK_KERNELS[t]
+    out = torch.empty((n_blocks, block), dtype=dtype, device=raw.device)
+    step = max(1, (_CHUNK_VALUES_CPU if raw.device.type == "cpu" else _CHUNK_VALUES_OTHER) // block)
+    # other output dtypes: compute each chunk in float32 scratch, then round once into out
+    scratch = None if dtype == torch.float32 else torch.empty((min(step, n_blocks), block), dtype=torch.float32, device=raw.device)
+    for i in range(0, n_blocks, step):
+        dst = out[i : i + step]
+        if scratch is None:
+            kernel(blocks[i : i + step], dst)
+        else:
+            tmp = scratch[: dst.shape[0]]
+            kernel(blocks[i : i + step], tmp)
+            dst.copy_(tmp)
+    return out.reshape(shape)
