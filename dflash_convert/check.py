@@ -1,0 +1,413 @@
+"""``dflash-convert check``: does a drafter GGUF compute what its checkpoint computes?
+
+Why: a converted file can be complete and valid yet wrong (a rope base, two swapped matrices, a
+norm written from the wrong tensor); only running it shows that. ``check`` runs one draft of the
+GGUF the way llama.cpp runs it (``runtime.forward.run_gguf``) and the same draft from the
+Hugging Face checkpoint (``runtime.reference.reference_forward``, ``semantics="llama.cpp"``),
+on identical inputs: synthetic target features drawn from ``seed`` (float32
+``[context, n_taps * hidden]``), the block ``[anchor, mask, ...]`` (anchor drawn from ``seed``) and
+positions ``0 .. context + block_size - 1``. The reference runs in float64, the GGUF in float32.
+
+Metrics (GGUF against checkpoint):
+
+* ``hidden_max_abs_err``: max |h_gguf - h_ref| over the final-norm hidden states of every slot;
+* ``hidden_max_rel_err``: that, divided by max |h_ref| (the scale of the states; a per-element
+  ratio would explode on entries near zero);
+* ``top1_agreement``: share of the ``block_size - 1`` predicted slots whose greedy token agrees;
+  ``top1_agreement_tie_aware`` also counts a slot where the two disagree but the reference rates
+  the GGUF's token within ``tie_margin`` nats of its own choice (a near-tie: 1e-4 for F32, 1e-2
+  for F16, 5e-2 for BF16/Q8_0, 0.1 below); the gate uses this;
+* ``kl_mean``: mean over those slots of KL(p_ref || p_gguf), p = softmax(logits), in nats.
+
+A file passes when hidden_max_rel_err <= ``hidden_max_rel``, top1_agreement_tie_aware >= ``top1_min`` and
+kl_mean <= ``kl_max`` of its precision class (table ``THRESHOLDS``; the class is the loosest of
+``general.file_type`` and every matrix's ggml type, so a mixed file is judged by its lowest
+precision):
+
+==========  ==============  ========  ======  ==========  ==========================================
+class       hidden_max_rel  top1_min  kl_max  tie_margin  types
+==========  ==============  ========  ======  ==========  ==========================================
+F32         1e-4            1.0       1e-6    1e-4        F32
+F16         5e-3            0.9       1e-3    1e-2        F16
+BF16        3e-2            0.85      5e-3    5e-2        BF16
+Q8_0        3e-2            0.85      5e-3    5e-2        Q8_0
+Q6_K        6e-2            0.8       2e-2    0.1         Q6_K
+Q5          0.12            0.75      5e-2    0.1         Q5_0, Q5_1, Q5_K_S, Q5_K_M
+Q4          0.25            0.65      0.15    0.1         Q4_0, Q4_1, Q4_K_S, Q4_K_M, IQ4_NL, IQ4_XS
+Q3_K        0.4             0.5       0.4     0.1         Q3_K_S, Q3_K_M, Q3_K_L
+Q2_K        0.6             0.35      0.8     0.1         Q2_K
+==========  ==============  ========  ======  ==========  ==========================================
+
+The reason for each value is next to it in ``THRESHOLDS``. ``exit_code`` is 0 on pass, 1 on
+fail; an unreadable input raises ``InputFileError`` (a command line maps it to 2).
+
+Also reported, never failing the check:
+
+* ``semantics_gap``: the checkpoint under its trained semantics (``semantics="reference"``)
+  against llama.cpp's. Where they differ (top-1 agreement below 1 or hidden states further apart
+  than ``SEMANTICS_HIDDEN_TOL``), llama.cpp does not run this drafter as it was trained (a causal
+  or windowed sliding layer, exact GELU, ...) and a warning says how much the greedy drafts agree.
+* ``reference_gguf``: a full-precision sibling (F16/F32) of the checked file; the checked file's
+  top-1 agreement and KL against it isolate what quantization alone costs
+  (``metrics["against_reference_gguf"]``).
+
+``save_io`` writes the inputs and both sides' outputs to an ``.npz`` (schema in ``save_io_arrays``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .drafter import Drafter
+from .errors import DFlashError, InputFileError
+from .files import Inputs, check_output_path
+from .format.ggml import GGMLType
+from .format.keys import key
+from .format.quant_types import FTYPES
+from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, run_gguf
+from .runtime.reference import load_reference, reference_forward
+from .runtime.weights import load_weights
+from .sources.gguf import GGUFFile, read_gguf
+from .sources.gguf_drafter import drafter_from_gguf
+
+SCHEMA = "dflash-convert/check/v1"
+# the two semantics of one float64 reference: identical computations agree to ~1e-15, so anything
+# above this is a real difference in the graph (mask, activation), not rounding
+SEMANTICS_HIDDEN_TOL = 1e-6
+# a flipped slot whose GGUF token the reference itself rates within this many nats of its own top-1
+# (probability ratio >= e^-0.1 = 0.905) is a near-tie, not a defect: it costs a draft essentially
+# nothing in acceptance, and tiny or unsure drafters (flat distributions) flip such slots under any
+# rounding. The gate counts those slots as agreeing; the raw agreement is reported beside it. Each
+# precision class narrows it to the logit noise it can cause (``Thresholds.tie_margin``)
+TIE_MARGIN = 0.1
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Pass limits of one precision class (see the module docstring)."""
+
+    hidden_max_rel: float
+    top1_min: float
+    kl_max: float
+    tie_margin: float = TIE_MARGIN  # nats: a flip between tokens this close in the reference counts as agreeing
+
+    def as_dict(self) -> dict[str, float]:
+        return {"hidden_max_rel": self.hidden_max_rel, "top1_min": self.top1_min, "kl_max": self.kl_max,
+                "tie_margin": self.tie_margin}
+
+
+# precision class -> limits, strictest first (the order is used to pick the loosest class of a file)
+THRESHOLDS: dict[str, Thresholds] = {
+    # float32 runner against the float64 reference: only float32 rounding, measured ~1e-6 relative;
+    # any real mistake (rope base, swapped or scaled tensor) is orders of magnitude above 1e-4. Only
+    # ties within float32 logit noise may flip: every other token must be the checkpoint's
+    "F32": Thresholds(1e-4, 1.0, 1e-6, 1e-4),
+    # fp16 keeps 11 significant bits (weight error ~2.4e-4 relative, rms lower); a few layers amplify
+    # it to ~1e-3 in the normed states. One in ten greedy slots may flip where two candidates tie
+    # within that noise (late block slots of a real drafter are near-ties)
+    "F16": Thresholds(5e-3, 0.9, 1e-3, 1e-2),
+    # bf16 keeps 8 bits (~2e-3 relative per weight, 8x fp16); Q8_0 (int8 per 32 values with an fp16
+    # scale) has a comparable error, ~1/254 of each block's largest magnitude
+    "BF16": Thresholds(3e-2, 0.85, 5e-3, 5e-2),
+    "Q8_0": Thresholds(3e-2, 0.85, 5e-3, 5e-2),
+    # 6-bit K-quant: ~4x the int8 step
+    "Q6_K": Thresholds(6e-2, 0.8, 2e-2),
+    # 5-bit: twice the 6-bit step
+    "Q5": Thresholds(0.12, 0.75, 5e-2),
+    # 4-bit (K-quants, legacy, IQ4 non-linear): twice again; the drafts still mostly agree
+    "Q4": Thresholds(0.25, 0.65, 0.15),
+    # 3-bit and 2-bit: large, documented quality loss; only gross breakage should fail here
+    "Q3_K": Thresholds(0.4, 0.5, 0.4),
+    "Q2_K": Thresholds(0.6, 0.35, 0.8),
+}
+
+# ggml type / file type name -> precision class
+_CLASS_OF: dict[str, str] = {
+    "F32": "F32", "F64": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q8_1": "Q8_0", "Q8_K": "Q8_0",
+    "Q6_K": "Q6_K", "Q5_0": "Q5", "Q5_1": "Q5", "Q5_K": "Q5", "Q5_K_S": "Q5", "Q5_K_M": "Q5",
+    "Q4_0": "Q4", "Q4_1": "Q4", "Q4_K": "Q4", "Q4_K_S": "Q4", "Q4_K_M": "Q4", "IQ4_NL": "Q4", "IQ4_XS": "Q4",
+    "Q3_K": "Q3_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "Q2_K": "Q2_K",
+}
+_FTYPE_NAMES: dict[int, str] = {v: name for name, (v, _) in FTYPES.items()}
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found: metrics, the limits applied, and the verdict."""
+
+    file: str
+    checkpoint: str
+    device: str
+    file_type: str  # general.file_type's name (or the matrix type when the key is absent)
+    precision_class: str  # the THRESHOLDS row applied
+    metrics: dict[str, Any]
+    thresholds: Thresholds
+    failures: list[str]
+    warnings: list[str] = field(default_factory=list)
+    semantics_gap: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "file": self.file, "checkpoint": self.checkpoint, "device": self.device,
+            "file_type": self.file_type, "precision_class": self.precision_class, "metrics": self.metrics,
+            "thresholds": self.thresholds.as_dict(), "result": "pass" if self.passed else "fail",
+            "failures": list(self.failures), "warnings": list(self.warnings), "semantics_gap": self.semantics_gap,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def render_text(self) -> str:
+        m, t = self.metrics, self.thresholds
+        lines = [f"check {self.file}", f"  against {self.checkpoint} (llama.cpp semantics) on {self.device}",
+                 f"  file type {self.file_type}, judged as {self.precision_class}",
+                 f"  hidden max abs error   {m['hidden_max_abs_err']:.3g}",
+                 f"  hidden max rel error   {m['hidden_max_rel_err']:.3g}  (limit {t.hidden_max_rel:g})",
+                 f"  top-1 agreement        {m['top1_agreement']:.3f}  ({m['top1_matches']}/{m['slots']}; "
+                 f"{m['top1_agreement_tie_aware']:.3f} counting near-ties, min {t.top1_min:g})",
+                 f"  mean KL(ref || gguf)   {m['kl_mean']:.3g}  (limit {t.kl_max:g})"]
+        q = m.get("against_reference_gguf")
+        if q:
+            lines.append(f"  against {q['file']} ({q['file_type']}): top-1 agreement {q['top1_agreement']:.3f}, "
+                         f"mean KL {q['kl_mean']:.3g}")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  FAIL: {f}" for f in self.failures]
+        lines.append("PASS" if self.passed else "FAIL")
+        return "\n".join(lines)
+
+
+# --- comparisons -------------------------------------------------------------------------------
+
+
+def hidden_errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(max abs error, max abs error / max |want|) of two hidden-state tensors, in float64."""
+    a, b = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
+    err = float((a - b).abs().max())
+    return err, err / max(float(b.abs().max()), 1e-30)
+
+
+def top1_agreement(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
+    """(matching slots, slots) of two greedy token rows."""
+    return int((got.cpu() == want.cpu()).sum()), int(want.numel())
+
+
+def kl_mean(want_logits: torch.Tensor, got_logits: torch.Tensor) -> float:
+    """Mean over slots of KL(softmax(want) || softmax(got)) in nats.
+
+    Entries where the reference has probability zero (-inf logits outside a d2t vocabulary)
+    contribute nothing; a token the reference allows and the GGUF rules out makes it infinite.
+    """
+    lw = torch.log_softmax(want_logits.detach().to("cpu", torch.float64), dim=-1)
+    lg = torch.log_softmax(got_logits.detach().to("cpu", torch.float64), dim=-1)
+    live = torch.isfinite(lw)
+    terms = torch.where(live, lw.exp() * (lw - lg), torch.zeros_like(lw))
+    return float(terms.sum(-1).mean())
+
+
+def near_ties(want_logits: torch.Tensor, got_tokens: torch.Tensor, margin: float = TIE_MARGIN) -> torch.Tensor:
+    """Per slot: does ``want`` rate ``got``'s token within ``margin`` nats of its own top-1? (-inf: never)."""
+    lw = want_logits.detach().to("cpu", torch.float64)
+    own = lw.gather(-1, got_tokens.detach().to("cpu", torch.int64)[:, None])[:, 0]
+    return (lw.max(-1).values - own) <= margin
+
+
+def compare(got: ForwardResult, want: ForwardResult, tie_margin: float = TIE_MARGIN) -> dict[str, Any]:
+    """The check's metrics of ``got`` against ``want``."""
+    abs_err, rel_err = hidden_errors(got.hidden, want.hidden)
+    match, n = top1_agreement(got.tokens, want.tokens)
+    tie_aware = int(((got.tokens.cpu() == want.tokens.cpu()) | near_ties(want.logits, got.tokens, tie_margin)).sum())
+    return {"hidden_max_abs_err": abs_err, "hidden_max_rel_err": rel_err, "top1_agreement": match / n if n else 1.0,
+            "top1_matches": match, "slots": n, "top1_agreement_tie_aware": tie_aware / n if n else 1.0,
+            "kl_mean": kl_mean(want.logits, got.logits)}
+
+
+# --- file type ---------------------------------------------------------------------------------
+
+
+def _type_name(t: object) -> str:
+    return t.name if isinstance(t, GGMLType) else str(t)
+
+
+def precision_class(g: GGUFFile, d: Drafter) -> tuple[str, str]:
+    """(file type name, precision class): the loosest class of general.file_type and every matrix's type."""
+    ft = g.get(key("file_type"))
+    matrix_types = sorted({_type_name(t.dtype) for t in d.tensors if len(t.shape) >= 2})
+    ft_name = _FTYPE_NAMES.get(int(ft)) if isinstance(ft, int) and not isinstance(ft, bool) else None
+    names = ([ft_name] if ft_name else []) + matrix_types
+    order = list(THRESHOLDS)
+    classes = [_CLASS_OF[n] for n in names if n in _CLASS_OF]
+    unknown = [n for n in names if n not in _CLASS_OF]
+    if unknown:
+        raise InputFileError(f"no check thresholds for type {unknown[0]} (known: {', '.join(sorted(_CLASS_OF))})", g.path)
+    cls = max(classes, key=order.index) if classes else "F32"
+    worst_matrix = max(matrix_types, key=lambda n: order.index(_CLASS_OF[n]), default="F32")
+    return ft_name or worst_matrix, cls
+
+
+# --- inputs and outputs ------------------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto``: CUDA when torch sees a device, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise DFlashError(f"unknown device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DFlashError(f"device {device!r} requested but torch sees no CUDA device")
+    return dev
+
+
+def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target_hidden [ctx, T*E] float32, block_ids [block_size] int64, positions [ctx + block_size] int64).
+
+    Standard-normal features: the drafter's fc + hidden norm normalizes their scale, so their
+    magnitude does not matter, and random rows exercise every weight. The anchor is a random
+    vocabulary id other than the mask token.
+    """
+    if context < 1:
+        raise DFlashError(f"context must be at least 1, got {context}")
+    g = torch.Generator().manual_seed(int(seed))
+    feats = torch.randn(context, len(d.target_layers) * d.hidden_size, generator=g, dtype=torch.float32)
+    anchor = int(torch.randint(0, d.vocab_size, (1,), generator=g))
+    if anchor == d.mask_token_id:
+        anchor = (anchor + 1) % d.vocab_size
+    ids = block_tokens(d, anchor)
+    return feats, ids, contiguous_positions(context, len(ids))
+
+
+def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
+                   ref: ForwardResult) -> dict[str, np.ndarray]:
+    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens."""
+    def f32(t: torch.Tensor) -> np.ndarray:
+        return t.detach().to("cpu", torch.float32).numpy()
+
+    def i64(t: torch.Tensor) -> np.ndarray:
+        return t.detach().to("cpu", torch.int64).numpy()
+
+    return {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
+            "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
+            "logits_gguf": f32(gguf.logits), "logits_ref": f32(ref.logits),
+            "tokens_gguf": i64(gguf.tokens), "tokens_ref": i64(ref.tokens)}
+
+
+def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write to a temporary file in the same folder, then rename: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # a file object: numpy appends no suffix
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# --- the check ---------------------------------------------------------------------------------
+
+
+def _run_file(path: str | Path, target: str | Path | None, device: torch.device, feats: torch.Tensor,
+              ids: torch.Tensor, pos: torch.Tensor) -> tuple[GGUFFile, Drafter, ForwardResult]:
+    g = read_gguf(path)
+    d = drafter_from_gguf(g)
+    w = load_weights(d, target, device=device, gguf=g)
+    return g, d, run_gguf(d, w, feats, ids, pos)
+
+
+def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_dir: str | Path | None = None,
+          target_gguf: str | Path | None = None, device: str = "auto", context: int = 64, seed: int = 0,
+          save_io: str | Path | None = None, reference_gguf: str | Path | None = None) -> CheckReport:
+    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same synthetic draft and judge the difference.
+
+    ``target_model_dir`` / ``target_gguf`` supply the embedding and head a drafter does not carry
+    (the directory is used when both are given). Raises InputFileError for an unreadable input,
+    DFlashError for a usage problem (no target where one is needed, an output path on an input).
+    """
+    target = target_model_dir if target_model_dir is not None else target_gguf
+    out: Path | None = None
+    if save_io is not None:
+        inputs = Inputs()
+        inputs.add_files([p for p in (draft_gguf, target_gguf, reference_gguf) if p is not None])
+        inputs.add_directory(checkpoint_dir)
+        inputs.add_directory(target_model_dir)
+        out = check_output_path(save_io, inputs, force=True)
+    dev = resolve_device(device)
+
+    g = read_gguf(draft_gguf)
+    d = drafter_from_gguf(g)
+    ft_name, cls = precision_class(g, d)
+    feats, ids, pos = synthetic_inputs(d, context, seed)
+    got = run_gguf(d, load_weights(d, target, device=dev, gguf=g), feats, ids, pos)
+
+    model = load_reference(checkpoint_dir, target, device=dev)
+    if model.drafter.hidden_size != d.hidden_size or len(model.drafter.target_layers) != len(d.target_layers):
+        raise InputFileError(f"the checkpoint's drafter (hidden {model.drafter.hidden_size}, {len(model.drafter.target_layers)} "
+                             f"taps) is not this file's (hidden {d.hidden_size}, {len(d.target_layers)} taps)", checkpoint_dir)
+    want = reference_forward(model, feats, ids, pos, semantics="llama.cpp")
+    if want.logits.shape != got.logits.shape:
+        raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
+                             "different vocabulary or block size", checkpoint_dir)
+    limits = THRESHOLDS[cls]
+    metrics = compare(got, want, limits.tie_margin)
+    failures = []
+    if not metrics["hidden_max_rel_err"] <= limits.hidden_max_rel:
+        failures.append(f"hidden states differ: max rel error {metrics['hidden_max_rel_err']:.3g} > {limits.hidden_max_rel:g} "
+                        f"(max abs error {metrics['hidden_max_abs_err']:.3g})")
+    if not metrics["top1_agreement_tie_aware"] >= limits.top1_min:
+        failures.append(f"drafted tokens differ: top-1 agreement {metrics['top1_agreement_tie_aware']:.3f} counting near-ties "
+                        f"({metrics['top1_matches']}/{metrics['slots']} exact) < {limits.top1_min:g}")
+    if not metrics["kl_mean"] <= limits.kl_max:
+        failures.append(f"draft distributions differ: mean KL {metrics['kl_mean']:.3g} > {limits.kl_max:g}")
+
+    warnings = [f"embedding/head: {n}" for n in model.notes]
+    trained = reference_forward(model, feats, ids, pos, semantics="reference")
+    gap = compare(want, trained)
+    gap["differs"] = gap["top1_agreement"] < 1.0 or gap["hidden_max_abs_err"] > SEMANTICS_HIDDEN_TOL
+    if gap["differs"]:
+        warnings.append(f"llama.cpp does not run this drafter as it was trained: top-1 agreement between llama.cpp's "
+                        f"semantics and the trained model's is {gap['top1_agreement']:.3f} ({gap['top1_matches']}/{gap['slots']}), "
+                        f"hidden max abs difference {gap['hidden_max_abs_err']:.3g}")
+
+    metrics["against_reference_gguf"] = None
+    if reference_gguf is not None:
+        rg, rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos)
+        if base.logits.shape != got.logits.shape:
+            raise InputFileError(f"drafts {list(base.logits.shape)} logits, the checked file {list(got.logits.shape)}: "
+                                 "not a sibling of the checked file", reference_gguf)
+        q = compare(got, base, limits.tie_margin)
+        r_ft, r_cls = precision_class(rg, rd)
+        if r_cls not in ("F32", "F16", "BF16"):
+            warnings.append(f"the reference GGUF is {r_ft}, not full precision: the quantization report is relative")
+        metrics["against_reference_gguf"] = {"file": str(reference_gguf), "file_type": r_ft, **q}
+
+    if out is not None:
+        write_npz_atomic(out, save_io_arrays(feats, ids, pos, got, want))
+    return CheckReport(file=str(draft_gguf), checkpoint=str(checkpoint_dir), device=str(dev), file_type=ft_name,
+                       precision_class=cls, metrics=metrics, thresholds=limits, failures=failures, warnings=warnings,
+                       semantics_gap=gap)
+
+
+__all__ = ["SCHEMA", "THRESHOLDS", "TIE_MARGIN", "CheckReport", "Thresholds", "check", "compare", "kl_mean", "precision_class",
+           "near_ties", "resolve_device", "save_io_arrays",
+           "synthetic_inputs"]

@@ -1,0 +1,446 @@
+"""The drafter's forward pass as llama.cpp 0c1e57098 computes it, in torch (CPU or CUDA).
+
+One call does what the speculative driver (common/speculative.cpp, draft-dflash) makes the draft
+context do for one draft: inject the target features of the committed positions into the KV
+cache, then decode the noise block ``[anchor, mask, mask, ...]`` and read the logits of block
+slots 1..n-1. The graph is src/models/dflash.cpp's classic DFlash decoder; see
+../shared/spec/dflash-gguf-format.md section 4. What llama.cpp does and a trained reference does
+not is kept here on purpose (``runtime.reference`` has the reference's own semantics):
+
+* attention is non-causal unless ``dflash.attention.causal`` is literally true (the driver calls
+  ``llama_set_causal_attn``), one flag for every layer;
+* a sliding-window layer hides a cell iff ``q_pos - k_pos >= window`` (llama_hparams::is_masked_swa,
+  standard type): future cells are never hidden by the window;
+* every layer ropes with the one ``rope.freq_base`` (the dflash graph passes the graph-wide
+  freq_base to every layer; the loader also forces the SWA base to it), so ``rope.freq_base_swa``
+  has no effect;
+* the rope is NeoX, or M-RoPE when ``rope.dimension_sections`` has a non-zero entry; injected
+  context rows carry positions {p, p, p, 0} (the driver), noise-block tokens {p, p, p, p} (a token
+  batch broadcasts its one position to every section);
+* RoPE scaling follows llama_context's cparams: ``linear``/``yarn`` set freq_scale = 1/factor;
+  yarn uses ext_factor 1, beta_fast 32, beta_slow 1 and attn_factor = mscale(factor)/(1+0.1 ln
+  factor) (the yarn_* keys are not read for dflash); ``rope_freqs.weight`` divides the angles on the
+  NeoX path only;
+* logit_scale and final_logit_softcapping are not applied (only DFlash2, which is refused, applies
+  them); a ``d2t`` drafter's logits are scattered into a -inf row of the target vocabulary.
+
+Numerics: everything is computed in the weights' dtype (float32 by default), as ggml's CPU backend
+does with an F32 GGUF, an F32 KV cache and flash attention off; RoPE angles are formed exactly as
+ggml's CPU rope forms them. Three options add the CPU backend's own rounding for other settings:
+``cpu_matmul`` (activations rounded to each weight type's vec_dot_type: what an F16, BF16 or
+quantized file costs on CPU), ``kv_cache_dtype=torch.float16`` (llama.cpp's default F16 KV cache,
+flash attention off) and ``gelu_fp16_table`` (the CPU GELU lookup table).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..drafter import Drafter
+from ..errors import DFlashError
+from ..format.rules import ROPE_SECTIONS
+from .weights import DrafterWeights, LayerWeights
+
+DEFAULT_ROPE_BASE = 10000.0  # llama_model_base::load_hparams when rope.freq_base is absent
+YARN_BETA_FAST = 32.0  # llama_hparams defaults (the dflash loader reads no yarn_* keys)
+YARN_BETA_SLOW = 1.0
+GELU_TABLE_LIMIT = 10.0  # ggml_vec_geglu_f32: below -limit -> 0, above +limit -> identity
+GELU_COEF_A = 0.044715  # ggml-cpu/vec.h
+GELU_SQRT_2_OVER_PI = 0.79788456080286535587989211986876
+
+
+@dataclass
+class ForwardResult:
+    """One draft: final-norm hidden states of every block slot, logits and greedy tokens of slots 1.."""
+
+    hidden: torch.Tensor  # [n_block, hidden] output of the final norm
+    logits: torch.Tensor  # [n_block - 1, vocab] for the predicted slots, target vocabulary ids
+    tokens: torch.Tensor  # [n_block - 1] int64 argmax target ids
+
+
+@dataclass
+class RopeSpec:
+    """The rope parameters ggml_rope_ext / ggml_rope_multi get from the dflash graph."""
+
+    n_rot: int
+    freq_base: float
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = YARN_BETA_FAST
+    beta_slow: float = YARN_BETA_SLOW
+    n_ctx_orig: int = 0
+    sections: tuple[int, ...] | None = None  # M-RoPE when set (some entry non-zero)
+    freq_factors: torch.Tensor | None = None  # rope_freqs.weight (NeoX path only)
+
+
+def rope_spec(d: Drafter, freq_factors: torch.Tensor | None = None) -> RopeSpec:
+    """The rope llama.cpp builds for this drafter (llama_context cparams + the dflash graph)."""
+    n_rot = d.n_rot or d.head_dim
+    base = d.rope_theta if d.rope_theta else DEFAULT_ROPE_BASE
+    sc = d.rope_scaling
+    freq_scale = 1.0 / sc.factor if sc is not None and sc.factor else 1.0
+    ext_factor, attn_factor = 0.0, 1.0
+    if sc is not None and sc.kind == "yarn":
+        ext_factor = 1.0
+        factor = 1.0 / freq_scale
+        mscale = 1.0 + 0.1 * math.log(factor) if factor > 1.0 else 1.0
+        attn_factor = mscale / (1.0 + 0.1 * math.log(factor))
+    n_ctx_orig = (sc.original_context_length if sc is not None and sc.original_context_length else d.context_length) or 0
+    sections = tuple(d.rope_sections) if d.rope_sections and any(d.rope_sections) else None
+    if sections is not None and len(sections) != ROPE_SECTIONS:
+        sections = tuple((list(sections) + [0] * ROPE_SECTIONS)[:ROPE_SECTIONS])
+    return RopeSpec(n_rot, float(base), freq_scale, ext_factor, attn_factor, n_ctx_orig=n_ctx_orig, sections=sections,
+                    freq_factors=None if sections is not None else freq_factors)
+
+
+def _f32(v: float) -> float:
+    """A Python float rounded to float32, as the C code holds it."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+def _yarn_corr_dims(spec: RopeSpec) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the dims where YaRN's ramp starts and ends."""
+
+    def corr(beta: float) -> float:
+        return spec.n_rot * math.log(spec.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(spec.freq_base))
+
+    return max(0.0, math.floor(corr(spec.beta_fast))), min(spec.n_rot - 1.0, math.ceil(corr(spec.beta_slow)))
+
+
+def rope_cos_sin(spec: RopeSpec, pos_rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of every rotated pair: [n_positions, n_rot/2], scaled by YaRN's mscale.
+
+    ``pos_rows`` is [4, N] for M-RoPE (temporal, height, width, extra) or [1, N]. The angles are
+    formed as ggml's CPU backend forms them (ggml_rope_cache_init / ggml_mrope_cache_init), in
+    float32: theta starts at the position and is multiplied by theta_scale = base^(-2/n_rot) once
+    per pair; at positions in the thousands this float32 recurrence differs from an exact angle by
+    ~1e-5 in the logits, so it is reproduced rather than computed exactly.
+    """
+    f32 = torch.float32
+    half = spec.n_rot // 2
+    dev = pos_rows.device
+    theta_scale = torch.tensor(spec.freq_base, dtype=f32) ** torch.tensor(-2.0 / spec.n_rot, dtype=f32)
+    theta_scale = theta_scale.to(dev)
+    cur = pos_rows.to(f32)  # [R, N]
+    steps = []
+    for _ in range(half):
+        steps.append(cur)
+        cur = cur * theta_scale
+    theta_rows = torch.stack(steps, dim=-1)  # [R, N, half]
+    if spec.sections is not None:
+        s = spec.sections
+        sector = torch.arange(half, device=dev) % sum(s)
+        row = torch.full_like(sector, 3)
+        row[sector < s[0] + s[1] + s[2]] = 2
+        row[sector < s[0] + s[1]] = 1
+        row[sector < s[0]] = 0
+        theta_extrap = theta_rows.gather(0, row[None, None, :].expand(1, theta_rows.shape[1], half))[0]
+    else:
+        theta_extrap = theta_rows[0]
+    if spec.freq_factors is not None:
+        theta_extrap = theta_extrap / spec.freq_factors[:half].to(dev, f32)
+    theta = _f32(spec.freq_scale) * theta_extrap
+    mscale = _f32(spec.attn_factor)
+    if spec.ext_factor != 0.0:
+        low, high = _yarn_corr_dims(spec)
+        j = torch.arange(half, dtype=f32, device=dev)
+        ramp_mix = (1 - torch.clamp((j - low) / max(0.001, high - low), 0.0, 1.0)) * _f32(spec.ext_factor)
+        theta = theta * (1 - ramp_mix) + theta_extrap * ramp_mix
+        mscale = _f32(mscale * _f32(1.0 + 0.1 * math.log(1.0 / spec.freq_scale)))
+    return (torch.cos(theta) * mscale).to(dtype), (torch.sin(theta) * mscale).to(dtype)
+
+
+def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D]: pairs (j, j + n_rot/2) rotate, dims >= n_rot pass through (partial rotary)."""
+    half = cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    x0, x1, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return torch.cat([x0 * c - x1 * s, x0 * s + x1 * c, rest], dim=-1)
+
+
+def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_rms_norm (x / sqrt(mean(x^2) + eps)) over the last dim, then the optional weight."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
+def position_rows(positions: torch.Tensor, n_ctx: int, mrope: bool) -> torch.Tensor:
+    """Position rows for the rope: [4, N] for M-RoPE, [1, N] otherwise.
+
+    A 1-D ``positions`` [ctx + n_block] is expanded as llama.cpp does: injected context rows get
+    {p, p, p, 0} (common/speculative.cpp), noise tokens {p, p, p, p} (llama-batch broadcasts a
+    token's position to every section). A 2-D [4, N] tensor is used as given.
+    """
+    if positions.dim() == 2:
+        if mrope and positions.shape[0] != ROPE_SECTIONS:
+            raise DFlashError(f"M-RoPE positions need {ROPE_SECTIONS} rows, got {positions.shape[0]}")
+        return positions if mrope else positions[:1]
+    if not mrope:
+        return positions[None]
+    rows = positions[None].repeat(ROPE_SECTIONS, 1)
+    rows[ROPE_SECTIONS - 1, :n_ctx] = 0
+    return rows
+
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None) -> torch.Tensor:
+    """llama.cpp's KQ mask (llama_kv_cache::set_input_kq_mask): True where a query sees a cell."""
+    visible = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
+    if causal:
+        visible &= k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        visible &= (q_pos[:, None] - k_pos[None, :]) < window
+    return visible
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+           sinks: torch.Tensor | None, cache_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Softmax attention with GQA (query head h reads KV head h // (H/Hkv)) and optional sinks.
+
+    q [n, H, D], k/v [K, Hkv, D], visible [n, K]. A sink is one extra logit per head in the
+    softmax denominator (ggml_soft_max_add_sinks), unscaled. Returns [n, H*D]. ``cache_dtype``
+    (an F16/BF16 KV cache, flash attention off): K and V are stored rounded, and the CPU matmuls
+    round their other operand, q for KQ and the softmax weights for KQV, to the same type.
+    """
+    n, H, D = q.shape
+    if cache_dtype is not None:
+        q, k, v = (t.to(cache_dtype).to(q.dtype) for t in (q, k, v))
+    group = H // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,khd->hnk", q, k) * scale
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    if sinks is not None:
+        col = sinks.to(scores.dtype)[:, None, None].expand(H, n, 1)
+        probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    if cache_dtype is not None:
+        probs = probs.to(cache_dtype).to(q.dtype)
+    return torch.einsum("hnk,khd->nhd", probs, v).reshape(n, H * D)
+
+
+# ggml-cpu type_traits_cpu[type].vec_dot_type: what the CPU backend converts a matmul's activations
+# to before the dot products with a weight of that type
+VEC_DOT_TYPE: dict[str, str] = {
+    "F32": "F32", "F16": "F16", "BF16": "BF16",
+    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "IQ4_NL": "Q8_0",
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "IQ4_XS": "Q8_K",
+}
+Q8_BLOCK, Q8_K_BLOCK = 32, 256
+
+
+def _q8_0_round(x: torch.Tensor) -> torch.Tensor:
+    """x through quantize_row_q8_0 (x86 AVX path) and back: per 32 values d = amax/127 stored as fp16,
+    q = round-half-even(x * 127/amax). Q8_1 quantizes the same way (its extra sum term is not modelled)."""
+    b = x.reshape(*x.shape[:-1], -1, Q8_BLOCK).to(torch.float32)
+    amax = b.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(b * inv)
+    d = (amax / 127.0).to(torch.float16).to(torch.float32)
+    return (q * d).reshape(x.shape).to(x.dtype)
+
+
+def _q8_k_round(x: torch.Tensor) -> torch.Tensor:
+    """x through quantize_row_q8_K_ref and back: per 256 values iscale = -127/max (max: the value of
+    largest magnitude, sign kept), q = min(127, nearest_int(iscale * x)), d = 1/iscale in float32."""
+    b = x.reshape(*x.shape[:-1], -1, Q8_K_BLOCK).to(torch.float32)
+    idx = b.abs().argmax(-1, keepdim=True)  # first of equal magnitudes, like the reference loop
+    mx = b.gather(-1, idx)
+    iscale = torch.where(mx != 0, -127.0 / mx, torch.zeros_like(mx))
+    q = torch.clamp(torch.round(b * iscale), max=127.0)
+    d = torch.where(mx != 0, 1.0 / iscale, torch.zeros_like(mx))
+    return (q * d).reshape(x.shape).to(x.dtype)
+
+
+def cpu_matmul_input(x: torch.Tensor, weight_type: str) -> torch.Tensor:
+    """The activations as ggml's CPU backend feeds them to a matmul with a ``weight_type`` matrix.
+
+    ggml_compute_forward_mul_mat converts src1 to the weight type's vec_dot_type first: fp16 or
+    bf16 for those weights, Q8_0 blocks for Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the
+    K-quants and IQ4_XS. Rounding the activations that way, then multiplying with the dequantized
+    weights, is the same sum up to float32 reordering.
+    """
+    vt = VEC_DOT_TYPE.get(weight_type, "F32")
+    if vt == "F16":
+        return x.to(torch.float16).to(x.dtype)
+    if vt == "BF16":
+        return x.to(torch.bfloat16).to(x.dtype)
+    if vt in ("Q8_0", "Q8_1") and x.shape[-1] % Q8_BLOCK == 0:
+        return _q8_0_round(x)
+    if vt == "Q8_K" and x.shape[-1] % Q8_K_BLOCK == 0:
+        return _q8_k_round(x)
+    return x
+
+
+def _mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, wtype: str | None = None) -> torch.Tensor:
+    """build_lora_mm: x @ w.T, times the optional per-tensor scale; ``wtype`` set: round x as ggml's CPU does."""
+    if wtype is not None:
+        x = cpu_matmul_input(x, wtype)
+    y = x @ w.T
+    return y if scale is None else y * scale
+
+
+def _ggml_gelu(x: torch.Tensor) -> torch.Tensor:
+    """ggml_gelu_f32, term by term in the input's dtype: 0.5x(1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))."""
+    return 0.5 * x * (1.0 + torch.tanh(GELU_SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+
+
+def gelu_tanh(x: torch.Tensor, *, fp16_table: bool = False) -> torch.Tensor:
+    """ggml's GELU (tanh approximation); ``fp16_table`` mimics the CPU backend's fp16 lookup table.
+
+    ggml's CPU backend (GGML_GELU_FP16) rounds the input to fp16 and reads a table of fp16 GELU
+    values; inputs at or beyond +-10 bypass it. The CUDA backend evaluates the formula in float32.
+    """
+    if not fp16_table:
+        return _ggml_gelu(x)
+    looked_up = _ggml_gelu(x.to(torch.float16).to(torch.float32)).to(torch.float16).to(x.dtype)
+    return torch.where(x <= -GELU_TABLE_LIMIT, torch.zeros_like(x), torch.where(x >= GELU_TABLE_LIMIT, x, looked_up))
+
+
+def _layer_mm(lw: LayerWeights, role: str, x: torch.Tensor, cpu_matmul: bool) -> torch.Tensor:
+    return _mm(x, getattr(lw, role), lw.scales.get(role), lw.types.get(role) if cpu_matmul else None)
+
+
+def _ffn(h: torch.Tensor, lw: LayerWeights, act: str, gelu_fp16_table: bool, cpu_matmul: bool) -> torch.Tensor:
+    """build_ffn(..., LLM_FFN_PAR): down(act(gate(h)) * up(h)), SiLU or GELU."""
+    up = _layer_mm(lw, "up", h, cpu_matmul)
+    gate = _layer_mm(lw, "gate", h, cpu_matmul)
+    a = gelu_tanh(gate, fp16_table=gelu_fp16_table) if act in ("gelu", "gelu_pytorch_tanh") else F.silu(gate)
+    return _layer_mm(lw, "down", a * up, cpu_matmul)
+
+
+def _kv(lw: LayerWeights, x: torch.Tensor, D: int, eps: float, cpu_matmul: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """K (normed, not yet roped) and V of ``x`` for one layer; shared KV when attn_v is absent."""
+    k_raw = _layer_mm(lw, "wk", x, cpu_matmul).reshape(x.shape[0], -1, D)
+    k = rms_norm(k_raw, eps, lw.k_norm)
+    if lw.wv is None:
+        return k, rms_norm(k_raw, eps)
+    return k, _layer_mm(lw, "wv", x, cpu_matmul).reshape(x.shape[0], -1, D)
+
+
+def check_inputs(d: Drafter, target_hidden: torch.Tensor, block_ids: torch.Tensor, positions: torch.Tensor) -> int:
+    """Shapes the driver guarantees; returns the context length."""
+    width = len(d.target_layers) * d.hidden_size
+    if target_hidden.dim() != 2 or target_hidden.shape[1] != width:
+        raise DFlashError(f"target_hidden must be [ctx, {len(d.target_layers)} * {d.hidden_size}], got {list(target_hidden.shape)}")
+    if block_ids.dim() != 1 or block_ids.shape[0] < 2:
+        raise DFlashError(f"block_ids must be [n_block >= 2] (anchor then mask tokens), got {list(block_ids.shape)}")
+    n = target_hidden.shape[0] + block_ids.shape[0]
+    if positions.shape[-1] != n or positions.dim() not in (1, 2):
+        raise DFlashError(f"positions must be [ctx + n_block] = [{n}] (or [4, {n}]), got {list(positions.shape)}")
+    bad = block_ids[(block_ids < 0) | (block_ids >= d.vocab_size)]
+    if bad.numel():
+        raise DFlashError(f"block token id {int(bad[0])} is outside the vocabulary [0, {d.vocab_size})")
+    return target_hidden.shape[0]
+
+
+def gather_features(d: Drafter, layer_inputs: torch.Tensor) -> torch.Tensor:
+    """The driver's feature rows: [ctx, T*E] from the target's per-layer residual streams.
+
+    ``layer_inputs`` is [n_layers + 1, ctx, E]: entry L is the stream entering target layer L
+    (0 = token embeddings), i.e. Hugging Face's ``output_hidden_states`` stacked. llama.cpp
+    publishes t_layer_inp[L] for each L in ``dflash.target_layers`` and the driver concatenates them
+    in that order, so a wrong or reordered ``target_layers`` changes the features, as it would live.
+    """
+    bad = [L for L in d.target_layers if not 0 <= L < layer_inputs.shape[0]]
+    if bad:
+        raise DFlashError(f"target layer {bad[0]} is not among the {layer_inputs.shape[0]} layer inputs given")
+    return torch.cat([layer_inputs[L] for L in d.target_layers], dim=-1)
+
+
+def block_tokens(d: Drafter, anchor: int, n_block: int | None = None) -> torch.Tensor:
+    """The driver's noise block: [anchor] + (n_block - 1) mask tokens (default: block_size)."""
+    n = d.block_size if n_block is None else n_block
+    ids = torch.full((n,), d.mask_token_id, dtype=torch.int64)
+    ids[0] = anchor
+    return ids
+
+
+def contiguous_positions(n_ctx: int, n_block: int, start: int = 0) -> torch.Tensor:
+    """Positions of ``n_ctx`` committed tokens followed by the block: start .. start+n_ctx+n_block-1."""
+    return torch.arange(start, start + n_ctx + n_block, dtype=torch.int64)
+
+
+@torch.no_grad()
+def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, block_ids: torch.Tensor,
+             positions: torch.Tensor, *, causal: bool | None = None, kv_cache_dtype: torch.dtype | None = None,
+             gelu_fp16_table: bool = False, cpu_matmul: bool = False) -> ForwardResult:
+    """One draft of a dflash drafter, computed as llama.cpp's draft context computes it.
+
+    target_hidden: [ctx, T*E] float features of the committed positions (taps concatenated in
+    ``d.target_layers`` order, as the driver gathers them). block_ids: [n_block] int64, the anchor
+    then mask tokens. positions: [ctx + n_block] int64 absolute positions (context first), or
+    [4, ctx + n_block] explicit M-RoPE rows. ``causal`` overrides the driver's choice (default:
+    causal only when the file says ``attention.causal = true``).
+
+    Rounding the CPU backend adds, each off by default (then the result is the graph's exact float32
+    value, what a GPU backend approaches): ``cpu_matmul`` rounds every matmul's activations to the
+    weight type's vec_dot_type (fp16/bf16, Q8_0, Q8_K blocks), ``kv_cache_dtype`` models an F16 or
+    BF16 KV cache with flash attention off, ``gelu_fp16_table`` the fp16 GELU table.
+    """
+    dev, dt = weights.device, weights.dtype
+    n_ctx = check_inputs(d, target_hidden, block_ids, positions)
+    feats, ids, pos = target_hidden.to(dev, dt), block_ids.to(dev), positions.to(dev)
+    H, D, eps = d.n_head, d.head_dim, d.rms_eps
+    causal = bool(d.causal) if causal is None else causal
+    spec = rope_spec(d, weights.rope_freqs)
+    rows = position_rows(pos, n_ctx, spec.sections is not None)
+    cos, sin = rope_cos_sin(spec, rows, dt)
+    t_pos = rows[0]  # the mask compares temporal positions
+    q_pos, k_pos = t_pos[n_ctx:], t_pos
+    kq_scale = weights.attention_scale or 1.0 / math.sqrt(D)
+    pattern = d.swa_pattern or []
+    window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
+
+    # KV injection (embedding batch): g = enc_norm(fc(features)), then each layer's K/V of g
+    g = rms_norm(_mm(feats, weights.fc, weights.fc_scale, weights.fc_type if cpu_matmul else None), eps, weights.enc_norm)
+
+    # noise block (token batch)
+    x = weights.embed.rows(ids)
+    if d.embedding_scale:
+        x = x * d.embedding_scale
+    masks = {w: attention_mask(q_pos, k_pos, causal=causal, window=w) for w in set(window_of)}
+    for il, lw in enumerate(weights.layers):
+        k_ctx, v_ctx = _kv(lw, g, D, eps, cpu_matmul)
+        h = rms_norm(x, eps, lw.attn_norm)
+        q = rms_norm(_layer_mm(lw, "wq", h, cpu_matmul).reshape(-1, H, D), eps, lw.q_norm)
+        k_blk, v_blk = _kv(lw, h, D, eps, cpu_matmul)
+        q = apply_rope_neox(q, cos[n_ctx:], sin[n_ctx:])
+        k = apply_rope_neox(torch.cat([k_ctx, k_blk]), cos, sin)
+        v = torch.cat([v_ctx, v_blk])
+        attn = attend(q, k, v, masks[window_of[il]], kq_scale, lw.sinks, kv_cache_dtype)
+        o = _layer_mm(lw, "wo", attn, cpu_matmul)
+        if d.value_scale:
+            o = o * d.value_scale
+        if lw.post_attn_norm is not None:
+            o = rms_norm(o, eps, lw.post_attn_norm)
+        x = x + o
+        y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, gelu_fp16_table, cpu_matmul)
+        if lw.post_ffw_norm is not None:
+            y = rms_norm(y, eps, lw.post_ffw_norm)
+        x = x + y
+        if lw.out_scale is not None:
+            x = x * lw.out_scale
+    hidden = rms_norm(x, eps, weights.output_norm)
+    out = hidden[1:] if not cpu_matmul else cpu_matmul_input(hidden[1:], weights.head.source.dtype)
+    logits = scatter_d2t(weights.head.project(out), weights.d2t, d.vocab_size)
+    return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
+
+
+def scatter_d2t(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Draft-vocabulary logits -> target vocabulary: -inf except at the d2t ids (no-op without d2t)."""
+    if d2t is None:
+        return logits
+    full = torch.full((logits.shape[0], vocab_size), float("-inf"), dtype=logits.dtype, device=logits.device)
+    full[:, d2t.to(logits.device)] = logits
+    return full
+
+
+__all__ = ["ForwardResult", "RopeSpec", "block_tokens", "contiguous_positions", "gather_features", "rope_spec", "run_gguf",
+           "scatter_d2t"]

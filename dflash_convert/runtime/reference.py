@@ -1,0 +1,399 @@
+"""The drafter's forward pass from its Hugging Face checkpoint, independent of the GGUF path.
+
+Why a second implementation: ``check`` must prove that a GGUF computes what its checkpoint
+computes, so this side shares nothing with conversion or with ``runtime.forward``: weights are
+read by their HF names straight from the safetensors files (safetensors' own reader, no
+TensorSource, no NeoX permutation, d2t as the checkpoint's offsets), and the math follows z-lab's
+DFlash model code (dflash/model.py: ``Qwen3DFlashAttention``, HF ``rotate_half`` RoPE with cos/sin
+tables, ``repeat_kv``, Qwen3 RMSNorm and MLP). Only the hyper-parameter parsing is shared: the
+config is read by ``sources.zlab`` / ``sources.speculators`` (they validate it against the
+target), plus the few raw config entries whose meaning differs between the two semantics below.
+
+``semantics``:
+
+* ``"llama.cpp"`` computes what llama.cpp's dflash runtime computes for the GGUF our converter
+  writes from this checkpoint. It must equal ``runtime.forward.run_gguf`` on an F32 GGUF to
+  float tolerance; where llama.cpp departs from the trained model, it departs here too: one
+  causality flag for all layers (``is_causal`` / ``dflash_config.causal``, non-causal unless true),
+  a sliding window that never hides future cells, GELU always the tanh approximation, and no
+  ``output_multiplier`` / ``final_logit_softcapping`` on the logits.
+* ``"reference"`` is the model as trained. z-lab: a layer is causal iff ``is_causal`` says so (or,
+  without it, ``dflash_config.causal``: z-lab's current code reads only ``is_causal``, but a
+  drafter that declares ``causal`` was trained causal), or, with neither set, iff its
+  ``layer_types`` entry is ``sliding_attention``; a sliding layer
+  with ``use_sliding_window`` hides cells ``window`` or more positions away, in the past and, when
+  non-causal, in the future too. speculators: sliding layers are causal unless
+  ``sliding_window_non_causal``, full layers bidirectional. ``hidden_act: gelu`` is the exact (erf)
+  GELU; logits get ``output_multiplier`` and ``final_logit_softcapping``.
+
+Both semantics: RoPE uses the one ``rope_theta`` for every layer (z-lab's model has one rotary
+embedding), partial rotary rotates the first ``head_dim * partial_rotary_factor`` dims,
+``rope_is_neox_style: false`` checkpoints use interleaved (GPT-J) pairs on their original rows,
+attention sinks are an extra per-head softmax logit, ``attention_value_scale`` multiplies the
+attention output, ``input_embedding_scale`` the noise embeddings. The embedding is the drafter's
+``embed_tokens`` if it has one (unless ``has_embed_tokens`` is false), else the target's, with the
+row of ``mask_embedding.pt`` written over the mask id (rounded to that table's dtype, as writing
+it into the table does); the head is the drafter's ``lm_head``, else
+the target's head (its embedding when the target ties them). A reduced vocabulary scatters the
+``Vd`` logits to the target ids ``i + d2t[i]`` in a -inf row, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..drafter import Drafter
+from ..errors import DFlashError, InputFileError
+from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
+from ..format.tensors import LAYER_TENSORS, gguf_to_hf, strip_model_prefix
+from ..sources.checkpoint import merged_text_config, read_checkpoint
+from ..target import Target, read_target
+from .forward import ForwardResult
+from .weights import LazyMatrix, target_weights
+
+SEMANTICS = ("llama.cpp", "reference")
+MASK_EMBEDDING_FILE = "mask_embedding.pt"
+SLIDING = "sliding_attention"
+
+FC_HF = gguf_to_hf(FC_TENSOR)
+EMBED_HF = gguf_to_hf(EMBEDDING_TENSOR)
+HEAD_HF = gguf_to_hf(OUTPUT_TENSOR)
+D2T_HF = gguf_to_hf(D2T_TENSOR)
+HIDDEN_NORM_HF = "hidden_norm.weight"
+NORM_HF = "norm.weight"
+# HF per-layer suffixes (the keys of the format table); sinks have three spellings
+LAYER_HF = {
+    "input_layernorm": "input_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "post_attention_layernorm": "post_attention_layernorm.weight",
+    "gate_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
+    "down_proj": "mlp.down_proj.weight",
+}
+SINK_HF = tuple(hf for hf, gg in LAYER_TENSORS.items() if gg == LAYER_TENSORS["self_attn.sinks"])
+assert all(v in LAYER_TENSORS for v in LAYER_HF.values())
+
+
+@dataclass
+class ReferenceModel:
+    """A checkpoint's weights under their HF names, and the config that says how to run them."""
+
+    drafter: Drafter  # hyper-parameters as the converter reads them (tensors unused here)
+    config: dict[str, Any]  # the flat config (text_config merged, speculators' layer config merged)
+    dialect: str  # "z-lab" or "speculators"
+    tensors: dict[str, torch.Tensor]  # HF name without "model." -> values in ``dtype``
+    embed: LazyMatrix
+    head: LazyMatrix
+    d2t_ids: torch.Tensor | None  # absolute target ids (i + offset)
+    mask_row: torch.Tensor | None  # mask_embedding.pt's row, replaces embed[mask_token_id]
+    device: torch.device
+    dtype: torch.dtype
+    notes: list[str] = field(default_factory=list)
+
+    def layer(self, i: int, role: str) -> torch.Tensor:
+        return self.tensors[f"layers.{i}.{LAYER_HF[role]}"]
+
+    def sinks(self, i: int) -> torch.Tensor | None:
+        return next((self.tensors[f"layers.{i}.{s}"] for s in SINK_HF if f"layers.{i}.{s}" in self.tensors), None)
+
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed.rows(ids)
+        if self.mask_row is not None:
+            x = torch.where((ids == self.drafter.mask_token_id)[:, None].to(x.device), self.mask_row, x)
+        return x
+
+
+def _read_safetensors(files: list[Path], device: torch.device,
+                      dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
+    """Every tensor by its HF name (``model.`` stripped): floats in ``dtype``, integers as int64; and
+    each tensor's stored dtype."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    stored: dict[str, torch.dtype] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                t = f.get_tensor(name)
+                stored[strip_model_prefix(name)] = t.dtype
+                t = t.to(dtype) if t.is_floating_point() else t.to(torch.int64)
+                out[strip_model_prefix(name)] = t.to(device)
+    return out, stored
+
+
+# storage types a replaced embedding row can be rounded to exactly
+ROW_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, device: torch.device,
+              dtype: torch.dtype) -> torch.Tensor | None:
+    """mask_embedding.pt's vector, rounded to the dtype of the embedding table it is written into
+    (one table has one dtype: upstream's converter and ours both cast the row to it)."""
+    path = ckpt_dir / MASK_EMBEDDING_FILE
+    if not path.is_file():
+        return None
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(obj, dict) or "embedding" not in obj or tuple(obj["embedding"].shape) != (d.hidden_size,):
+        raise InputFileError(f"must hold {{'mask_token_id', 'embedding' [{d.hidden_size}]}}", path)
+    row = obj["embedding"].to(torch.float32)
+    if table_dtype is not None:
+        row = row.to(table_dtype)
+    return row.to(device, dtype)
+
+
+def load_reference(checkpoint_dir: str | os.PathLike, target: Target | str | os.PathLike | None = None, *,
+                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ReferenceModel:
+    """Read a z-lab or speculators checkpoint for the reference forward.
+
+    ``target`` (a target directory with safetensors, a target GGUF, or a Target) supplies the
+    embedding and the head the drafter does not carry; it is also what the config is checked
+    against (hidden size, layer ids).
+    """
+    from ..sources.speculators import is_speculators, read_speculators
+    from ..sources.zlab import read_zlab
+
+    device = torch.device(device)
+    ckpt = read_checkpoint(checkpoint_dir)
+    tgt = None if target is None else (target if isinstance(target, Target) else read_target(target))
+    speculators = is_speculators(ckpt.config)
+    d = read_speculators(ckpt, tgt) if speculators else read_zlab(ckpt, tgt)
+    if speculators:
+        layer_cfg = ckpt.config.get("transformer_layer_config") or {}
+        cfg = {**layer_cfg, **{k: v for k, v in ckpt.config.items() if k != "transformer_layer_config"}}
+    else:
+        cfg = merged_text_config(ckpt.config)
+    tensors, stored = _read_safetensors(ckpt.files, device, dtype)
+
+    notes: list[str] = []
+    tgt_w: tuple[LazyMatrix, LazyMatrix] | None = None
+
+    def from_target(what: str) -> tuple[LazyMatrix, LazyMatrix]:
+        nonlocal tgt_w
+        if tgt_w is None:
+            if tgt is None:
+                raise DFlashError(f"the checkpoint has no {what}: pass the target (directory with safetensors, or GGUF)",
+                                  ckpt.dir)
+            tgt_w = target_weights(tgt, device, dtype)
+        return tgt_w
+
+    def matrix(name: str, what: str) -> LazyMatrix:
+        return LazyMatrix.of(tensors[name], what)
+
+    has_embed = EMBED_HF in tensors and cfg.get("has_embed_tokens") is not False
+    embed = matrix(EMBED_HF, "checkpoint embed_tokens") if has_embed else from_target("embed_tokens")[0]
+    table_dtype = stored[EMBED_HF] if has_embed else ROW_DTYPES.get(embed.source.dtype)
+    if HEAD_HF in tensors:
+        head = matrix(HEAD_HF, "checkpoint lm_head")
+    else:
+        head = from_target("lm_head")[1]
+        if has_embed:
+            notes.append("embed_tokens without lm_head: the target's head is used (llama.cpp would tie the head to "
+                         "embed_tokens; the converter writes the target's head to prevent that)")
+    d2t_ids = None
+    if D2T_HF in tensors and head.shape[0] < d.vocab_size:
+        off = tensors[D2T_HF].to(torch.int64)
+        d2t_ids = off + torch.arange(off.shape[0], device=off.device)
+    mask_row = _mask_row(ckpt.dir, d, table_dtype, device, dtype)
+    if mask_row is not None and table_dtype is None:
+        notes.append(f"the mask row is not rounded to the target embedding's {embed.source.dtype} blocks")
+    return ReferenceModel(d, cfg, "speculators" if speculators else "z-lab", tensors, embed, head, d2t_ids,
+                          mask_row, device, dtype, notes)
+
+
+def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> torch.Tensor:
+    """[ctx, T*E] context features the way the checkpoint's own code takes them from the target.
+
+    ``hidden_states`` is HF's ``output_hidden_states`` stacked: [n_layers + 1, ctx, E], entry 0 the
+    embeddings. z-lab (``extract_context_feature``) concatenates ``hidden_states[id + 1]`` for its
+    ``target_layer_ids``; speculators ``hidden_states[id]`` for ``aux_hidden_state_layer_ids``. Read
+    from the raw config, so the converter's layer-id translation is checked, not reused.
+    """
+    cfg = model.config
+    if model.dialect == "speculators":
+        ids = [int(i) for i in cfg["aux_hidden_state_layer_ids"]]
+    else:
+        dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+        ids = [int(i) + 1 for i in dflash.get("target_layer_ids", cfg.get("target_layer_ids"))]
+    return torch.cat([hidden_states[i] for i in ids], dim=-1)
+
+
+# --- the forward ---------------------------------------------------------------------------------
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else w * y
+
+
+def _inv_freq(model: ReferenceModel, semantics: str) -> tuple[torch.Tensor, float, int]:
+    """HF rope init (default / linear / yarn): inverse frequencies, cos/sin scale, rotary dims.
+
+    YaRN under "llama.cpp" takes llama.cpp's fixed values (beta_fast 32, beta_slow 1, attention
+    factor 0.1 ln(factor) + 1): the dflash loader reads none of the yarn_* keys.
+    """
+    d = model.drafter
+    rot = d.n_rot or d.head_dim
+    base = d.rope_theta or 10000.0
+    inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    sc, attention = d.rope_scaling, 1.0
+    if sc is not None and sc.kind == "linear":
+        inv = inv / sc.factor
+    elif sc is not None and sc.kind == "yarn":
+        orig = sc.original_context_length or d.context_length
+        own = semantics == "reference"
+        fast = (sc.yarn_beta_fast if own else None) or 32.0
+        slow = (sc.yarn_beta_slow if own else None) or 1.0
+
+        def corr_dim(n_rotations: float) -> float:
+            return (rot * math.log(orig / (n_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low = max(math.floor(corr_dim(fast)), 0)
+        high = min(math.ceil(corr_dim(slow)), rot - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(rot // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        inv = (inv / sc.factor) * (1 - extrapolation) + inv * extrapolation
+        attention = (sc.yarn_attn_factor if own else None) or (0.1 * math.log(sc.factor) + 1.0 if sc.factor > 1 else 1.0)
+    return inv, attention, rot
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, interleaved: bool) -> torch.Tensor:
+    """Apply RoPE to the first ``rot`` dims of x [N, heads, D] (cos/sin [N, rot], HF layout)."""
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if interleaved:  # GPT-J pairs (2j, 2j+1); cos/sin repeat_interleave'd
+        c = c[..., : rot // 2].repeat_interleave(2, dim=-1)
+        s = s[..., : rot // 2].repeat_interleave(2, dim=-1)
+        pairs = x_rot.reshape(*x_rot.shape[:-1], rot // 2, 2)
+        rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).reshape(x_rot.shape)
+    else:  # rotate_half
+        rotated = torch.cat([-x_rot[..., rot // 2:], x_rot[..., : rot // 2]], dim=-1)
+    return torch.cat([x_rot * c + rotated * s, x_pass], dim=-1)
+
+
+def layer_attention(model: ReferenceModel, semantics: str) -> list[tuple[bool, int | None, bool]]:
+    """Per layer: (causal, window or None, window also hides future cells) under ``semantics``."""
+    d, cfg = model.drafter, model.config
+    L = d.n_layers
+    pattern = d.swa_pattern if d.sliding_window else None
+    windows = [d.sliding_window if pattern and i < len(pattern) and pattern[i] else None for i in range(L)]
+    if semantics == "llama.cpp":
+        return [(d.causal is True, windows[i], False) for i in range(L)]
+    types = cfg.get("layer_types") or ["full_attention"] * L
+    if model.dialect == "speculators":
+        non_causal = bool(cfg.get("sliding_window_non_causal", False))
+        return [(types[i] == SLIDING and not non_causal, windows[i], True) for i in range(L)]
+    is_causal = cfg.get("is_causal")
+    if is_causal is None:
+        dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+        is_causal = dflash.get("causal")
+    return [((types[i] == SLIDING) if is_causal is None else bool(is_causal), windows[i], True) for i in range(L)]
+
+
+def _act(model: ReferenceModel, semantics: str, x: torch.Tensor) -> torch.Tensor:
+    act = model.drafter.hidden_act
+    if act == "silu":
+        return F.silu(x)
+    if semantics == "reference" and model.config.get("hidden_act", model.config.get("hidden_activation")) == "gelu":
+        return F.gelu(x)  # transformers' ACT2FN["gelu"]: the exact erf GELU
+    return F.gelu(x, approximate="tanh")
+
+
+@torch.no_grad()
+def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
+                      positions: torch.Tensor, *, semantics: str = "llama.cpp") -> ForwardResult:
+    """One draft from the checkpoint: same inputs and outputs as ``runtime.forward.run_gguf``.
+
+    positions: [ctx + n_block] absolute positions (a [4, N] M-RoPE tensor is read by its
+    temporal row: the drafter ropes on that row only).
+    """
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+    d, dev, dt = model.drafter, model.device, model.dtype
+    eps, H, KV, D = d.rms_eps, d.n_head, d.n_head_kv, d.head_dim
+    pos = (positions[0] if positions.dim() == 2 else positions).to(dev)
+    n_ctx = target_hidden.shape[0]
+    ids = block_ids.to(dev)
+
+    ctx = _rms(target_hidden.to(dev, dt) @ model.tensors[FC_HF].T, model.tensors[HIDDEN_NORM_HF], eps)
+    x = model.embed_rows(ids) * float(d.embedding_scale or 1.0)
+
+    inv, attn_scale, rot = _inv_freq(model, semantics)
+    freqs = pos.to(torch.float64)[:, None] * inv.to(dev)[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = (emb.cos() * attn_scale).to(dt), (emb.sin() * attn_scale).to(dt)
+    interleaved = model.config.get("rope_is_neox_style", True) is False
+    q_pos, k_pos = pos[n_ctx:, None], pos[None, :]
+
+    for i, (causal, window, symmetric) in enumerate(layer_attention(model, semantics)):
+        residual = x
+        h = _rms(x, model.layer(i, "input_layernorm"), eps)
+        n = h.shape[0]
+        q = _rms((h @ model.layer(i, "q_proj").T).view(n, H, D), model.layer(i, "q_norm"), eps)
+        kv_in = torch.cat([ctx, h])
+        k = _rms((kv_in @ model.layer(i, "k_proj").T).view(n_ctx + n, KV, D), model.layer(i, "k_norm"), eps)
+        v = (kv_in @ model.layer(i, "v_proj").T).view(n_ctx + n, KV, D)
+        q = _rotate(q, cos[n_ctx:], sin[n_ctx:], rot, interleaved)
+        k = _rotate(k, cos, sin, rot, interleaved)
+        # repeat_kv, then [heads, n, K] scores
+        k = k.repeat_interleave(H // KV, dim=1).transpose(0, 1)
+        v = v.repeat_interleave(H // KV, dim=1).transpose(0, 1)
+        scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * D**-0.5
+        visible = torch.ones(n, n_ctx + n, dtype=torch.bool, device=dev)
+        if causal:
+            visible &= k_pos <= q_pos
+        if window is not None:
+            visible &= q_pos - k_pos < window
+            if symmetric and not causal:
+                visible &= k_pos - q_pos < window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        sinks = model.sinks(i)
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.to(dt)[:, None, None].expand(H, n, 1)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., : n_ctx + n]
+        attn = (probs @ v).transpose(0, 1).reshape(n, H * D) @ model.layer(i, "o_proj").T
+        if d.value_scale:
+            attn = attn * d.value_scale
+        x = residual + attn
+        h2 = _rms(x, model.layer(i, "post_attention_layernorm"), eps)
+        mlp = _act(model, semantics, h2 @ model.layer(i, "gate_proj").T) * (h2 @ model.layer(i, "up_proj").T)
+        x = x + mlp @ model.layer(i, "down_proj").T
+
+    hidden = _rms(x, model.tensors[NORM_HF], eps)
+    logits = model.head.project(hidden[1:])
+    if semantics == "reference":
+        if d.logit_scale:
+            logits = logits * d.logit_scale
+        if d.final_logit_softcapping:
+            logits = torch.tanh(logits / d.final_logit_softcapping) * d.final_logit_softcapping
+    if model.d2t_ids is not None:
+        full = torch.full((logits.shape[0], d.vocab_size), float("-inf"), dtype=logits.dtype, device=dev)
+        full[:, model.d2t_ids] = logits
+        logits = full
+    return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
+
+
+def reference_for(checkpoint_dir: str | os.PathLike, target: Target | str | os.PathLike | None, target_hidden: torch.Tensor,
+                  block_ids: torch.Tensor, positions: torch.Tensor, *, semantics: str = "llama.cpp",
+                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ForwardResult:
+    """load_reference + reference_forward in one call."""
+    model = load_reference(checkpoint_dir, target, device=device, dtype=dtype)
+    return reference_forward(model, target_hidden, block_ids, positions, semantics=semantics)
+
+
+__all__ = ["SEMANTICS", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_for",
+           "reference_forward"]

@@ -1,0 +1,353 @@
+"""A drafter's tensors as torch values on one device, laid out the way the dflash graph uses them.
+
+The runner (``runtime.forward``) reads weights through this module only, so every way a drafter
+can reach it (a converted GGUF, or a checkpoint read into a Drafter) goes through the same path:
+each DrafterTensor's source hands out raw words or block bytes, ``runtime.dequant`` decodes them
+on the target device, and the result is kept in the compute dtype.
+
+The token embedding and the output head follow llama.cpp's rules (src/models/dflash.cpp): the
+drafter's own ``token_embd`` if it has one, else the target's; the drafter's own ``output``, else
+its ``token_embd`` (the tied fallback llama.cpp takes), else the target's head. The target side
+comes from a target GGUF (only its embedding and head tensors are read) or a target directory's
+safetensors. Both are large, so they are :class:`LazyMatrix` objects: the embedding reads only
+the rows a block needs, the head is dequantized once when it fits ``HEAD_CACHE_BYTES`` and is
+otherwise streamed in row chunks for every projection.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ..drafter import Drafter
+from ..errors import DFlashError, InputFileError
+from ..format.ggml import GGMLType
+from ..format.keys import key
+from ..format.rules import (
+    D2T_TENSOR,
+    EMBEDDING_TENSOR,
+    FC_TENSOR,
+    HEAD_GLOBAL,
+    HEAD_PER_LAYER,
+    OPTIONAL_GLOBAL,
+    OPTIONAL_PER_LAYER,
+    OUTPUT_TENSOR,
+    WEIGHT_SUFFIX,
+)
+from ..format.tensors import GLOBAL_TENSORS, LAYER_TENSORS, generic_name, layer_name
+from ..sources.gguf import GGUFFile
+from ..target import Target, read_target
+from ..tensor_source import TensorSource, n_rows
+from .dequant import dequantize
+
+SCALE_SUFFIX = ".scale"  # per-tensor scale of a matrix (llama.cpp's generic "<name>.scale" pass)
+HEAD_CACHE_BYTES = 2 << 30  # dequantize a head once when its values fit in this many bytes
+HEAD_CHUNK_ROWS = 16384  # rows per chunk when a head is streamed
+
+
+def _named(table: tuple[str, ...], stem: str) -> str:
+    """The entry of a format table whose name is ``stem`` + ``.``something: the table spells it."""
+    hits = [n for n in table if n.split(".", 1)[0] == stem]
+    if len(hits) != 1:
+        raise AssertionError(f"format table has {len(hits)} entries for {stem!r}")
+    return hits[0]
+
+
+def scale_name(weight_name: str) -> str:
+    """The name of the optional per-tensor scale of a ``.weight`` matrix (``fc.scale`` for fc)."""
+    return weight_name[: -len(WEIGHT_SUFFIX)] + SCALE_SUFFIX
+
+
+ENC_NORM_TENSOR = GLOBAL_TENSORS["hidden_norm.weight"]
+OUTPUT_NORM_TENSOR = GLOBAL_TENSORS["norm.weight"]
+ROPE_FREQS_TENSOR = _named(OPTIONAL_GLOBAL, "rope_freqs")
+
+# role -> per-layer GGUF suffix, spelled by the format tables (HF suffixes on the left)
+LAYER_ROLES: dict[str, str] = {
+    "attn_norm": LAYER_TENSORS["input_layernorm.weight"],
+    "wq": LAYER_TENSORS["self_attn.q_proj.weight"],
+    "wk": LAYER_TENSORS["self_attn.k_proj.weight"],
+    "wv": LAYER_TENSORS["self_attn.v_proj.weight"],
+    "wo": LAYER_TENSORS["self_attn.o_proj.weight"],
+    "q_norm": LAYER_TENSORS["self_attn.q_norm.weight"],
+    "k_norm": LAYER_TENSORS["self_attn.k_norm.weight"],
+    "ffn_norm": LAYER_TENSORS["post_attention_layernorm.weight"],
+    "gate": LAYER_TENSORS["mlp.gate_proj.weight"],
+    "up": LAYER_TENSORS["mlp.up_proj.weight"],
+    "down": LAYER_TENSORS["mlp.down_proj.weight"],
+    "sinks": LAYER_TENSORS["self_attn.sinks"],
+    "post_attn_norm": _named(OPTIONAL_PER_LAYER, "post_attention_norm"),
+    "post_ffw_norm": _named(OPTIONAL_PER_LAYER, "post_ffw_norm"),
+    "out_scale": _named(OPTIONAL_PER_LAYER, "layer_output_scale"),
+}
+REQUIRED_ROLES = ("attn_norm", "wq", "wk", "wo", "q_norm", "k_norm", "ffn_norm", "gate", "up", "down")
+# matrices llama.cpp multiplies by an optional per-tensor scale (build_lora_mm's w_s)
+SCALED_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")
+
+
+def source_values(source: TensorSource, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                  rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """A tensor source's values (all rows, or rows [a, b)) decoded on ``device``.
+
+    Works for GGUF tensors (ggml type names) and safetensors tensors (their dtype names F32, F16,
+    BF16, F64, I64, I32 are also ggml type names). Integer tensors come back as int64.
+    """
+    a, b = rows if rows is not None else (0, n_rows(tuple(source.shape)))
+    try:
+        gtype = GGMLType[source.dtype]
+    except KeyError:
+        raise InputFileError(f"cannot run a tensor of type {source.dtype}") from None
+    raw = np.ascontiguousarray(source.rows(a, b)).view(np.uint8)
+    shape = tuple(source.shape)
+    shape = (b - a, *shape[1:]) if len(shape) > 1 else shape
+    out = dequantize(torch.from_numpy(raw.copy()).to(device), int(gtype), shape, dtype=dtype)
+    return out if out.dtype == torch.int64 else out.to(dtype)
+
+
+class _Decoded:
+    """The TensorSource face of values that are already in memory: shape only, never read."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.dtype = "F32"
+
+    def rows(self, a: int, b: int, fds: object = None) -> np.ndarray:
+        raise AssertionError("decoded values are never read back as raw words")
+
+
+class LazyMatrix:
+    """A [rows, cols] matrix (an embedding or an output head) decoded only as far as it is used."""
+
+    def __init__(self, source: TensorSource, device: torch.device | str, dtype: torch.dtype, what: str) -> None:
+        if len(source.shape) != 2:
+            raise InputFileError(f"{what} has shape {list(source.shape)}, expected 2 dimensions")
+        self.source, self.device, self.dtype, self.what = source, torch.device(device), dtype, what
+        self._full: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, values: torch.Tensor, what: str) -> LazyMatrix:
+        """A matrix whose values are already decoded (a checkpoint tensor read by safetensors)."""
+        m = cls(_Decoded(tuple(values.shape)), values.device, values.dtype, what)
+        m._full = values
+        return m
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.source.shape)  # type: ignore[return-value]
+
+    def full(self) -> torch.Tensor:
+        """Every row, decoded once and kept."""
+        if self._full is None:
+            self._full = source_values(self.source, self.device, self.dtype)
+        return self._full
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (any shape of int64), read from the file one distinct row at a time."""
+        if self._full is not None:
+            return self._full[ids.to(self.device)]
+        flat = ids.reshape(-1).tolist()
+        bad = [i for i in flat if not 0 <= i < self.shape[0]]
+        if bad:
+            raise DFlashError(f"token id {bad[0]} is outside the {self.what}'s {self.shape[0]} rows")
+        got = {i: source_values(self.source, self.device, self.dtype, rows=(i, i + 1))[0] for i in dict.fromkeys(flat)}
+        return torch.stack([got[i] for i in flat]).reshape(*ids.shape, self.shape[1])
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ M.T: all of M at once when it fits HEAD_CACHE_BYTES, else streamed in row chunks."""
+        n, cols = self.shape
+        if self._full is not None or n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES:
+            return x @ self.full().T
+        parts = [x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
+                 for a in range(0, n, HEAD_CHUNK_ROWS)]
+        return torch.cat(parts, dim=-1)
+
+
+@dataclass
+class LayerWeights:
+    """One draft layer; None for the optional tensors the file does not have."""
+
+    attn_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor | None  # None: shared KV (V is the weightless-normed K projection)
+    wo: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    sinks: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_ffw_norm: torch.Tensor | None = None
+    out_scale: torch.Tensor | None = None
+    scales: dict[str, torch.Tensor] = field(default_factory=dict)  # role -> per-tensor scale {1}
+    types: dict[str, str] = field(default_factory=dict)  # role -> storage type name (ggml or safetensors)
+
+
+@dataclass
+class DrafterWeights:
+    """Everything the dflash graph reads, on one device in one compute dtype."""
+
+    device: torch.device
+    dtype: torch.dtype
+    fc: torch.Tensor  # [E, T*E]
+    fc_scale: torch.Tensor | None
+    fc_type: str  # storage type of fc (the CPU matmul rounds its input to match)
+    enc_norm: torch.Tensor
+    output_norm: torch.Tensor
+    layers: list[LayerWeights]
+    embed: LazyMatrix  # [V, E]: the draft's token_embd or the target's
+    head: LazyMatrix  # [Vd, E]: the draft's output, its token_embd (tied) or the target's head
+    d2t: torch.Tensor | None  # [Vd] absolute target ids (int64)
+    rope_freqs: torch.Tensor | None  # [D/2] frequency divisors (NeoX path only)
+    attention_scale: float | None  # attention.scale; None/0 -> 1/sqrt(head_dim)
+    embed_from: str = "drafter"  # "drafter" or "target", for messages
+    head_from: str = "drafter"  # "drafter", "drafter (tied to token_embd)" or "target"
+
+
+def target_weights(target: Target | str | os.PathLike, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> tuple[LazyMatrix, LazyMatrix]:
+    """(embedding, head) of a target model: a target GGUF or a target directory with safetensors.
+
+    A target without a separate head uses its embedding, as llama.cpp does for a GGUF without
+    ``output.weight`` and transformers does for ``tie_word_embeddings``.
+    """
+    t = target if isinstance(target, Target) else read_target(target)
+    w = t.weights() or {}
+    if "embed" not in w:
+        raise InputFileError("has no token embedding to read (a target directory needs its safetensors)", t.source)
+    embed = LazyMatrix(w["embed"], device, dtype, "target token embedding")
+    if "head" in w:
+        return embed, LazyMatrix(w["head"], device, dtype, "target output head")
+    tied = t.kind == "gguf" or bool(t.text_config().get("tie_word_embeddings", False))
+    if not tied:
+        raise InputFileError("has no output head and does not tie it to the embedding", t.source)
+    return embed, embed
+
+
+def _reject_other_members(d: Drafter) -> None:
+    """DSpark, DFlash2 and DeepSeek-V4 drafters share the arch but not this graph: refuse, never guess."""
+    names = {t.gguf_name for t in d.tensors}
+    other = sorted(n for n in names if n in HEAD_GLOBAL or generic_name(n) in HEAD_PER_LAYER)
+    if other:
+        raise DFlashError(f"this drafter has {other[0]}: DSpark / DFlash2 heads are not run here (classic DFlash only)",
+                          d.source)
+    known_layer = set(LAYER_ROLES.values()) | {scale_name(LAYER_ROLES[r]) for r in SCALED_ROLES}
+    known_global = {FC_TENSOR, scale_name(FC_TENSOR), ENC_NORM_TENSOR, OUTPUT_NORM_TENSOR, EMBEDDING_TENSOR,
+                    OUTPUT_TENSOR, D2T_TENSOR, ROPE_FREQS_TENSOR}
+    unknown = sorted(n for n in names if n not in known_global and generic_name(n) not in known_layer)
+    if unknown:
+        raise DFlashError(f"tensor {unknown[0]} is not part of the classic dflash graph; cannot run this drafter", d.source)
+
+
+def _attention_scale(d: Drafter, gguf: GGUFFile | None) -> float | None:
+    """attention.scale has no Drafter field (the converter never writes it): read it from the GGUF.
+
+    A caller that parsed the file already passes it (a second parse of a 150k-token vocabulary
+    costs half a second); otherwise it is parsed once per file version.
+    """
+    if d.origin.format != "gguf":
+        return None
+    if gguf is not None:
+        return _scale_value(gguf.get(key("attention_scale")))
+    st = os.stat(d.origin.path)
+    return _attention_scale_of(str(d.origin.path), st.st_mtime_ns, st.st_size)
+
+
+def _scale_value(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0 else None
+
+
+@lru_cache(maxsize=8)
+def _attention_scale_of(path: str, mtime_ns: int, size: int) -> float | None:
+    from ..sources.gguf import read_gguf
+
+    return _scale_value(read_gguf(path).get(key("attention_scale")))
+
+
+def load_weights(d: Drafter, target: Target | str | os.PathLike | None = None, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, gguf: GGUFFile | None = None) -> DrafterWeights:
+    """Every tensor of ``d`` decoded on ``device``; the target supplies what the drafter lacks.
+
+    ``target`` (a target GGUF, a target directory, or a Target) is needed only when the drafter
+    has no token embedding or no output head of its own. ``gguf``: the drafter's parsed file, if
+    the caller has it (saves re-reading it for ``attention.scale``).
+    """
+    _reject_other_members(d)
+    device = torch.device(device)
+    by = {t.gguf_name: t for t in d.tensors}
+
+    def get(name: str) -> torch.Tensor | None:
+        t = by.get(name)
+        return None if t is None else source_values(t.source, device, dtype)
+
+    def need(name: str) -> torch.Tensor:
+        v = get(name)
+        if v is None:
+            raise InputFileError(f"tensor {name} is missing", d.source)
+        return v
+
+    layers = []
+    for i in range(d.n_layers):
+        vals = {role: get(layer_name(i, suffix)) for role, suffix in LAYER_ROLES.items()}
+        missing = [layer_name(i, LAYER_ROLES[r]) for r in REQUIRED_ROLES if vals[r] is None]
+        if missing:
+            raise InputFileError(f"tensor {missing[0]} is missing", d.source)
+        scales = {r: s for r in SCALED_ROLES if (s := get(scale_name(layer_name(i, LAYER_ROLES[r])))) is not None}
+        types = {r: by[layer_name(i, LAYER_ROLES[r])].dtype for r in SCALED_ROLES if layer_name(i, LAYER_ROLES[r]) in by}
+        layers.append(LayerWeights(**vals, scales=scales, types=types))  # type: ignore[arg-type]
+
+    tgt: tuple[LazyMatrix, LazyMatrix] | None = None
+
+    def from_target() -> tuple[LazyMatrix, LazyMatrix]:
+        nonlocal tgt
+        if tgt is None:
+            if target is None:
+                raise DFlashError("the drafter has no token embedding or no output head of its own: pass the target "
+                                  "(its GGUF or its directory with safetensors) to run it", d.source)
+            tgt = target_weights(target, device, dtype)
+        return tgt
+
+    emb_t, out_t = by.get(EMBEDDING_TENSOR), by.get(OUTPUT_TENSOR)
+    if emb_t is not None:
+        embed, embed_from = LazyMatrix(emb_t.source, device, dtype, "drafter token embedding"), "drafter"
+    else:
+        embed, embed_from = from_target()[0], "target"
+    if out_t is not None:
+        head, head_from = LazyMatrix(out_t.source, device, dtype, "drafter output head"), "drafter"
+    elif emb_t is not None:
+        head, head_from = embed, "drafter (tied to token_embd)"
+    else:
+        head, head_from = from_target()[1], "target"
+
+    if embed.shape[1] != d.hidden_size or head.shape[1] != d.hidden_size:
+        raise InputFileError(f"embedding/head width {embed.shape[1]}/{head.shape[1]} differs from the hidden size "
+                             f"{d.hidden_size}: wrong target?", d.source)
+    d2t = get(D2T_TENSOR)
+    if d2t is not None:
+        d2t = d2t.to(torch.int64)
+        if d2t.shape[0] != head.shape[0]:
+            raise InputFileError(f"d2t has {d2t.shape[0]} entries but the output head has {head.shape[0]} rows", d.source)
+    elif head.shape[0] != d.vocab_size:
+        raise InputFileError(f"the output head has {head.shape[0]} rows but the vocabulary has {d.vocab_size} tokens "
+                             "(and there is no d2t)", d.source)
+    return DrafterWeights(
+        device=device, dtype=dtype, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
+        enc_norm=need(ENC_NORM_TENSOR), output_norm=need(OUTPUT_NORM_TENSOR), layers=layers,
+        embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR), attention_scale=_attention_scale(d, gguf),
+        embed_from=embed_from, head_from=head_from,
+    )
+
+
+def describe_weights(w: DrafterWeights) -> dict[str, str]:
+    """Where the embedding and head came from, for reports."""
+    return {"embedding": w.embed_from, "head": w.head_from, "device": str(w.device), "dtype": str(w.dtype).split(".")[-1]}
+
+
+__all__ = ["DrafterWeights", "LayerWeights", "LazyMatrix", "describe_weights", "load_weights", "source_values",
+           "target_weights"]
