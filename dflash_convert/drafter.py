@@ -53,6 +53,30 @@ class RopeScaling:
 
 
 @dataclass
+class ConvPart:
+    """DFlash2's dynamic convolutions (per layer, before attention and before the FFN)."""
+
+    kernel_size: int  # dflash.conv_kernel_size: taps per convolution
+    group_size: int  # dflash.conv_group_size: channels sharing one coefficient; divides hidden_size
+
+
+@dataclass
+class SelectorPart:
+    """DFlash2's candidate selector: top-k candidates per block position, scored pairwise."""
+
+    rank: int  # dflash.selector_rank: width of the two codebooks and of the hidden projection
+    top_k: int  # dflash.selector_top_k: candidates per position; hidden_size >= top_k * (top_k + 1)
+
+
+@dataclass
+class MarkovPart:
+    """DSpark's Markov head (a low-rank bias from the previous token) and its optional confidence head."""
+
+    rank: int  # columns of markov_w1 / markov_w2 (no key holds it: the tensors do)
+    confidence: bool  # conf_proj.weight is present
+
+
+@dataclass
 class Origin:
     """Where a Drafter was read from; not part of what the drafter is."""
 
@@ -106,6 +130,16 @@ class Drafter:
     final_logit_softcapping: float | None = None  # > 0 when set
     hidden_act: str = "silu"
     draft_vocab_size: int | None = None  # own output vocabulary (d2t) when below vocab_size
+    # --- the other members of the dflash architecture (format/family.py); None: absent --------
+    conv: ConvPart | None = None  # DFlash2 (its keys are written together with the selector's)
+    selector: SelectorPart | None = None  # DFlash2
+    markov: MarkovPart | None = None  # DSpark
+    sample_from_anchor: bool | None = None  # DSpark: dflash.sample_from_anchor (None: key not written)
+    has_confidence_head: bool | None = None  # DSpark: dflash.has_confidence_head (None: key not written)
+    attention_scale: float | None = None  # dflash.attention.scale (Gemma-4 DSpark writes 1.0)
+    # Gemma-4 DSpark key positions: upstream overwrites these generic keys with the Gemma-4 values
+    # in place, but writes those the config lacked at the end; ``late_keys`` names them (short names)
+    late_keys: tuple[str, ...] = ()
     tensors: list[DrafterTensor] = field(default_factory=list)
 
     # --- compatibility names for provenance --------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from .drafter import Drafter
 from .errors import ConfigError
+from .format.family import GEMMA4_OVERRIDDEN_KEYS
 from .format.ggml import FileType
+from .format.keys import key
 from .metadata import Metadata
 
 
@@ -111,6 +113,42 @@ def write_hidden_activation(md: Metadata, d: Drafter) -> None:
         md.set("hidden_activation", d.hidden_act)
 
 
+def write_conv_selector(md: Metadata, d: Drafter) -> None:
+    """DFlash2: the four conv/selector keys, together, right after block_size (upstream writes all or none)."""
+    if d.conv is not None and d.selector is not None:
+        md.set("conv_kernel_size", d.conv.kernel_size)
+        md.set("conv_group_size", d.conv.group_size)
+        md.set("selector_rank", d.selector.rank)
+        md.set("selector_top_k", d.selector.top_k)
+
+
+def _move_to_end(md: Metadata, short: str, value: object) -> None:
+    md.remove(key(short))
+    md.set(short, value)
+
+
+def write_family_tail(md: Metadata, d: Drafter) -> None:
+    """What upstream's DSpark converters add after the DFlash keys.
+
+    Gemma-4 DSpark (the only writer of attention.scale) sets its own values of some generic keys
+    after the DFlash keys: in place when the config gave the key (already written with the final
+    value), at the end when it did not (``d.late_keys``); then attention.scale and the activation.
+    Every DSpark converter ends with sample_from_anchor and has_confidence_head.
+    """
+    if d.attention_scale is not None:
+        late = {"head_count_kv": d.n_head_kv, "key_length": d.head_dim, "value_length": d.head_dim,
+                "rope_dimension_count": d.n_rot, "embedding_scale": d.embedding_scale}
+        for short in GEMMA4_OVERRIDDEN_KEYS:
+            if short in d.late_keys:
+                _move_to_end(md, short, late[short])
+        md.set("attention_scale", d.attention_scale)
+        _move_to_end(md, "hidden_activation", d.hidden_act)
+    if d.sample_from_anchor is not None:
+        md.set("sample_from_anchor", d.sample_from_anchor)
+    if d.has_confidence_head is not None:
+        md.set("has_confidence_head", d.has_confidence_head)
+
+
 def write_hparams(md: Metadata, d: Drafter, file_type: FileType) -> None:
     """All hyper-parameter keys, in llama.cpp's converter order."""
     write_base(md, d)
@@ -124,12 +162,14 @@ def write_hparams(md: Metadata, d: Drafter, file_type: FileType) -> None:
     write_rope_dimension_count(md, d)
     write_scales(md, d)
     write_block_size(md, d)
+    write_conv_selector(md, d)
     write_output_scales(md, d)
     write_target_layers(md, d)
     write_sliding_window(md, d)
     write_causal(md, d, early=False)
     write_rope_dimension_sections(md, d, early=False)
     write_hidden_activation(md, d)
+    write_family_tail(md, d)
 
 
 def write_mask_token_id(md: Metadata, d: Drafter, n_tokens: int, where: str) -> None:

@@ -131,8 +131,9 @@ VARIANTS: dict[str, tuple[Any, str, str, str]] = {
     "tensor_missing": (drop_tensors(drafter_parts(), "blk.1.ffn_up.weight"), "tensors.inventory", "fail",
                        "blk.1.ffn_up.weight is missing (required)"),
     "attn_v_missing": (drop_tensors(drafter_parts(), "blk.0.attn_v.weight"), "tensors.inventory", "warn", "shared-KV variant"),
-    "dspark_head": (set_tensor(drafter_parts(), tensor("markov_w1.weight", (8, 5))), "tensors.inventory", "warn",
-                    "DSpark/DFlash2 head tensors present"),
+    # a DSpark head is checked by the family check (the full catalogue is tests/test_family.py)
+    "dspark_head": (set_tensor(drafter_parts(), tensor("markov_w1.weight", (8, 5))), "family", "fail",
+                    "markov_w2.weight is missing"),
     "wrong_shape": (set_tensor(drafter_parts(), tensor("blk.0.attn_k.weight", (16, 32), GGMLType.F16)), "tensors.shapes", "fail",
                     "blk.0.attn_k.weight has shape {16, 32}, llama.cpp expects {32, 16}"),
     "wrong_shape_fc": (set_tensor(drafter_parts(), tensor("fc.weight", (96, 32), GGMLType.F16)), "tensors.shapes", "fail",

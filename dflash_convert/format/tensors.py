@@ -43,6 +43,39 @@ LAYER_TENSORS: dict[str, str] = {
     "self_attn.learnable_sink_param": "attn_sinks.weight",
 }
 
+# The rest of the dflash family (tables read by sources/family.py): DSpark's Markov and confidence
+# heads and DFlash2's candidate selector, then DFlash2's per-layer dynamic convolutions. The two
+# selector codebooks have no ".weight" in the checkpoint; upstream appends it, and so do we. The conv
+# base kernels keep no suffix (upstream writes them that way, F32).
+FAMILY_GLOBAL_TENSORS: dict[str, str] = {
+    "markov_head.markov_w1.weight": "markov_w1.weight",
+    "markov_head.markov_w2.weight": "markov_w2.weight",
+    "confidence_head.proj.weight": "conf_proj.weight",
+    "confidence_head.proj.bias": "conf_proj.bias",
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+}
+FAMILY_LAYER_TENSORS: dict[str, str] = {
+    "attention_conv.base_kernel": "attn_conv_base",
+    "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+    "mlp_conv.base_kernel": "ffn_conv_base",
+    "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
+}
+# Gemma-4 DSpark layers (upstream's Gemma4DSparkModel): Gemma's sandwich norms, where
+# post_attention_layernorm is a real post-attention norm (not the pre-FFN norm it is for Qwen),
+# and the per-layer output scalar. These override LAYER_TENSORS for that architecture only.
+GEMMA4_LAYER_TENSORS: dict[str, str] = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "layer_scalar": "layer_output_scale.weight",
+}
+# Gemma-4 DSpark checkpoints spell the confidence head this way; upstream renames it first
+GEMMA4_RENAMED_PREFIXES: dict[str, str] = {"confidence_proj.": "confidence_head.proj."}
+# the generated proportional-RoPE factor table of Gemma-4 DSpark (one entry per rotary pair)
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
+
 # per-layer tensors whose rows are permuted from interleaved (GPT-J) to NeoX rotary layout
 ROPE_PERMUTED: tuple[str, ...] = ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")
 
@@ -94,9 +127,9 @@ _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 # reverse maps: where several HF spellings map to one GGUF name, the first listed is canonical
 _GGUF_TO_HF_GLOBAL: dict[str, str] = {}
 _GGUF_TO_HF_LAYER: dict[str, str] = {}
-for _hf, _gg in GLOBAL_TENSORS.items():
+for _hf, _gg in (*GLOBAL_TENSORS.items(), *FAMILY_GLOBAL_TENSORS.items()):
     _GGUF_TO_HF_GLOBAL.setdefault(_gg, _hf)
-for _hf, _gg in LAYER_TENSORS.items():
+for _hf, _gg in (*LAYER_TENSORS.items(), *FAMILY_LAYER_TENSORS.items(), *GEMMA4_LAYER_TENSORS.items()):
     _GGUF_TO_HF_LAYER.setdefault(_gg, _hf)
 
 

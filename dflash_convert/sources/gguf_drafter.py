@@ -16,8 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
+from ..drafter import ConvPart, Drafter, DrafterTensor, MarkovPart, Origin, RopeScaling, SelectorPart
 from ..errors import InputFileError
+from ..format.family import CONF_PROJ, GEMMA4_OVERRIDDEN_KEYS, MARKOV_W1
 from ..format.keys import ARCH, ValueType, key
 from ..format.rules import D2T_TENSOR, DEFAULT_BLOCK_SIZE, DRAFTER_KEYS, REQUIRED
 from ..format.tensors import gguf_to_hf
@@ -139,9 +140,37 @@ def drafter_from_gguf(g: GGUFFile, *, strict: bool = True) -> Drafter:
         draft_vocab_size=d2t.ne[0] if d2t is not None else None,
         tensors=[DrafterTensor(t.name, gguf_to_hf(t.name) or t.name, t) for t in g.tensors],
     )
+    _read_family(d, g)
     if strict:
         _require(d, g)
     return d
+
+
+def _read_family(d: Drafter, g: GGUFFile) -> None:
+    """The DFlash2 and DSpark parts (format/family.py): keys into their fields, the Markov rank from its table."""
+    md = g.metadata
+
+    def get(short: str) -> GGUFValue | None:
+        return md.get(key(short))
+
+    def flag(short: str) -> bool | None:
+        v = get(short)
+        return bool(v.value) if v is not None and v.vtype == ValueType.BOOL else None
+
+    if get("conv_kernel_size") is not None or get("conv_group_size") is not None:
+        d.conv = ConvPart(as_int(get("conv_kernel_size")), as_int(get("conv_group_size")))  # type: ignore[arg-type]
+    if get("selector_rank") is not None or get("selector_top_k") is not None:
+        d.selector = SelectorPart(as_int(get("selector_rank")), as_int(get("selector_top_k")))  # type: ignore[arg-type]
+    w1 = g.tensor(MARKOV_W1)
+    if w1 is not None:
+        d.markov = MarkovPart(rank=w1.ne[0], confidence=g.tensor(CONF_PROJ) is not None)
+    d.sample_from_anchor = flag("sample_from_anchor")
+    d.has_confidence_head = flag("has_confidence_head")
+    d.attention_scale = as_float(get("attention_scale"))
+    # Gemma-4 DSpark: overridden generic keys the config lacked sit after the DFlash keys (after target_layers)
+    layers_at = _position(g, key("target_layers"))
+    if layers_at >= 0:
+        d.late_keys = tuple(s for s in GEMMA4_OVERRIDDEN_KEYS if _position(g, key(s)) > layers_at)
 
 
 # fields a strict reader needs (the rest are optional in the format)
@@ -167,7 +196,9 @@ def read_drafter(path: str | Path) -> Drafter:
 def describe(d: Drafter) -> dict[str, Any]:
     """A Drafter as plain data: every hyper-parameter and the tensor table (name, shape, type)."""
     out = dict(d.hparams())
-    if out.get("rope_scaling") is not None:
-        out["rope_scaling"] = vars(out["rope_scaling"])
+    for part in ("rope_scaling", "conv", "selector", "markov"):
+        if out.get(part) is not None:
+            out[part] = vars(out[part])
+    out["late_keys"] = list(out["late_keys"])
     out["tensors"] = [(t.gguf_name, list(t.shape), t.dtype) for t in d.tensors]
     return out

@@ -1,0 +1,181 @@
+"""validate's check of the other dflash members: which member a file is, and every load-time rule
+llama.cpp 0c1e57098 enforces for the DFlash2 and DSpark parts (src/models/dflash.cpp, and the
+speculative driver in common/speculative.cpp).
+
+One check, ``family``: it names the member (DFlash, DFlash2, DSpark) and the speculative type
+llama.cpp runs it with, and fails a file that llama.cpp refuses or that runs without its draft:
+
+* DFlash2: the four conv/selector keys together; with ``selector_hidden.weight`` all four > 0 and a
+  block size ("DFlash2 model is missing conv/selector metadata"), the hidden size divisible by the
+  conv group size, at least ``top_k * (top_k + 1)`` (the selector lattice), both codebooks and every
+  layer's conv tensors; without it, no DFlash2 tensor (unclaimed: "wrong number of tensors").
+* DSpark: ``markov_w2`` with ``markov_w1`` and the same rank, ``conf_proj`` taking hidden + rank
+  inputs, ``has_confidence_head`` agreeing with ``conf_proj.weight``, ``block_size`` present (the
+  Markov head asserts it); without ``markov_w1`` no other DSpark tensor.
+* Shapes derived from the hyper-parameters, and the types the graph reads (conv base kernels F32).
+
+A draft that fails to load is only logged by some of llama.cpp's tools, which then run without it
+(measured: exit 0 and no drafting), so every one of these is a failure, not a warning.
+"""
+
+from __future__ import annotations
+
+from ..format.family import (
+    CONF_PROJ,
+    CONF_PROJ_BIAS,
+    CONV_BASE_TYPE,
+    CONV_BASES,
+    CONV_SELECTOR_KEYS,
+    CONV_TENSORS,
+    DFLASH2,
+    DSPARK,
+    FAMILY_HF_SHAPES,
+    MARKOV_TENSORS,
+    MARKOV_W1,
+    MARKOV_W2,
+    SELECTOR_HIDDEN,
+    SELECTOR_NEXT,
+    SELECTOR_PREV,
+    SELECTOR_TENSORS,
+    SPEC_TYPES,
+    draft_tokens_per_block,
+    member_of,
+)
+from ..format.keys import ValueType, key
+from ..format.quant_types import n_dims
+from ..format.rules import DEFAULT_BLOCK_SIZE, VECTOR_TYPE, WEIGHT_SUFFIX
+from ..format.tensors import generic_name, layer_name, layer_of
+from ..sources.gguf_drafter import as_int
+from .report import Check, check_from
+
+
+def _trimmed(ne: tuple[int, ...]) -> tuple[int, ...]:
+    """A ggml shape without trailing 1s: llama-quantize writes conf_proj {E+R, 1} as {E+R}, the loader accepts both."""
+    return ne[:n_dims(ne)]
+
+
+def _shape(ne: tuple[int, ...]) -> str:
+    return "{" + ", ".join(map(str, ne)) + "}"
+
+
+def family_member(names: set[str]) -> tuple[str, str]:
+    """(member, the --spec-type llama.cpp uses for it) from a file's tensor names."""
+    member = member_of(names)
+    return member, SPEC_TYPES[member]
+
+
+def check_family(f) -> Check:  # f: semantics.DrafterView (not imported: semantics imports this module)
+    g = f.g
+    md = g.metadata
+    names = {t.name for t in g.tensors}
+    member, spec = family_member(names)
+    E, V, VD = f.dims.get("E"), f.dims.get("V"), f.dims.get("VD")
+    n_layer = f.n_layer or 0
+    problems: list[str] = []
+    warnings: list[str] = []
+    block_v = md.get(key("block_size"))
+    block = as_int(block_v)
+
+    # --- DFlash2 -----------------------------------------------------------------------------
+    values = {s: as_int(md.get(key(s))) for s in CONV_SELECTOR_KEYS}
+    present = [s for s in CONV_SELECTOR_KEYS if key(s) in md]
+    if present and len(present) != len(CONV_SELECTOR_KEYS):
+        absent = [key(s) for s in CONV_SELECTOR_KEYS if s not in present]
+        problems.append(f"{', '.join(absent)} missing next to {', '.join(key(s) for s in present)}: the DFlash2 conv/selector "
+                        "keys come together (llama.cpp's converter writes all four)")
+    dflash2_tensors = sorted(n for n in names if n in SELECTOR_TENSORS or generic_name(n) in CONV_TENSORS)
+    K, G = values["conv_kernel_size"], values["conv_group_size"]
+    SR, top_k = values["selector_rank"], values["selector_top_k"]
+    if SELECTOR_HIDDEN in names:
+        bad = [key(s) for s in CONV_SELECTOR_KEYS if not values[s] or values[s] <= 0]
+        if block_v is not None and (block is None or block <= 0):
+            bad.append(key("block_size"))
+        elif block_v is None:
+            bad.append(f"{key('block_size')} (the loader reads 0 when it is missing)")
+        if bad:
+            problems.append(f"{', '.join(bad)} missing or not positive with {SELECTOR_HIDDEN}: llama.cpp refuses the file "
+                            "(\"DFlash2 model is missing conv/selector metadata\")")
+        if E and G and G > 0 and E % G:
+            problems.append(f"embedding_length {E} is not divisible by conv_group_size {G}: llama.cpp refuses the file "
+                            "(\"DFlash2 hidden size must be divisible by conv_group_size\")")
+        if E and top_k and top_k > 0 and E < top_k * (top_k + 1):
+            problems.append(f"embedding_length {E} < selector_top_k * (selector_top_k + 1) = {top_k * (top_k + 1)}: llama.cpp "
+                            "refuses the file (\"DFlash2 hidden size is too small for the selector lattice\")")
+        need = [n for n in (SELECTOR_PREV, SELECTOR_NEXT) if n not in names]
+        need += [layer_name(i, s) for i in range(n_layer) for s in CONV_TENSORS if layer_name(i, s) not in names]
+        problems += [f"{n} is missing (required with {SELECTOR_HIDDEN})" for n in need]
+    elif dflash2_tensors:
+        problems.append(f"{', '.join(dflash2_tensors[:4])}{' ...' if len(dflash2_tensors) > 4 else ''}: llama.cpp claims DFlash2 "
+                        f"tensors only with {SELECTOR_HIDDEN} (\"wrong number of tensors\")")
+
+    # --- DSpark ------------------------------------------------------------------------------
+    w1, w2, conf = g.tensor(MARKOV_W1), g.tensor(MARKOV_W2), g.tensor(CONF_PROJ)
+    R = w1.ne[0] if w1 is not None else None
+    has_conf_v = md.get(key("has_confidence_head"))
+    has_conf = bool(has_conf_v.value) if has_conf_v is not None and has_conf_v.vtype == ValueType.BOOL else None
+    sfa_v = md.get(key("sample_from_anchor"))
+    sfa = bool(sfa_v.value) if sfa_v is not None and sfa_v.vtype == ValueType.BOOL else None
+    if w1 is not None:
+        if w2 is None:
+            problems.append(f"{MARKOV_W2} is missing: llama.cpp requires it with {MARKOV_W1}")
+        elif w2.ne[0] != R:
+            problems.append(f"the Markov ranks disagree: {MARKOV_W1} has {R} columns, {MARKOV_W2} {w2.ne[0]} (llama.cpp "
+                            "loads both with markov_w1's rank: \"tensor has wrong shape\")")
+        if conf is not None and E is not None and conf.ne[0] != E + R:  # type: ignore[operator]
+            problems.append(f"{CONF_PROJ} takes {conf.ne[0]} inputs, but hidden + Markov rank is {E} + {R} = {E + R} "  # type: ignore[operator]
+                            "(the Markov ranks of markov_w1 and conf_proj disagree)")
+        if block_v is None:
+            problems.append(f"{key('block_size')} is missing: the DSpark Markov head asserts it "
+                            f"(\"DSpark draft requires '{key('block_size')}' in GGUF metadata\")")
+        if has_conf is True and conf is None:
+            problems.append(f"{key('has_confidence_head')} is true but there is no {CONF_PROJ}: with --spec-draft-p-min > 0 the "
+                            "driver reads a confidence nothing computes")
+        elif has_conf is False and conf is not None:
+            problems.append(f"{key('has_confidence_head')} is false but {CONF_PROJ} is present: the driver refuses "
+                            "--spec-draft-p-min > 0 for a head the file has")
+        elif has_conf is None and conf is None:
+            warnings.append(f"no {key('has_confidence_head')} and no {CONF_PROJ}: the driver assumes a confidence head when "
+                            "the key is missing, so --spec-draft-p-min > 0 reads one nothing computes")
+        if g.tensor(CONF_PROJ_BIAS) is not None and conf is None:
+            warnings.append(f"{CONF_PROJ_BIAS} without {CONF_PROJ}: loaded, never used")
+    else:
+        stray = [n for n in MARKOV_TENSORS if n in names]
+        if stray:
+            problems.append(f"{', '.join(stray)}: llama.cpp claims DSpark tensors only with {MARKOV_W1} (\"wrong number of "
+                            "tensors\")")
+        extra = [key(s) for s, v in (("sample_from_anchor", sfa_v), ("has_confidence_head", has_conf_v)) if v is not None]
+        if extra:
+            warnings.append(f"{', '.join(extra)} without a Markov head: read only by draft-dspark, this file runs as {spec}")
+
+    # --- shapes and types --------------------------------------------------------------------
+    dims = {"E": E, "V": V, "VD": VD, "R": R, "ER": None if R is None or E is None else E + R, "SR": SR, "CK": K,
+            "CP": 2 * K * (E // G) if K and G and E and G > 0 else None}
+    for t in g.tensors:
+        spec_shape = FAMILY_HF_SHAPES.get(generic_name(t.name))
+        if spec_shape is None or (layer_of(t.name) is not None and generic_name(t.name) not in CONV_TENSORS):
+            continue
+        want = tuple(int(s) if s.isdigit() else dims.get(s) for s in reversed(spec_shape))
+        rank_reported = (t.name == MARKOV_W2 and w1 is not None and t.ne[0] != R) or (
+            t.name == CONF_PROJ and dims["ER"] is not None and t.ne[0] != dims["ER"])  # said above, once
+        if None not in want and _trimmed(t.ne) != _trimmed(want) and not rank_reported:  # type: ignore[arg-type]
+            problems.append(f"{t.name} has shape {_shape(t.ne)}, llama.cpp expects {_shape(want)} (\"tensor has wrong shape\")")  # type: ignore[arg-type]
+        if generic_name(t.name) in CONV_BASES and t.ggml_type.name != CONV_BASE_TYPE:
+            problems.append(f"{t.name} is {t.ggml_type.name}, must be {CONV_BASE_TYPE} (the graph adds it to F32 "
+                            "coefficients; upstream writes it F32 and llama-quantize keeps it)")
+        elif not t.name.endswith(WEIGHT_SUFFIX) and t.ggml_type.name != VECTOR_TYPE:  # conf_proj.bias, markov_w2.scale
+            problems.append(f"{t.name} is {t.ggml_type.name}, must be {VECTOR_TYPE}")
+
+    summary = _summary(member, spec, R, conf is not None, K, G, SR, top_k, block if block_v is not None else DEFAULT_BLOCK_SIZE, sfa)
+    return check_from("family", problems, warnings, summary, f"{member} parts llama.cpp refuses or mis-runs", summary)
+
+
+def _summary(member: str, spec: str, R: int | None, conf: bool, K: int | None, G: int | None, SR: int | None,
+             top_k: int | None, block: int | None, sfa: bool | None) -> str:
+    if member == DSPARK:
+        parts = f"Markov head rank {R}, {'with' if conf else 'without'} confidence head, sample_from_anchor {str(sfa is not False).lower()}"
+    elif member == DFLASH2:
+        parts = f"conv kernel {K}, group {G}; selector rank {SR}, top-k {top_k}"
+    else:
+        parts = "no DFlash2 or DSpark parts"
+    n_max = draft_tokens_per_block(member, block, sfa) if block else None
+    return f"{member}: {parts}; llama.cpp runs it as --spec-type {spec}" + (f" (--spec-draft-n-max {n_max})" if n_max else "")
