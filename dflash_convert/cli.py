@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -12,8 +13,20 @@ from . import __version__
 from .errors import DFlashError, InputFileError
 from .format.keys import ARCH, key
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dflash-convert {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_show_version,
+                                       is_eager=True, metavar="")) -> None:
+    """Convert, inspect and check DFlash drafter GGUF files for llama.cpp."""
 
 
 EXIT_REFUSED = 1  # the request was refused, or a check failed
@@ -41,16 +54,17 @@ def _human(n: float) -> str:
 @app.command()
 def convert(
     src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors)."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files (no weights read)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files "
+                                                 "(no weights read). Required, unless --target-gguf is given."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
-    outfile: Path | None = typer.Option(None, "-o", "--outfile", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf)."),
+    outfile: str | None = typer.Option(None, "-o", "--outfile", metavar="PATH", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf)."),
     outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
                                 "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing.", metavar=""),
     tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
-    keep_embeddings: bool = typer.Option(False, "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings."),
+    keep_embeddings: bool = typer.Option(False, "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's.", metavar=""),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
 ) -> None:
     """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
     from .converter import plan_conversion, write_plan
@@ -67,10 +81,13 @@ def convert(
         write_plan(plan, force=force, progress=not quiet)
     except DFlashError as e:
         _fail(e)
+    except BrokenPipeError:
+        raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
-    typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
-               f"file type {plan.type_name})")
+    if not quiet:
+        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
+                   f"file type {plan.type_name})")
 
 
 def _print_plan(plan) -> None:
@@ -79,7 +96,13 @@ def _print_plan(plan) -> None:
     typer.echo(f"output: {plan.output}")
     typer.echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
     typer.echo(f"keys ({len(plan.metadata)}):")
+    from .format.keys import key as key_name
+
+    late = key_name("source_files_sha256")
     for kv in plan.metadata:
+        if kv.key == late:
+            typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} (computed when written)")
+            continue
         value = kv.value
         if isinstance(value, list):
             value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
@@ -96,7 +119,7 @@ def _print_plan(plan) -> None:
 def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
             drafter: bool = typer.Option(False, "--drafter", help="Print the Drafter read_drafter makes of the file, as JSON.")) -> None:
     """Show architecture, keys, tensors, and the llama-server line that pairs the drafter."""
-    from .inspect import block_size, pairing_hint, read_summary, short, type_name
+    from .inspect import block_size, member_line, pairing_hint, read_summary, short, type_name
 
     if drafter:
         import json
@@ -124,6 +147,7 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
         typer.echo(f"  {t.name:<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
     if g.architecture == ARCH:
         typer.echo(f"target layers (llama.cpp layer inputs): {g.get(key('target_layers'))}; block size: {block_size(g)}")
+        typer.echo(member_line(g))
         typer.echo("pair with the target in llama.cpp:")
         typer.echo(f"  {pairing_hint(g)}")
 
@@ -132,8 +156,8 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
 def validate(
     path: Path = typer.Argument(..., help="The drafter GGUF to check."),
     target: Path | None = typer.Option(None, "--target", help="Target GGUF or Hugging Face model directory: check the pairing too."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (schema: dflash_convert/checks/validate.schema.json)."),
-    deep: bool = typer.Option(False, "--deep", help="Also scan every tensor for NaN and Inf."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (schema: dflash_convert/checks/validate.schema.json).", metavar=""),
+    deep: bool = typer.Option(False, "--deep", help="Also scan every tensor for NaN and Inf.", metavar=""),
 ) -> None:
     """Check that a drafter GGUF loads and pairs in llama.cpp: exit 0 pass, 1 findings, 2 unreadable input."""
     from .checks import validate as run_validate
@@ -158,7 +182,7 @@ def migrate(
     target_layers: str | None = typer.Option(None, "--target-layers", help="L1,L2,...: llama.cpp target_layers, when the file holds none."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Copy every tokenizer.* key from this converted target GGUF."),
     mask_token_id: int | None = typer.Option(None, "--mask-token-id", help="The mask token id, when the file holds none."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
 ) -> None:
     """Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), then validate it."""
     from .checks.report import render_text
@@ -175,6 +199,8 @@ def migrate(
                              target_gguf=target_gguf, mask_token_id=mask_token_id)
     except DFlashError as e:
         _fail(e)
+    except BrokenPipeError:
+        raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
     plan = result.plan
@@ -186,7 +212,7 @@ def migrate(
     report = result.report
     if report.exit_code:
         typer.echo(render_text(report))
-        typer.echo("the written file does not pass validate; see the failures above", err=True)
+        typer.echo("dflash-convert: error: the written file does not pass validate; see the failures above", err=True)
     else:
         n = report.counts()
         typer.echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
@@ -200,12 +226,12 @@ def quantize(
     qtype: str = typer.Argument(..., metavar="TYPE", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, "
                                 "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-tensor plan and write nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-tensor plan and write nothing.", metavar=""),
     keep_type: list[str] = typer.Option([], "--keep-type", metavar="PATTERN=TYPE",
                                         help="Give tensors matching a glob this type, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
-    allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+    allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers).", metavar=""),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.", metavar=""),
 ) -> None:
     """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
     from .quantize import plan_quantize, write_quantize
@@ -213,7 +239,9 @@ def quantize(
     try:
         plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
         if dry_run:
-            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} (general.file_type {plan.file_type})")
+            from .format.keys import key as key_name
+
+            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key_name('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}
             for p in plan.tensors:
                 src_type = by_name[p.tensor.gguf_name].dtype
@@ -227,11 +255,39 @@ def quantize(
         write_quantize(plan, force=force, progress=not quiet, threads=threads)
     except DFlashError as e:
         _fail(e)
+    except BrokenPipeError:
+        raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
-    for note in plan.notes:
-        typer.echo(f"note: {note}")
-    typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
+    if not quiet:
+        for note in plan.notes:
+            typer.echo(f"note: {note}")
+        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
+
+
+@app.command()
+def check(
+    draft: Path = typer.Argument(..., help="The drafter GGUF to run."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="The checkpoint directory it was converted from."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir (embedding and head from its safetensors)."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF (only token_embd and output are read)."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    context: int = typer.Option(64, "--context", min=1, help="Context tokens before the drafted block."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic target features."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
+    save_io: Path | None = typer.Option(None, "--save-io", help="Write inputs and outputs of both forwards to this .npz."),
+    reference_gguf: Path | None = typer.Option(None, "--reference-gguf", help="A full-precision sibling: also report agreement with it."),
+) -> None:
+    """Run the GGUF in-process and the checkpoint's reference forward on the same inputs: 0 pass, 1 fail, 2 unreadable."""
+    from .check import check as run_check
+
+    try:
+        report = run_check(draft, checkpoint, target_model_dir=target_model_dir, target_gguf=target_gguf, device=device,
+                           context=context, seed=seed, save_io=save_io, reference_gguf=reference_gguf)
+    except DFlashError as e:
+        _fail(e)
+    typer.echo(report.to_json() if json_out else report.render_text())
+    raise typer.Exit(report.exit_code)
 
 
 @app.command()
@@ -240,12 +296,63 @@ def version() -> None:
     typer.echo(f"dflash-convert {__version__}")
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt, so every temporary file is removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main() -> None:
+    """The console entry point: one error line and an exit code, whatever happens.
+
+    SIGINT and SIGTERM raise Interrupted while a command runs (the writer removes its temporary
+    file as it unwinds) and exit 130 / 143 without a traceback. Once the command is over, a late
+    signal is only recorded: the process still exits 128 + signal, and nothing is left half done.
+    """
+    import signal
+
+    received: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupted)
+    code = 0
     try:
-        app()
-    except InputFileError as e:  # pragma: no cover - commands catch their own
+        try:
+            app()  # standalone: click prints usage errors and exits; Interrupted is no Exception and passes through
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda signum, frame: received.append(signum))
+    except Interrupted as e:
+        received.append(e.signum)
+    except BrokenPipeError:
+        # stdout was closed early (| head): no error line, the shell's SIGPIPE status
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os._exit(128 + 13)
+    except KeyboardInterrupt:
+        received.append(signal.SIGINT)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except InputFileError as e:
         typer.echo(f"dflash-convert: error: {e}", err=True)
-        sys.exit(2)
+        code = EXIT_UNREADABLE
+    except DFlashError as e:
+        typer.echo(f"dflash-convert: error: {e}", err=True)
+        code = EXIT_REFUSED
+    if received:
+        name = signal.Signals(received[0]).name
+        sys.stderr.write(f"dflash-convert: interrupted by {name}; no partial output was left\n")
+        code = 128 + received[0]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if received:
+        os._exit(code)  # no interpreter shutdown: nothing left that a late signal could interrupt
+    sys.exit(code)
 
 
 if __name__ == "__main__":

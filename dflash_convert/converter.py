@@ -12,6 +12,8 @@ from pathlib import Path
 from . import __version__
 from .drafter import Drafter
 from .errors import ConfigError, DFlashError, InputFileError
+from .files import Inputs, check_output_path, refuse_unless_valid
+from .format.family import VOCAB_ROW_TENSORS
 from .format.ggml import OUTTYPES, QUANTIZATION_VERSION, FileType
 from .format.keys import ARCH, key
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
@@ -20,13 +22,14 @@ from .metadata import Metadata
 from .pipeline import ChunkPipeline, PlannedTensor
 from .plan import choose_file_type, plan_tensors
 from .sources.checkpoint import read_checkpoint
+from .sources.family import is_family, read_family
 from .sources.speculators import is_speculators, read_speculators
 from .sources.vocabulary import resolve_vocabulary
 from .sources.zlab import read_zlab
 from .target import Target, read_target_dir, read_target_gguf
 from .tensor_source import source_path
 from .tokenizer import borrow_from_dir, borrow_from_gguf
-from .write import check_output_path, string_array_item_offset, write_gguf
+from .write import string_array_item_offset, write_gguf
 
 log = logging.getLogger("dflash_convert")
 
@@ -72,6 +75,7 @@ class ConversionPlan:
     target: Target
     n_tokens: int
     hasher: SourceHasher | None = None
+    inputs: Inputs | None = None  # every file and model directory the conversion reads
     type_name: str = ""  # F16, BF16, Q4_K_M, ...: what the file is called after
     fallbacks: int = 0
 
@@ -81,10 +85,12 @@ class ConversionPlan:
 
 
 def _sha256_file(path: Path) -> str:
+    from .files import open_regular
+
     h = hashlib.sha256()
     buf = bytearray(8 << 20)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
@@ -118,6 +124,14 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                               f"or a quantization type: {', '.join(QUANT_TYPES)})") from None
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
+    if outfile is not None and not os.fspath(outfile).strip():
+        raise DFlashError("the output path is empty (-o \"\")")
+    if tokenizer_pre is not None:
+        from .tokenizer.pre_hashes import KNOWN_PRE_NAMES
+
+        if tokenizer_pre not in KNOWN_PRE_NAMES:
+            raise ConfigError(f"--tokenizer-pre {tokenizer_pre!r} is not a pre-tokenizer llama.cpp 0c1e57098 knows (it would "
+                              f"refuse to load the file); choose from: {', '.join(sorted(KNOWN_PRE_NAMES))}")
     ckpt = read_checkpoint(src)
     hasher = SourceHasher(ckpt.files) if hash_sources else None
 
@@ -132,14 +146,17 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         n_tokens = -1
         vocab_where = str(target_model_dir)
 
-    drafter = read_speculators(ckpt, target) if is_speculators(ckpt.config) else read_zlab(ckpt, target)
+    if is_family(ckpt):  # DFlash2, DSpark, Gemma-4 DSpark (sources/family.py)
+        drafter = read_family(ckpt, target)
+    else:
+        drafter = read_speculators(ckpt, target) if is_speculators(ckpt.config) else read_zlab(ckpt, target)
     resolve_vocabulary(drafter, ckpt, target, keep_embeddings=keep_embeddings)
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
                                    drafter.vocab_size, tokenizer_pre)
     for t in drafter.tensors:
         rows = t.shape[0]
-        if t.gguf_name == EMBEDDING_TENSOR or (t.gguf_name == OUTPUT_TENSOR and drafter.draft_vocab_size is None):
+        if t.gguf_name in (EMBEDDING_TENSOR, *VOCAB_ROW_TENSORS) or (t.gguf_name == OUTPUT_TENSOR and drafter.draft_vocab_size is None):
             if rows != n_tokens:
                 raise InputFileError(f"{t.hf_name} has {rows} rows but the vocabulary has {n_tokens} tokens",
                                      source_path(t.source))
@@ -176,12 +193,19 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     output = Path(outfile) if outfile is not None else default_output(src, type_name)
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
         output = output / default_output(src, type_name).name
+    inputs = Inputs()
+    inputs.add_directory(src)
+    inputs.add_directory(target_model_dir)
+    inputs.add_file(target_gguf)
+    inputs.add_files([ckpt.config_path, *ckpt.files])
     return ConversionPlan(drafter, md, planned, file_type, output, target, n_tokens, hasher=hasher,
-                          type_name=type_name, fallbacks=fallbacks)
+                          type_name=type_name, fallbacks=fallbacks, inputs=inputs)
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:
-    check_output_path(plan.output, [plan.drafter.config_path, *plan.drafter.files], force=force)
+    inputs = plan.inputs or Inputs()
+    inputs.add_files([plan.drafter.config_path, *plan.drafter.files])
+    check_output_path(plan.output, inputs, force=force)
 
 
 def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = True) -> Path:
@@ -195,7 +219,8 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
 
     try:
         with ChunkPipeline() as pipeline:
-            write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, finish=finish)
+            write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, finish=finish,
+                       verify=refuse_unless_valid(plan.output))
     finally:
         hasher.thread.join()
     return plan.output

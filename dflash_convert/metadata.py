@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import DFlashError
 from .format.keys import KEYS, ValueType
 
 
@@ -35,7 +36,7 @@ class Metadata:
     def set_raw(self, key: str, vtype: ValueType, value: Any, sub: ValueType | None = None) -> None:
         if vtype == ValueType.ARRAY and not len(value):
             raise ValueError(f"empty array for {key}")  # GGUF arrays may not be empty in llama.cpp's writer
-        self._kv[key] = KV(key, vtype, _coerce(vtype, value, sub), sub)
+        self._kv[key] = KV(key, vtype, _coerce(vtype, value, sub, key), sub)
 
     def remove(self, key: str) -> None:
         self._kv.pop(key, None)
@@ -60,12 +61,34 @@ class Metadata:
 _ARRAY_ITEM = {ValueType.FLOAT32: float, ValueType.FLOAT64: float, ValueType.BOOL: bool}
 
 
-def _coerce(vtype: ValueType, value: Any, sub: ValueType | None) -> Any:
+# integer GGUF types -> (lowest, highest) value they hold
+INT_RANGES: dict[ValueType, tuple[int, int]] = {
+    ValueType.UINT8: (0, (1 << 8) - 1), ValueType.INT8: (-(1 << 7), (1 << 7) - 1),
+    ValueType.UINT16: (0, (1 << 16) - 1), ValueType.INT16: (-(1 << 15), (1 << 15) - 1),
+    ValueType.UINT32: (0, (1 << 32) - 1), ValueType.INT32: (-(1 << 31), (1 << 31) - 1),
+    ValueType.UINT64: (0, (1 << 64) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
+}
+
+
+def _check_range(key: str, vtype: ValueType, values: Any) -> None:
+    """Every integer must fit the type it is written as: refused here, before anything is written."""
+    lo, hi = INT_RANGES[vtype]
+    for v in values:
+        if not lo <= v <= hi:
+            raise DFlashError(f"{key} value {v} does not fit {vtype.name} ({lo} to {hi})")
+
+
+def _coerce(vtype: ValueType, value: Any, sub: ValueType | None, key: str = "") -> Any:
     if vtype == ValueType.ARRAY:
         assert sub is not None
         if sub == ValueType.STRING:
             return list(value)
-        return list(map(_ARRAY_ITEM.get(sub, int), value))
+        items = list(map(_ARRAY_ITEM.get(sub, int), value))
+        if sub in INT_RANGES:
+            _check_range(key, sub, items)
+        return items
+    if vtype in INT_RANGES:
+        _check_range(key, vtype, [int(value)])
     if vtype in (ValueType.FLOAT32, ValueType.FLOAT64):
         return float(value)
     if vtype == ValueType.BOOL:

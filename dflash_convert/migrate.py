@@ -19,6 +19,7 @@ from .checks.report import Report
 from .checks.semantics import required_tensor_names, tensor_role
 from .drafter import DrafterTensor
 from .errors import DFlashError
+from .files import check_output_path, refuse_unless_valid
 from .format.dialects import DROP, UPSTREAM_ARCH, Dialect
 from .format.keys import GENERAL_PREFIX, KEYS, TOKENIZER_PREFIX, ValueType, key
 from .format.rules import FC_TENSOR, MAX_LAYERS
@@ -28,7 +29,8 @@ from .pipeline import ChunkPipeline
 from .plan import plan_tensor
 from .sources.gguf import ALIGNMENT_KEY, GGUFFile, GGUFTensor, GGUFValue, read_gguf
 from .sources.gguf_drafter import INT_TYPES
-from .write import check_output_path, write_gguf
+from .sources.zlab import I32_MAX, U32_MAX
+from .write import write_gguf
 
 _INTS = INT_TYPES
 _INT_RANGE = {ValueType.UINT32: (0, (1 << 32) - 1), ValueType.INT32: (-(1 << 31), (1 << 31) - 1)}
@@ -44,6 +46,7 @@ class MigrationPlan:
     tensors: list[tuple[GGUFTensor, str]]  # input tensor, output name
     target_layers: list[int]
     notes: list[str] = field(default_factory=list)
+    target_gguf: Path | None = None  # read for its tokenizer keys: never an output
 
 
 @dataclass
@@ -122,6 +125,10 @@ def plan_migration(src: str | os.PathLike, *, target_layers_offset: int | None =
                    mask_token_id: int | None = None) -> MigrationPlan:
     """Read a foreign-dialect file and decide every output key and tensor name; writes nothing."""
     path = Path(src)
+    if mask_token_id is not None and not 0 <= mask_token_id <= U32_MAX:
+        raise DFlashError(f"--mask-token-id {mask_token_id} does not fit UINT32 (0 to {U32_MAX})")
+    if target_layers is not None and not all(0 <= i <= I32_MAX for i in target_layers):
+        raise DFlashError(f"--target-layers {target_layers}: each id must be in 0..{I32_MAX} (written as INT32)")
     if target_layers_offset is not None and target_layers_offset not in (0, 1):
         raise DFlashError(f"--target-layers-offset must be 0 or 1, got {target_layers_offset}")
     g = read_gguf(path)
@@ -222,7 +229,7 @@ def plan_migration(src: str | os.PathLike, *, target_layers_offset: int | None =
     _check_fc(g, d, hparams, ids, seen, path)
     if renamed:
         notes.append(f"renamed tensors: {_summarise(renamed)}")
-    return MigrationPlan(path, d, md, tensors, ids, notes)
+    return MigrationPlan(path, d, md, tensors, ids, notes, Path(target_gguf) if target_gguf is not None else None)
 
 
 def _summarise(items: list[str], limit: int = 4) -> str:
@@ -246,11 +253,11 @@ def _check_fc(g: GGUFFile, d: Dialect, hparams: Metadata, ids: list[int], seen: 
 
 def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> Path:
     out = Path(out)
-    check_output_path(out, [plan.source], force=force)
+    check_output_path(out, [plan.source, *([plan.target_gguf] if plan.target_gguf else [])], force=force)
     # the one streaming pipeline, with GGUF tensors as sources and bytes copied unchanged
     planned = [plan_tensor(DrafterTensor(new, gguf_to_hf(new) or new, t), t.ggml_type, copy=True) for t, new in plan.tensors]
     with ChunkPipeline() as pipeline:
-        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False)
+        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False, verify=refuse_unless_valid(out))
     return out
 
 
@@ -260,6 +267,7 @@ def migrate(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
     """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, then validate it."""
     from .checks import validate
 
+    check_output_path(out, [src, *([target_gguf] if target_gguf is not None else [])], force=True)  # before reading
     plan = plan_migration(src, target_layers_offset=target_layers_offset, target_layers=target_layers,
                           target_gguf=target_gguf, mask_token_id=mask_token_id)
     written = write_migration(plan, out, force=force)

@@ -14,21 +14,32 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .codecs import COPY, encoder
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
+from .files import check_output_path
 from .format.ggml import BLOCK_GEOMETRY, QUANTIZATION_VERSION, GGMLType, tensor_nbytes
 from .format.keys import ValueType, key
-from .format.quant_types import FTYPE_ALIASES, FTYPES, KEEP, NOTE_FALLBACK, NOTE_KEPT, choose_quant_types, loader_order, resolve_ftype
+from .format.quant_types import (
+    FTYPE_ALIASES,
+    FTYPES,
+    KEEP,
+    NOTE_FALLBACK,
+    NOTE_KEPT,
+    choose_quant_types,
+    loader_order,
+    n_dims,
+    resolve_ftype,
+)
 from .metadata import Metadata
 from .pipeline import ChunkPipeline, PlannedTensor
 from .plan import plan_tensor
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
-from .write import check_output_path, write_gguf
+from .write import write_gguf
 
 # the types `quantize` writes (what users publish drafters as); llama-quantize knows more
 QUANT_TYPES: tuple[str, ...] = ("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
@@ -146,13 +157,15 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, ke
     out: list[PlannedTensor] = []
     for i in loader_order([n for n, _ in tensors]):
         p, new = planned[i], chosen[i]
+        # llama-quantize writes ggml_n_dims dimensions: trailing 1s dropped (DSpark's conf_proj {E+R, 1} -> {E+R})
+        ne = p.ne[:n_dims(p.ne)]
         if new == p.ggml_type:
-            out.append(p)
+            out.append(p if ne == p.ne else replace(p, ne=ne))
             continue
         first = p.encode
         step = encoder(p.ggml_type.name, new, row_length=p.ne[0])
         enc = step if first is COPY else (lambda raw, first=first, step=step: step(first(raw)))
-        out.append(PlannedTensor(p.tensor, new, p.ne, tensor_nbytes(new, p.ne), enc, notes[i]))
+        out.append(PlannedTensor(p.tensor, new, ne, tensor_nbytes(new, ne), enc, notes[i]))
     return file_type, out, fallbacks
 
 
@@ -160,6 +173,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
                   allow_requantize: bool = False) -> QuantizePlan:
     """Read and decide everything; writes nothing."""
     path = Path(src)
+    check_output_path(out, [path], force=True)  # never the input, checked before anything is read
     ftype = parse_ftype(qtype)
     keep = parse_keep_types(keep_types or [])
     g = read_gguf(path)

@@ -80,7 +80,7 @@ class Target:
 
 def read_target_dir(target_dir: str | Path) -> Target:
     target_dir = Path(target_dir)
-    cfg, path = read_config(target_dir)
+    cfg, path = read_config(target_dir, "target model")
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     text = merged_text_config(cfg)
@@ -134,9 +134,10 @@ def target_from_gguf(g: GGUFFile) -> Target:
 
 def read_target_gguf(path: str | Path) -> Target:
     """A converted target model's GGUF; refuses drafters and files without an architecture."""
+    from .files import check_regular_file
+
     path = Path(path)
-    if not path.is_file():
-        raise InputFileError("target GGUF not found", path)
+    check_regular_file(path, "target GGUF")
     g = read_gguf(path)
     if g.architecture is None:
         raise InputFileError(f"target GGUF has no {key('architecture')}", path)

@@ -34,7 +34,9 @@ class FdCache:
             with self._lock:
                 fd = self._fds.get(key)
                 if fd is None:
-                    fd = self._fds[key] = os.open(key, os.O_RDONLY)
+                    from .files import open_regular  # a file swapped for a FIFO since it was indexed is refused
+
+                    fd = self._fds[key] = open_regular(key)
         return fd
 
     def close(self) -> None:

@@ -160,21 +160,24 @@ class _OutputFile:
         finally:
             os.close(self.fd)
             if self.stage is not None:
-                self.stage.close()
+                try:
+                    self.stage.close()
+                except BufferError:  # a view of it is still referenced by an exception in flight
+                    pass
 
 
-def check_output_path(out: Path, inputs: list[Path], *, force: bool) -> None:
-    """Refuse to write over an input (ever) or an existing file (without force)."""
-    if out.exists():
-        for p in inputs:
-            if p.exists() and os.path.samefile(p, out):
-                raise DFlashError("output would overwrite an input file; choose another output path", out)
-        if not force:
-            raise DFlashError("output exists; pass --force to replace it", out)
-        if out.is_dir():
-            raise DFlashError("output is a directory", out)
-    if not out.parent.is_dir():
-        raise DFlashError("output folder does not exist", out.parent)
+# Fault injection for the signal tests: DFLASH_CONVERT_FAULT="<phase>:<signal>" makes the writer
+# send itself that signal when it reaches the phase, so a test drives the timing exactly instead
+# of sleeping and hoping. Phases, in order: open, header, data, finish, verify, renamed.
+FAULT_ENV = "DFLASH_CONVERT_FAULT"
+
+
+def fault_point(phase: str) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec and spec.partition(":")[0] == phase:
+        import signal
+
+        os.kill(os.getpid(), getattr(signal, spec.partition(":")[2] or "SIGINT"))
 
 
 def temp_path_for(out: Path) -> Path:
@@ -182,8 +185,14 @@ def temp_path_for(out: Path) -> Path:
 
 
 def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: bool = True,
-               finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None) -> int:
-    """Write a GGUF file atomically. ``finish`` returns (header offset, bytes) patches applied last."""
+               finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None,
+               verify: Callable[[Path], None] | None = None) -> int:
+    """Write a GGUF file atomically.
+
+    ``finish`` returns (header offset, bytes) patches applied last; ``verify`` inspects the
+    complete temporary file and raises to refuse it, so nothing that fails it is ever renamed
+    into place. On any error or signal the temporary file is removed.
+    """
     header, value_at = serialize_header(md, tensors)
     tmp = temp_path_for(out)
     total = sum(t.nbytes for t in tensors)
@@ -193,9 +202,14 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
 
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}", disable=None, leave=False)
     try:
-        f = _OutputFile(tmp)
         try:
+            f = _OutputFile(tmp)
+        except OSError as e:
+            raise DFlashError(f"cannot write the output: {e.strerror or e}", out) from e
+        try:
+            fault_point("header")
             f.write(memoryview(header))
+            fault_point("data")
             for t in tensors:
                 written = 0
                 for chunk in t.chunks():
@@ -209,12 +223,17 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
                 f.write(memoryview(bytes(_pad(written) - written)))
         finally:
             f.close()
+        fault_point("finish")
         if finish is not None:
             with open(tmp, "r+b") as g:
                 for offset, data in finish(value_at):
                     g.seek(offset)
                     g.write(data)
+        fault_point("verify")
+        if verify is not None:
+            verify(tmp)
         os.replace(tmp, out)
+        fault_point("renamed")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -143,9 +143,9 @@ def test_cli_one_error_line_and_exit_2(tmp_path, case):
 
 
 def test_missing_and_directory_inputs(tmp_path):
-    with pytest.raises(InputFileError, match="cannot read"):
+    with pytest.raises(InputFileError, match="does not exist"):
         read_gguf(tmp_path / "nope.gguf")
-    with pytest.raises(InputFileError, match="cannot read"):
+    with pytest.raises(InputFileError, match="is a directory, not a regular file"):
         read_gguf(tmp_path)
 
 

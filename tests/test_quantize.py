@@ -130,4 +130,6 @@ def test_cli_dry_run_and_errors(drafters, tmp_path):
     r = run_cli("quantize", tmp_path / "missing.gguf", tmp_path / "o.gguf", "Q8_0")
     assert r.returncode == 2 and "missing.gguf" in r.stderr
     r = run_cli("quantize", src, tmp_path / "o.gguf", "Q8_0", "-q")
+    assert r.returncode == 0 and r.stdout == "" and (tmp_path / "o.gguf").is_file()
+    r = run_cli("quantize", src, tmp_path / "o2.gguf", "Q8_0")
     assert r.returncode == 0 and "wrote" in r.stdout

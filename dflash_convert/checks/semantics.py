@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..drafter import Drafter
+from ..format.family import draft_tokens_per_block, member_of
 from ..format.ggml import GGMLType
 from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, ARCH, KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
 from ..format.rules import (
@@ -36,6 +37,7 @@ from ..format.rules import (
     OPTIONAL_PER_LAYER,
     OUTPUT_TENSOR,
     PER_LAYER_KEYS,
+    POSITIVE_FLOAT_KEYS,
     ROPE_SCALING_TYPES,
     ROPE_SECTIONS,
     VECTOR,
@@ -45,6 +47,7 @@ from ..format.rules import (
 from ..format.tensors import EXPECTED_HF_SHAPES, REQUIRED_GLOBAL, REQUIRED_PER_LAYER, generic_name, layer_name, layer_of
 from ..sources.gguf import GGUFFile, GGUFTensor
 from ..sources.gguf_drafter import as_float, as_int, as_ints, drafter_from_gguf
+from .family import check_family
 from .report import FAIL, SKIP, WARN, Check, check_from, passed
 
 _DIM_TOKEN = re.compile(r"([*/])")
@@ -241,9 +244,12 @@ def check_hparams(f: DrafterView) -> Check:
     E = dims.get("E")
     if kl is None and E and H and E % H:
         problems.append(f"no key_length and embedding_length {E} is not a multiple of head_count {H}")
-    eps = _float(md.get(key("rms_eps")))
-    if eps is not None and not (math.isfinite(eps) and eps > 0):
-        problems.append(f"layer_norm_rms_epsilon is {eps}")
+    # every float the graph multiplies or divides by: NaN, infinite or non-positive values give
+    # NaN drafts or a division by zero, silently (llama.cpp checks none of them)
+    for short in POSITIVE_FLOAT_KEYS:
+        v = _float(md.get(key(short)))
+        if v is not None and not (math.isfinite(v) and v > 0):
+            problems.append(f"{key(short)} is {v}: it must be a finite positive number")
     rot = _int(md.get(key("rope_dimension_count")))
     D = dims.get("D")
     if rot is not None and D and (rot > D or rot % 2):
@@ -334,7 +340,9 @@ def check_block_size(f: DrafterView) -> Check:
     if bs < 2:
         return Check("block_size", FAIL, f"{key('block_size')} is {bs}: the driver clamps --spec-draft-n-max to {max(bs - 1, 0)}, "
                      "nothing is drafted")
-    return passed("block_size", f"{bs} (pair with --spec-draft-n-max {bs - 1})")
+    sfa = f.d.sample_from_anchor  # DSpark sampling from the anchor drafts every slot of the block
+    return passed("block_size", f"{bs} (pair with --spec-draft-n-max "
+                  f"{draft_tokens_per_block(member_of({t.name for t in f.g.tensors}), bs, sfa)})")
 
 
 def check_tokenizer(f: DrafterView) -> Check:
@@ -391,9 +399,11 @@ def check_inventory(f: DrafterView) -> Check:
     present = set(names)
     problems, warnings = [], []
     problems += [f"{n} is missing (required)" for n in required_tensor_names(f.n_layer) if n not in present]
+    # Gemma-4 DSpark (the one writer of attention.scale) shares K and V by design: no warning for it
+    shared_kv_design = key("attention_scale") in f.g.metadata
     for i in range(min(f.n_layer, MAX_LAYERS)):
         for s in LOADER_OPTIONAL_PER_LAYER:
-            if layer_name(i, s) not in present:
+            if layer_name(i, s) not in present and not shared_kv_design:
                 warnings.append(f"{layer_name(i, s)} is missing: loads as the shared-KV variant (V = normed K), wrong for a "
                                 "Qwen-style drafter")
     roles = {n: tensor_role(n, f.n_layer) for n in names}
@@ -407,10 +417,7 @@ def check_inventory(f: DrafterView) -> Check:
     if stray:
         problems.insert(0, f"llama.cpp claims every tensor or stops with \"wrong number of tensors; expected "
                         f"{len(names)}, got {len(names) - len(stray)}\"")
-    found_heads = [n for n in names if roles[n] == HEAD_TENSOR]
-    if found_heads:
-        warnings.append(f"DSpark/DFlash2 head tensors present, not checked here: {', '.join(found_heads[:6])}"
-                        + (" ..." if len(found_heads) > 6 else ""))
+    # DSpark/DFlash2 tensors (HEAD_TENSOR roles) are checked by checks/family.py
     return check_from("tensors.inventory", problems, warnings, f"{len(names)} tensors, all claimed, none missing",
                       "tensor set does not match what llama.cpp loads", "tensor set loads, with remarks")
 
@@ -491,13 +498,13 @@ def semantic_checks(g: GGUFFile) -> tuple[DrafterView, list[Check]]:
     checks = [
         check_architecture(g), check_required_keys(g), check_key_types(g), check_hparams(f), check_target_layers(f),
         check_swa(f), check_block_size(f), check_tokenizer(f), check_mask_token(f), check_inventory(f),
-        check_shapes(f), check_types(f), check_tied_head(f), check_d2t(f),
+        check_shapes(f), check_types(f), check_tied_head(f), check_d2t(f), check_family(f),
     ]
     return f, checks
 
 
 def skipped_semantics(reason: str) -> list[Check]:
     ids = ("architecture", "keys.required", "keys.types", "hparams", "target_layers", "swa", "block_size", "tokenizer",
-           "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", D2T_TENSOR)
+           "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", D2T_TENSOR, "family")
     return [Check(i, SKIP, reason) for i in ids]
 

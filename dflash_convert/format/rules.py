@@ -45,6 +45,12 @@ ALSO_ACCEPTED: dict[str, tuple[tuple[ValueType, ValueType | None], ...]] = {
 # per-layer keys that may be arrays (then of length block_count)
 PER_LAYER_KEYS: tuple[str, ...] = ("feed_forward_length", "head_count", "head_count_kv")
 
+# float keys the graph multiplies or divides by: they must be finite and > 0 (llama.cpp checks none)
+POSITIVE_FLOAT_KEYS: tuple[str, ...] = (
+    "rms_eps", "rope_freq_base", "rope_freq_base_swa", "rope_scaling_factor", "value_scale", "embedding_scale", "logit_scale",
+    "final_logit_softcapping",
+)
+
 # accepted string values (anything else aborts loading)
 HIDDEN_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_pytorch_tanh")
 ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "longrope")

@@ -27,17 +27,14 @@ def read_json(path: Path, what: str, limit: int | None = None) -> Any:
     Configs also reject duplicate keys (a second value silently winning is how a hostile config
     would hide a setting); tokenizer files, tens of MB of plain data, are parsed directly.
     """
+    from ..files import read_regular_bytes
+
     tokenizer_file = path.name.startswith("tokenizer")
     if limit is None:
         limit = MAX_TOKENIZER_BYTES if tokenizer_file else MAX_CONFIG_BYTES
+    raw = read_regular_bytes(path, what, limit)
     try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise InputFileError(f"cannot read {what}: {e.strerror or e}", path) from e
-    if size > limit:
-        raise InputFileError(f"{what} is {size} bytes, larger than the {limit}-byte limit", path)
-    try:
-        text = path.read_bytes().decode("utf-8")
+        text = raw.decode("utf-8")
         return json.loads(text) if tokenizer_file else json.loads(text, object_pairs_hook=_reject_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
         raise InputFileError(f"{what} is not valid JSON: {e}", path) from e
@@ -49,13 +46,14 @@ def merged_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, **text} if isinstance(text, dict) else dict(cfg)
 
 
-def read_config(model_dir: Path) -> tuple[dict[str, Any], Path]:
-    """config.json of a model directory as a dict."""
+def read_config(model_dir: Path, side: str = "drafter checkpoint") -> tuple[dict[str, Any], Path]:
+    """config.json of a model directory as a dict; ``side`` names the directory in messages."""
+    from ..files import check_directory
+
     path = model_dir / "config.json"
-    if not model_dir.is_dir():
-        raise InputFileError("not a directory", model_dir)
-    if not path.is_file():
-        raise InputFileError("no config.json in this directory", model_dir)
+    check_directory(model_dir, f"{side} directory")
+    if not path.exists():
+        raise InputFileError(f"no config.json in this {side} directory", model_dir)
     cfg = read_json(path, "config.json")
     if not isinstance(cfg, dict):
         raise ConfigError("config.json must hold a JSON object", path)
@@ -78,7 +76,7 @@ class Checkpoint:
 
 def _weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     index_path = model_dir / INDEX_NAME
-    if index_path.is_file():
+    if index_path.exists():
         index = read_json(index_path, INDEX_NAME)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
@@ -88,7 +86,7 @@ def _weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
                 raise InputFileError(f"weight_map entry for {name!r} is not a plain file name: {part!r}", index_path)
         parts = sorted(set(weight_map.values()))
         for part in parts:
-            if not (model_dir / part).is_file():
+            if not (model_dir / part).exists():
                 raise InputFileError(f"shard {part!r} listed in {INDEX_NAME} is missing", model_dir)
         return [model_dir / p for p in parts], weight_map
     parts = sorted(p.name for p in model_dir.iterdir() if p.name.startswith("model") and p.name.endswith(".safetensors"))
@@ -102,7 +100,7 @@ def _weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
 def read_checkpoint(model_dir: str | Path) -> Checkpoint:
     """Index a checkpoint directory: validate every safetensors header and the shard index."""
     model_dir = Path(model_dir)
-    config, config_path = read_config(model_dir)
+    config, config_path = read_config(model_dir, "drafter checkpoint")
     files, weight_map = _weight_files(model_dir)
     ckpt = Checkpoint(model_dir, config, config_path, files)
     seen: dict[str, Path] = {}

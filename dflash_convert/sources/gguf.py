@@ -305,15 +305,19 @@ class _Cursor:
 
 def read_gguf(path: str | Path) -> GGUFFile:
     """Parse and validate a GGUF container (metadata and tensor table; data stays on disk)."""
+    from ..files import open_regular
+
     path = Path(path)
+    fd = open_regular(path, "GGUF file")  # a FIFO or a device is refused, never read
     try:
-        size = os.stat(path).st_size
-        with open(path, "rb") as f:
-            if size == 0:
-                raise InputFileError("empty file, not GGUF", path)
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise InputFileError("empty file, not GGUF", path)
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise InputFileError(f"cannot read: {e.strerror or e}", path) from e
+    finally:
+        os.close(fd)
     try:
         buf = memoryview(mm)
         try:
@@ -349,16 +353,24 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
     c.pos = 4
     version = c.u32("version")
     _check_version(c, version)
+    tensors_at = c.pos
     n_tensors = c.u64("tensor count")
+    kv_at = c.pos
     n_kv = c.u64("metadata count")
+    body = c.pos
+
+    def bad_count(at: int, msg: str) -> InputFileError:  # reported where the count is, not where reading stopped
+        c.pos = at
+        return c.fail(msg)
+
     if n_tensors > INT64_MAX:
-        raise c.fail(f"tensor count {n_tensors} is negative as a signed 64-bit count")
+        raise bad_count(tensors_at, f"tensor count {n_tensors} is negative as a signed 64-bit count")
     if n_kv > INT64_MAX:
-        raise c.fail(f"metadata count {n_kv} is negative as a signed 64-bit count")
-    if n_kv * _MIN_KV_BYTES > size - c.pos:
-        raise c.fail(f"metadata count {n_kv} cannot fit in a {size}-byte file")
-    if n_tensors * _MIN_TENSOR_INFO_BYTES > size - c.pos:
-        raise c.fail(f"tensor count {n_tensors} cannot fit in a {size}-byte file")
+        raise bad_count(kv_at, f"metadata count {n_kv} is negative as a signed 64-bit count")
+    if n_kv * _MIN_KV_BYTES > size - body:
+        raise bad_count(kv_at, f"metadata count {n_kv} cannot fit in a {size}-byte file")
+    if n_tensors * _MIN_TENSOR_INFO_BYTES > size - body:
+        raise bad_count(tensors_at, f"tensor count {n_tensors} cannot fit in a {size}-byte file")
 
     md: dict[str, GGUFValue] = {}
     for i in range(n_kv):

@@ -113,10 +113,13 @@ def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 def read_header(path: str | Path) -> tuple[list[TensorRef], dict[str, str]]:
     """Parse and validate a safetensors header. Returns tensors in data order and __metadata__."""
+    from ..files import open_regular
+
     path = Path(path)
+    fd = open_regular(path, "safetensors file")  # a FIFO or a device is refused, never read
     try:
-        size = os.stat(path).st_size
-        with open(path, "rb") as f:
+        size = os.fstat(fd).st_size
+        with os.fdopen(fd, "rb") as f:
             raw_len = f.read(8)
             if len(raw_len) < 8:
                 raise InputFileError(f"not a safetensors file: {size} bytes, too short for a header", path)

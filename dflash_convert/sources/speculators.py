@@ -16,7 +16,7 @@ from typing import Any
 from ..drafter import Drafter
 from ..target import Target
 from .checkpoint import Checkpoint
-from .zlab import ConfigView, build_drafter
+from .zlab import MAX_VOCAB, ConfigView, build_drafter
 
 log = logging.getLogger("dflash_convert")
 
@@ -54,7 +54,7 @@ def read_speculators(ckpt: Checkpoint, target: Target | None) -> Drafter:
     if target_hidden is not None and target_hidden != flat.get("hidden_size"):
         raise cv.error(f"target_hidden_size {target_hidden} differs from the draft hidden_size {flat.get('hidden_size')}: "
                        "llama.cpp's dflash has no projection for that")
-    vocab = cv.int_("vocab_size")
+    vocab = cv.int_("vocab_size", maximum=MAX_VOCAB, written_as="the length of a GGUF token array (llama.cpp's limit)")
     draft_vocab = cv.int_("draft_vocab_size", top.cfg.get("draft_vocab_size", vocab))
     if draft_vocab > vocab:  # type: ignore[operator]
         raise cv.error(f"draft_vocab_size {draft_vocab} exceeds the target vocab_size {vocab}")

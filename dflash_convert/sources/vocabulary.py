@@ -84,6 +84,9 @@ def _equal(a: TensorSource, b: TensorSource) -> bool:
 def _mask_embedding(d: Drafter, path: Path) -> np.ndarray:
     import torch
 
+    from ..files import check_regular_file
+
+    check_regular_file(path, MASK_EMBEDDING_FILE)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle arbitrary objects
     except Exception as e:
@@ -148,7 +151,7 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: Target | None, *, k
 
     # MiMo-style mask embedding: the target's (or draft's) embedding with the mask row replaced
     mask_path = ckpt.dir / MASK_EMBEDDING_FILE
-    if mask_path.is_file():
+    if mask_path.exists():
         row = _mask_embedding(d, mask_path)
         front: list[DrafterTensor] = []
         if OUTPUT_TENSOR not in by:

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
 from ..errors import ConfigError, InputFileError
-from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR
+from ..format.ggml import GGUF_MAX_ARRAY_ELEMENTS
+from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, MAX_LAYERS
 from ..format.tensors import (
     CHECKED_NOT_WRITTEN,
     EXPECTED_HF_SHAPES,
@@ -24,6 +25,7 @@ from ..format.tensors import (
     ROPE_PERMUTED,
     SKIPPED_SUFFIXES,
     generic_name,
+    gguf_to_hf,
     hf_to_gguf,
     layer_name,
     layer_of,
@@ -42,6 +44,13 @@ ROPE_THETA_KEYS = ("global_rope_theta", "rope_global_theta", "rope_theta_global"
 LOCAL_ROPE_THETA_KEYS = ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta", "rope_local_base_freq")
 PARTIAL_ROTARY_KEYS = ("partial_rotary_factor", "rope_pct", "rope_percent")
 SUPPORTED_ACTIVATIONS = {"silu": None, "swish": None, "gelu": "gelu", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
+
+
+U32_MAX = (1 << 32) - 1
+I32_MAX = (1 << 31) - 1
+F32_MAX = float(np.finfo(np.float32).max)
+# a vocabulary is a GGUF array: llama.cpp reads at most this many elements
+MAX_VOCAB = GGUF_MAX_ARRAY_ELEMENTS
 
 
 def as_f32(v: float) -> float:
@@ -63,7 +72,9 @@ class ConfigView:
         d = self.cfg if d is None else d
         return next((d[k] for k in keys if d.get(k) is not None), None)
 
-    def int_(self, key: str, value: Any = None, *, required: bool = True, minimum: int = 1) -> int | None:
+    def int_(self, key: str, value: Any = None, *, required: bool = True, minimum: int = 1, maximum: int = U32_MAX,
+             written_as: str = "UINT32") -> int | None:
+        """An integer config value, range-checked against the GGUF type it is written as (UINT32 unless said)."""
         v = self.cfg.get(key) if value is None else value
         if v is None:
             if required:
@@ -71,6 +82,8 @@ class ConfigView:
             return None
         if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
             raise self.error(f"{key} must be an integer >= {minimum}, got {v!r}")
+        if v > maximum:
+            raise self.error(f"{key} {v} does not fit: it is written as {written_as}, at most {maximum}")
         return v
 
     def float_(self, key: str, value: Any = None, *, required: bool = False) -> float | None:
@@ -81,7 +94,12 @@ class ConfigView:
             return None
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise self.error(f"{key} must be a number, got {v!r}")
-        return as_f32(v)
+        if isinstance(v, int) and abs(v) > F32_MAX:  # float(v) itself would overflow for huge ints
+            raise self.error(f"{key} {v} does not fit a GGUF FLOAT32 (largest finite value {F32_MAX:.4g})")
+        f = as_f32(v)
+        if not math.isfinite(f):
+            raise self.error(f"{key} is {v!r}: it is written as FLOAT32, which must be finite (largest {F32_MAX:.4g})")
+        return f
 
 
 def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | None, list[int] | None, float | None]:
@@ -102,7 +120,8 @@ def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | Non
         orig = full.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
         if orig is None:
             raise cv.error("yarn rope scaling needs original_max_position_embeddings")
-        scaling = RopeScaling("yarn", cv.float_("rope factor", factor), int(orig),
+        scaling = RopeScaling("yarn", cv.float_("rope factor", factor),
+                              cv.int_("original_max_position_embeddings", orig),
                               cv.float_("extrapolation_factor", full.get("extrapolation_factor")),
                               cv.float_("attention_factor", full.get("attention_factor", full.get("attn_factor"))),
                               cv.float_("beta_fast", full.get("beta_fast")), cv.float_("beta_slow", full.get("beta_slow")))
@@ -168,21 +187,27 @@ def read_zlab(ckpt: Checkpoint, target: Target | None) -> Drafter:
 
 
 def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], target: Target | None, *,
-                  dialect: str, draft_vocab_size: int | None = None) -> Drafter:
-    """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``."""
+                  dialect: str, draft_vocab_size: int | None = None, tensors: bool = True) -> Drafter:
+    """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``.
+
+    ``tensors=False`` leaves the tensors to the caller (sources/family.py maps the other members'
+    tensors itself, with their own required sets and names)."""
     cfg = cv.cfg
 
-    n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")))
+    n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")),
+                       maximum=MAX_LAYERS, written_as=f"block_count (llama.cpp loads at most {MAX_LAYERS} layers)")
     hidden = cv.int_("hidden_size", cv.first(("hidden_size", "n_embd", "dim")))
     ffn = cv.int_("intermediate_size", cv.first(("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size", "n_inner", "hidden_dim")))
     n_head = cv.int_("num_attention_heads", cv.first(("num_attention_heads", "n_head", "n_heads")))
     n_head_kv = cv.int_("num_key_value_heads", cv.first(("num_key_value_heads", "n_kv_heads")))
     head_dim = cv.int_("head_dim", required=False) or hidden // n_head
+    if head_dim < 1:
+        raise cv.error(f"num_attention_heads {n_head} exceeds hidden_size {hidden}: no head_dim is left")
     if n_head % n_head_kv:
         raise cv.error(f"num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}")
     ctx = cv.int_("max_position_embeddings", cv.first(CONTEXT_KEYS))
     eps = cv.float_("rms_norm_eps", cv.first(("rms_norm_eps", "norm_eps")), required=True)
-    vocab = cv.int_("vocab_size")
+    vocab = cv.int_("vocab_size", maximum=MAX_VOCAB, written_as="the length of a GGUF token array (llama.cpp's limit)")
 
     # target layers: never computed, never defaulted
     ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
@@ -191,6 +216,8 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
                        "(add the list the drafter was trained with)")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise cv.error(f"target_layer_ids must be a list of integers, got {ids!r}")
+    if any(i + 1 > I32_MAX for i in ids):
+        raise cv.error(f"target_layer_ids {ids} do not fit: written + 1 as INT32, at most {I32_MAX - 1}")
     if target is not None and target.n_layers is not None:
         bad = [i for i in ids if not 0 <= i < target.n_layers]
         if bad:
@@ -255,7 +282,8 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
     if not rope_is_neox and cfg.get("head_dim") is None:
         raise cv.error("rope_is_neox_style is false but head_dim is missing: the interleaved-to-NeoX row "
                        "permutation works per head and needs it")
-    d.tensors = _map_tensors(ckpt, cfg, d, permute_rope=not rope_is_neox)
+    if tensors:
+        d.tensors = _map_tensors(ckpt, cfg, d, permute_rope=not rope_is_neox)
     return d
 
 
@@ -290,6 +318,7 @@ def _check_tensors(tensors: list[DrafterTensor], d: Drafter) -> None:
     missing = [n for n in REQUIRED_GLOBAL if n not in names]
     missing += [layer_name(i, s) for i in range(d.n_layers) for s in REQUIRED_PER_LAYER if layer_name(i, s) not in names]
     if missing:
+        missing = [f"{gguf_to_hf(n) or n} ({n})" for n in missing]  # the checkpoint's names, which the user can look for
         raise InputFileError(f"checkpoint lacks required tensors: {', '.join(missing[:6])}"
                              + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""), d.source)
     dims = {"E": d.hidden_size, "F": d.intermediate_size, "H": d.n_head, "KV": d.n_head_kv, "D": d.head_dim,

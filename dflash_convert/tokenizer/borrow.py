@@ -47,7 +47,7 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
             raise InputFileError(
                 "target ships a SentencePiece tokenizer.model, which llama.cpp would convert as an SPM "
                 "vocabulary; pass --target-gguf with the converted target instead", target_dir)
-        if not (target_dir / "tokenizer.json").is_file():
+        if not (target_dir / "tokenizer.json").exists():  # a FIFO or device there is refused by the probe, by name
             raise InputFileError("target has no tokenizer.json (pass --target-gguf with the converted target instead)", target_dir)
         # probe first, parse after: the tokenizer library's memory is gone before ours grows
         result = Probe(target_dir / "tokenizer.json").result()

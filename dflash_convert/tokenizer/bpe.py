@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputFileError
+from ..errors import ConfigError, InputFileError
 from ..format.keys import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED
-from .pre_hashes import PRE_TOKENIZER_HASHES
+from .pre_hashes import KNOWN_PRE_NAMES, PRE_TOKENIZER_HASHES
 from .probe import ProbeResult
 
 # Added tokens that look special are typed CONTROL even when not flagged special (llama.cpp rule).
@@ -94,6 +94,9 @@ def read_bpe_vocab(target_dir: Path, tj: dict[str, Any], tc: dict[str, Any], voc
     cleanup = bool(tc.get("clean_up_tokenization_spaces", False))
     reverse = {i: t for t, i in vocab.items()}
     del vocab
+    if tokenizer_pre is not None and tokenizer_pre not in KNOWN_PRE_NAMES:
+        raise ConfigError(f"--tokenizer-pre {tokenizer_pre!r} is not a pre-tokenizer llama.cpp 0c1e57098 knows "
+                          f"(it would refuse to load the file); choose from: {', '.join(sorted(KNOWN_PRE_NAMES))}")
     pre = tokenizer_pre or pre_tokenizer_name(result.probe_hash, where)
     added_contents = {a.content for a in added.values()}
     tokens: list[str] = []

@@ -106,3 +106,21 @@ PRE_TOKENIZER_HASHES: dict[str, tuple[str, str]] = {
     "972da7b59cec44d1f0a490a86c96df53859e486e481563e5dddac155013d87ac": ("laguna", "https://huggingface.co/poolside/Laguna-XS.2"),
     "653660222fb704f61cbf2b618a8ae6502b7f8b20c980f9a5de07ed78e13319cd": ("ufakzeka", "https://huggingface.co/ufakai/ufakzeka-1"),
 }
+
+
+# Every tokenizer.ggml.pre value llama.cpp 0c1e57098 accepts for a BPE vocabulary
+# (src/llama-vocab.cpp; anything else aborts loading: "unknown pre-tokenizer type").
+# --tokenizer-pre takes only these.
+KNOWN_PRE_NAMES: frozenset[str] = frozenset((
+    "a.x-4.0", "afmoe", "bailingmoe", "bailingmoe2", "bloom", "chameleon", "chatglm-bpe", "codeshell", "cohere2moe",
+    "command-r", "dbrx", "deepseek-coder", "deepseek-llm", "deepseek-r1-qwen", "deepseek-v3", "default", "exaone",
+    "exaone-moe", "exaone4", "f2llmv2", "falcon", "falcon-h1", "falcon3", "gemma4", "gigachat", "glm4", "glm5",
+    "gpt-2", "gpt-4o", "gpt3-finnish", "granite-docling", "granite-embed-multi-311m", "granite-embed-multi-97m",
+    "grok-2", "hunyuan", "hunyuan-dense", "hy_v4", "jais", "jais-2", "jina-de", "jina-es", "jina-v1-en",
+    "jina-v2-code", "jina-v2-de", "jina-v2-es", "jina-v5-nano", "joyai-llm", "kanana2", "kimi-k2", "kormo", "laguna",
+    "lfm2", "llada-moe", "llama-bpe", "llama-v3", "llama3", "llama4", "megrez", "mellum", "mellum2", "midm-2.0",
+    "minerva-7b", "minicpm5", "minimax-m2", "modern-bert", "mpt", "olmo", "phi-2", "pixtral", "poro-chat", "qwen2",
+    "qwen35", "refact", "roberta-bpe", "sarvam-moe", "seed-coder", "smaug-bpe", "smollm", "solar-open", "spark2_5",
+    "stablelm2", "starcoder", "superbpe", "talkie", "tekken", "tiny_aya", "trillion", "ufakzeka", "viking",
+    "whitespace", "youtu",
+))

@@ -44,6 +44,9 @@ class Probe:
     """A running probe; call result() to collect it."""
 
     def __init__(self, tokenizer_json: Path) -> None:
+        from ..files import check_regular_file
+
+        check_regular_file(tokenizer_json, "tokenizer.json")
         self.path = tokenizer_json
         self.proc = subprocess.Popen([sys.executable, "-m", "dflash_convert.tokenizer.probe", str(tokenizer_json)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

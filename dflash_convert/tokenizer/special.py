@@ -184,17 +184,26 @@ def _from_post_processor(st: SpecialTokens, post: dict[str, Any], tc: dict[str, 
                             tc["sep_token"] = eos
 
 
+def _text(path: Path) -> str:
+    """A template file's text (never rendered), refusing FIFOs and devices."""
+    from ..files import read_regular_bytes
+
+    try:
+        return read_regular_bytes(path, path.name).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{path.name} is not UTF-8 text", path) from e
+
+
 def _chat_template_files(target_dir: Path) -> str | list[dict[str, str]] | None:
     jinja = target_dir / "chat_template.jinja"
-    if jinja.is_file():
-        text = jinja.read_text(encoding="utf-8")
+    if jinja.exists():
+        text = _text(jinja)
         extra = sorted((target_dir / "additional_chat_templates").glob("*.jinja"))
         if not extra:
             return text
-        return [{"name": "default", "template": text}] + [
-            {"name": p.stem, "template": p.read_text(encoding="utf-8")} for p in extra]
+        return [{"name": "default", "template": text}] + [{"name": p.stem, "template": _text(p)} for p in extra]
     as_json = target_dir / "chat_template.json"
-    if as_json.is_file():
+    if as_json.exists():
         data = read_json(as_json, "chat_template.json")
         return data.get("chat_template") if isinstance(data, dict) else None
     return None
@@ -205,7 +214,7 @@ def load_tokenizer_files(target_dir: Path) -> tuple[dict[str, Any] | None, dict[
     out: list[dict[str, Any] | None] = []
     for name in ("tokenizer.json", "tokenizer_config.json"):
         path = target_dir / name
-        data = read_json(path, name) if path.is_file() else None
+        data = read_json(path, name) if path.exists() else None
         if data is not None and not isinstance(data, dict):
             raise InputFileError(f"{name} must hold a JSON object", path)
         out.append(data)
@@ -245,7 +254,7 @@ def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[st
             tid = next((a.get("id") for a in added if a.get("content") == content), None)
             st.set_id(kind, tid, tc_path)
     cfg_path = target_dir / "config.json"
-    if cfg_path.is_file():
+    if cfg_path.exists():
         cfg = read_json(cfg_path, "config.json")
         if isinstance(cfg, dict):
             text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}

@@ -1,0 +1,380 @@
+"""Hostile and careless use, one test per class of fault, several variants each.
+
+1. No output may be an input (or a picked-up name in an input directory), --force or not.
+2. Values that do not fit their GGUF type are refused before anything is written, naming the key.
+3. Nothing that fails validate is ever left behind; validate fails bad floats; --tokenizer-pre is checked.
+4. FIFOs and devices are refused by every command, never read (a hang is a failure: timeouts).
+5. SIGINT / SIGTERM at every phase of the write: no partial file, no traceback, exit 130 / 143.
+6. The small things a user notices.
+7. Fuzz: random config mutations through convert end to end: a clean error or a file validate passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dflash_convert import convert
+from dflash_convert.checks import validate
+from dflash_convert.errors import DFlashError
+from fixtures.drafters import edit_config, make_zlab_drafter
+
+TIMEOUT = 60  # a command blocked on a FIFO would hang: the timeout turns that into a failure
+
+
+def cli(*args, env: dict[str, str] | None = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    full = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=full)
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dflash-convert: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory) -> Path:
+    return make_zlab_drafter(tmp_path_factory.mktemp("hostile") / "draft", target_layer_ids=[0, 2])
+
+
+@pytest.fixture(scope="module")
+def target_gguf(tmp_path_factory, drafter, qwen3_target) -> Path:
+    """A GGUF that stands in for a target file: any GGUF with the target's tokenizer keys will do for these tests."""
+    out = tmp_path_factory.mktemp("tgguf") / "t.gguf"
+    # the drafter file carries the target's tokenizer; read as a target it is refused as a drafter, so
+    # rename its architecture to a target one with migrate's table-free route: rewrite via drafter_gguf
+    from drafter_gguf import kv, read_parts, write_parts
+
+    tmp = tmp_path_factory.mktemp("tg") / "d.gguf"
+    convert(drafter, qwen3_target, outfile=tmp, outtype="f16")
+    keys, tensors = read_parts(tmp)
+    keys = [kv("architecture", "qwen3") if k.key == "general.architecture" else k for k in keys]
+    return write_parts(out, (keys, tensors))
+
+
+# --- 1. never replace an input -------------------------------------------------------------------
+
+def test_no_output_is_an_input(tmp_path, drafter, qwen3_target, target_gguf):
+    t = tmp_path / "target"
+    shutil.copytree(qwen3_target, t)
+    d = tmp_path / "draft"
+    shutil.copytree(drafter, d)
+    before = {p: p.read_bytes() for p in [*t.iterdir(), *d.iterdir(), target_gguf] if p.is_file()}
+    (tmp_path / "hard.gguf").hardlink_to(t / "tokenizer.json")
+    (tmp_path / "soft.gguf").symlink_to(d / "model.safetensors")
+    cases = [
+        ("convert", d, "--target-model-dir", t, "-o", t / "config.json", "--force"),
+        ("convert", d, "--target-model-dir", t, "-o", t / "tokenizer.json", "--force"),
+        ("convert", d, "--target-model-dir", t, "-o", d / "model.safetensors", "--force"),
+        ("convert", d, "--target-model-dir", t, "-o", tmp_path / "hard.gguf", "--force"),  # a hard link to an input
+        ("convert", d, "--target-model-dir", t, "-o", tmp_path / "soft.gguf", "--force"),  # a symlink to an input
+        ("convert", d, "--target-model-dir", t, "-o", t / "tokenizer_config.json", "--force"),  # picked up by the target reader
+        ("convert", d, "--target-gguf", target_gguf, "-o", target_gguf, "--force"),
+        ("quantize", target_gguf, target_gguf, "Q8_0", "--force"),
+        ("migrate", target_gguf, target_gguf, "--force"),
+    ]
+    for args in cases:
+        r = cli(*args)
+        assert r.returncode != 0, args
+        line = one_error_line(r)
+        assert "input" in line, (args, line)
+    after = {p: p.read_bytes() for p in before}
+    assert after == before
+    assert leftovers(t) == leftovers(d) == leftovers(tmp_path) == []
+
+
+def test_migrate_never_writes_over_its_target_gguf(tmp_path, target_gguf):
+    from drafter_gguf import write_parts
+    from test_migrate import buun
+
+    src = write_parts(tmp_path / "buun.gguf", buun())
+    t = tmp_path / "t.gguf"
+    shutil.copy(target_gguf, t)
+    before = t.read_bytes()
+    r = cli("migrate", src, t, "--target-gguf", t, "--force")
+    assert r.returncode == 1 and "input" in one_error_line(r)
+    assert t.read_bytes() == before
+
+
+# --- 2. values that do not fit their GGUF type ------------------------------------------------------
+
+@pytest.mark.parametrize("change,key", [
+    ({"max_position_embeddings": 2**40}, "max_position_embeddings"),
+    ({"num_hidden_layers": 2**33}, "num_hidden_layers"),
+    ({"hidden_size": 2**32}, "hidden_size"),
+    ({"intermediate_size": 2**32 + 5}, "intermediate_size"),
+    ({"num_attention_heads": 2**35}, "num_attention_heads"),
+    ({"head_dim": 2**32}, "head_dim"),
+    ({"vocab_size": 2**31}, "vocab_size"),
+    ({"sliding_window": 2**32, "use_sliding_window": True, "layer_types": ["sliding_attention", "full_attention"]}, "sliding_window"),
+    ({"rope_theta": 1e39}, "rope_theta"),
+    ({"rope_theta": 10**400}, "rope_theta"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+])
+def test_values_that_do_not_fit_are_refused(tmp_path, drafter, qwen3_target, change, key):
+    d = tmp_path / "d"
+    shutil.copytree(drafter, d)
+    edit_config(d, **change)
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 1, r.stderr
+    line = one_error_line(r)
+    assert key in line and ("does not fit" in line or "must be" in line or "exceeds" in line or "finite" in line), line
+    assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("dflash_change,key", [
+    ({"block_size": 2**32}, "block_size"),
+    ({"mask_token_id": 2**32}, "mask_token_id"),
+    ({"target_layer_ids": [0, 2**31]}, "target_layer_ids"),
+])
+def test_dflash_config_values_that_do_not_fit(tmp_path, drafter, qwen3_target, dflash_change, key):
+    d = tmp_path / "d"
+    shutil.copytree(drafter, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["dflash_config"].update(dflash_change)
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 1
+    assert key in one_error_line(r)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_migrate_flags_that_do_not_fit(tmp_path):
+    from drafter_gguf import write_parts
+    from test_migrate import buun
+
+    src = write_parts(tmp_path / "buun.gguf", buun())
+    for flags, what in ((["--mask-token-id", str(2**32)], "--mask-token-id"), (["--mask-token-id", "-3"], "--mask-token-id")):
+        r = cli("migrate", src, tmp_path / "o.gguf", *flags)
+        assert r.returncode != 0 and what in r.stderr and not (tmp_path / "o.gguf").exists(), r.stderr
+
+
+# --- 3. nothing that fails validate is written ----------------------------------------------------
+
+@pytest.mark.parametrize("change,why", [
+    ({"rms_norm_eps": -1e-6}, "layer_norm_rms_epsilon"),
+    ({"rms_norm_eps": 0}, "layer_norm_rms_epsilon"),
+    ({"rope_theta": -10000}, "rope.freq_base"),
+    ({"rope_theta": 0}, "rope.freq_base"),
+])
+def test_convert_refuses_what_validate_fails(tmp_path, drafter, qwen3_target, change, why):
+    d = tmp_path / "d"
+    shutil.copytree(drafter, d)
+    edit_config(d, **change)
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 1
+    line = one_error_line(r)
+    assert "fails validate" in line and why in line, line
+    assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
+
+
+def test_validate_fails_bad_floats(tmp_path):
+    from drafter_gguf import drafter_parts, kv, write_parts
+
+    for short, value in (("rms_eps", float("nan")), ("rope_freq_base", float("inf")), ("rope_freq_base", -1.0),
+                         ("value_scale", 0.0), ("embedding_scale", float("-inf"))):
+        keys, tensors = drafter_parts()
+        keys = [k for k in keys if not k.key.endswith(kv(short, 0.0).key.split("dflash.", 1)[-1])] + [kv(short, value)]
+        path = write_parts(tmp_path / f"{short}.gguf", (keys, tensors))
+        report = validate(path)
+        assert report.exit_code == 1 and report.check("hparams").status == "fail", (short, value)
+
+
+def test_tokenizer_pre_must_be_known(tmp_path, drafter, qwen3_target):
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf", "--tokenizer-pre", "qwen-9000")
+    assert r.returncode == 1
+    line = one_error_line(r)
+    assert "qwen-9000" in line and "qwen35" in line and "llama-bpe" in line  # the list of names llama.cpp knows
+    assert not (tmp_path / "o.gguf").exists()
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf", "--tokenizer-pre", "qwen2")
+    assert r.returncode == 0, r.stderr
+
+
+def test_migrate_refuses_instead_of_leaving_an_invalid_file(tmp_path):
+    from drafter_gguf import write_parts
+    from test_migrate import lucebox
+
+    src = write_parts(tmp_path / "lucebox.gguf", lucebox(ids=None))  # holds no layer ids: --target-layers supplies them
+    r = cli("migrate", src, tmp_path / "o.gguf", "--target-layers", "0,0", "--mask-token-id", "4")
+    assert r.returncode == 1 and "fails validate" in one_error_line(r)
+    assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
+    r = cli("migrate", src, tmp_path / "o.gguf", "--target-layers", "-1,4,6", "--mask-token-id", "4")
+    assert r.returncode == 1 and not (tmp_path / "o.gguf").exists()
+
+
+# --- 4. special files ------------------------------------------------------------------------------
+
+def test_fifos_and_devices_are_refused_by_every_command(tmp_path, drafter, qwen3_target):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    for bad in (fifo, Path("/dev/zero")):
+        for args in (("inspect", bad), ("inspect", bad, "--drafter"), ("validate", bad), ("migrate", bad, tmp_path / "o.gguf"),
+                     ("quantize", bad, tmp_path / "o.gguf", "Q8_0"),
+                     ("convert", drafter, "--target-gguf", bad, "-o", tmp_path / "o.gguf")):
+            r = cli(*args)
+            assert r.returncode == 2, (args, r.stderr)
+            assert ("a FIFO" in r.stderr or "a character device" in r.stderr), (args, r.stderr)
+    # inside checkpoint and target directories: a FIFO where a file is read
+    for where, name in (("draft", "model.safetensors"), ("draft", "config.json"), ("target", "tokenizer.json"),
+                        ("target", "config.json")):
+        d, t = tmp_path / f"d-{where}-{name}", tmp_path / f"t-{where}-{name}"
+        shutil.copytree(drafter, d)
+        shutil.copytree(qwen3_target, t)
+        victim = (d if where == "draft" else t) / name
+        victim.unlink()
+        os.mkfifo(victim)
+        r = cli("convert", d, "--target-model-dir", t, "-o", tmp_path / "o.gguf")
+        assert r.returncode == 2, (where, name, r.stderr)
+        assert "a FIFO" in one_error_line(r) and name in r.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+# --- 5. signals --------------------------------------------------------------------------------------
+
+PHASES = ("header", "data", "finish", "verify", "renamed")
+
+
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_signals_leave_nothing_and_no_traceback(tmp_path, drafter, qwen3_target, phase, sig, code):
+    out = tmp_path / "o.gguf"
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out, env={"DFLASH_CONVERT_FAULT": f"{phase}:{sig}"})
+    assert r.returncode == code, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr and "BufferError" not in r.stderr, r.stderr
+    assert f"interrupted by {sig}" in r.stderr
+    assert leftovers(tmp_path) == []
+    if phase == "renamed":  # the signal came after the rename: the file is complete, and the exit says it was interrupted
+        assert validate(out).exit_code == 0
+    else:
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("phase,sig,code", [("data", "SIGINT", 130), ("header", "SIGTERM", 143)])
+def test_signals_in_quantize_and_migrate(tmp_path, target_gguf, phase, sig, code):
+    from drafter_gguf import write_parts
+    from test_migrate import buun
+
+    src = write_parts(tmp_path / "buun.gguf", buun())
+    env = {"DFLASH_CONVERT_FAULT": f"{phase}:{sig}"}
+    for args in (("migrate", src, tmp_path / "m.gguf"),):
+        r = cli(*args, env=env)
+        assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+    assert leftovers(tmp_path) == [] and not (tmp_path / "m.gguf").exists()
+
+
+# --- 6. small things ----------------------------------------------------------------------------------
+
+def test_small_things(tmp_path, drafter, qwen3_target):
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dflash-convert ")
+    r = cli("convert", tmp_path / "nope", "--target-model-dir", qwen3_target)
+    assert r.returncode == 2 and "does not exist" in one_error_line(r)
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", "")
+    assert r.returncode == 1 and "output path is empty" in one_error_line(r)
+    assert not any(Path.cwd().glob("*-F16.gguf")) and not any(Path.cwd().glob("*-BF16.gguf"))
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "--dry-run")
+    assert r.returncode == 0 and "(computed when written)" in r.stdout and "0" * 64 not in r.stdout
+    no_cfg = tmp_path / "t-no-config"
+    shutil.copytree(qwen3_target, no_cfg)
+    (no_cfg / "config.json").unlink()
+    r = cli("convert", drafter, "--target-model-dir", no_cfg, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 2 and "target model directory" in one_error_line(r)
+    r = cli("convert", "--help")
+    assert "<bool>" not in r.stdout and "unless --target-gguf" in r.stdout.replace("\n", " ").replace("  ", " ")
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "q.gguf", "-q")
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == ""
+    # missing checkpoint tensor: named as the checkpoint names it
+    d = tmp_path / "d"
+    shutil.copytree(drafter, d)
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(d / "model.safetensors"))
+    del w["norm.weight"]
+    save_file(w, str(d / "model.safetensors"))
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 2 and "norm.weight (output_norm.weight)" in one_error_line(r)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_output_folder_names_the_output(tmp_path, drafter, qwen3_target):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", ro / "o.gguf")
+    assert r.returncode == 1 and "o.gguf" in one_error_line(r) and ".partial" not in r.stderr
+
+
+def test_unwritable_output_names_the_output(tmp_path, drafter, qwen3_target):
+    """As root a read-only folder is writable; a path under a file is not, for anyone."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", blocker / "o.gguf")
+    assert r.returncode == 1
+    line = one_error_line(r)
+    assert "o.gguf" in line or "file" in line
+    assert ".partial" not in line
+
+
+def test_corrupt_tensor_count_offset(tmp_path):
+    import struct
+
+    from drafter_gguf import drafter_parts, write_parts
+
+    path = write_parts(tmp_path / "a.gguf", drafter_parts())
+    data = bytearray(path.read_bytes())
+    data[8:16] = struct.pack("<Q", 10**12)  # the tensor count sits at byte 8
+    path.write_bytes(bytes(data))
+    r = cli("inspect", path)
+    assert r.returncode == 2 and "tensor count" in r.stderr and "(at byte 8)" in r.stderr, r.stderr
+
+
+# --- 7. fuzz: config mutations through convert ------------------------------------------------------
+
+_KEYS = ("max_position_embeddings", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "sliding_window")
+_DFLASH_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
+_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([0, 1, 2, 3, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e-6, 1e39, -1.0, 0.0, 1e-45]),
+    st.booleans(), st.none(), st.text(max_size=5), st.lists(st.integers(min_value=-3, max_value=2**33), max_size=4),
+)
+MUTATION = st.tuples(st.sampled_from(_KEYS + _DFLASH_KEYS), _VALUES)
+
+
+@settings(max_examples=int(os.environ.get("DFLASH_FUZZ_CONFIGS", "40")), deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(MUTATION, min_size=1, max_size=3))
+def test_fuzz_config_through_convert(tmp_path_factory, drafter, qwen3_target, ops):
+    root = tmp_path_factory.mktemp("fuzz")
+    d = root / "d"
+    shutil.copytree(drafter, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in ops:
+        (cfg["dflash_config"] if k in _DFLASH_KEYS else cfg)[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    out = root / "o.gguf"
+    try:
+        convert(d, qwen3_target, outfile=out, outtype="f16")
+    except DFlashError as e:
+        assert "\n" not in str(e)  # one line
+        assert not out.exists() and leftovers(root) == []
+        return
+    report = validate(out)
+    assert report.exit_code == 0, [c for c in report.checks if c.status == "fail"]
+
