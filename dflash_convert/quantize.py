@@ -34,6 +34,7 @@ from .format.quant_types import (
     n_dims,
     resolve_ftype,
 )
+from .format.rules import FIXED, VECTOR, storage_class
 from .metadata import Metadata
 from .pipeline import ChunkPipeline, PlannedTensor
 from .plan import plan_tensor
@@ -137,6 +138,11 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, ke
         raise DFlashError(f"already quantized tensors ({', '.join(requant[:4])}{' ...' if len(requant) > 4 else ''}); "
                           "quantize from the F16/BF16 file, or pass --allow-requantize (quality suffers)", where)
     chosen = [GGMLType[t] if t != KEEP else GGMLType[src] for (t, _), src in zip(choices, in_types, strict=True)]
+    # the one per-tensor table (format/rules.py): fixed-type and vector tensors keep their type
+    for i, (name, ne) in enumerate(tensors):
+        if storage_class(name, tuple(reversed(ne))) in (FIXED, VECTOR) and chosen[i].name != in_types[i]:
+            raise DFlashError(f"{name}: llama-quantize's choice {chosen[i].name} contradicts the storage table "
+                              f"(a {storage_class(name, tuple(reversed(ne)))} tensor keeps {in_types[i]})", where)
     notes = [n for _, n in choices]
     fallbacks = sum(n.startswith(NOTE_FALLBACK) for n in notes)
 

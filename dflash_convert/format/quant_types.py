@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .ggml import BLOCK_GEOMETRY, GGMLType
+from .rules import QUANTIZE_FALLBACK as FALLBACK
+from .rules import QUANTIZE_LAST_RESORT as LAST_RESORT_TYPE
 
 # --- file types --------------------------------------------------------------------------------
 
@@ -181,17 +183,7 @@ OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
 
 # 256-block type -> the 32-block type used when ne[0] % 256 != 0; a 32-block target keeps its type
 # here. If the result still does not divide ne[0] (ne[0] % 32 != 0), the tensor is written F16.
-FALLBACK: dict[GGMLType, GGMLType] = {
-    GGMLType.IQ1_S: GGMLType.IQ4_NL, GGMLType.IQ1_M: GGMLType.IQ4_NL,
-    GGMLType.IQ2_XXS: GGMLType.IQ4_NL, GGMLType.IQ2_XS: GGMLType.IQ4_NL, GGMLType.IQ2_S: GGMLType.IQ4_NL,
-    GGMLType.IQ3_XXS: GGMLType.IQ4_NL, GGMLType.IQ3_S: GGMLType.IQ4_NL, GGMLType.IQ4_XS: GGMLType.IQ4_NL,
-    GGMLType.Q2_0: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.Q3_K: GGMLType.Q4_0,
-    GGMLType.TQ1_0: GGMLType.Q4_0, GGMLType.TQ2_0: GGMLType.Q4_0,
-    GGMLType.Q4_K: GGMLType.Q5_0,
-    GGMLType.Q5_K: GGMLType.Q5_1,
-    GGMLType.Q6_K: GGMLType.Q8_0,
-}
-LAST_RESORT_TYPE = GGMLType.F16
+# FALLBACK and LAST_RESORT_TYPE live in rules.py, the one per-tensor table convert, validate and quantize read
 
 # notes: every choice says why; these prefixes let a caller count or filter them
 NOTE_KEPT = "kept"

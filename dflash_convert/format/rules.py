@@ -9,6 +9,7 @@ common/speculative.cpp (see ../shared/spec/dflash-gguf-format.md sections 1, 2 a
 
 from __future__ import annotations
 
+from .ggml import GGMLType
 from .keys import ValueType
 from .tensors import GLOBAL_TENSORS, generic_name
 
@@ -103,6 +104,21 @@ FIXED_TYPES: dict[str, str] = {D2T_TENSOR: "I64"}
 VECTOR_TYPE = "F32"
 # the converter's fallback (convert_hf_to_gguf.py: Q8_0 needs ne[0] % 32 == 0, else F16)
 CONVERT_FALLBACK: dict[str, str] = {"Q8_0": "F16"}
+# llama-quantize's fallback (src/llama-quant.cpp tensor_type_fallback): a 256-block type -> the
+# 32-block type used when ne[0] % 256 != 0; if that still does not divide ne[0], the last resort.
+# format/quant_types.py applies it (with llama-quantize's mixes); quantize keeps every FIXED and
+# VECTOR tensor of the table above in its input type.
+QUANTIZE_FALLBACK: dict[GGMLType, GGMLType] = {
+    GGMLType.IQ1_S: GGMLType.IQ4_NL, GGMLType.IQ1_M: GGMLType.IQ4_NL,
+    GGMLType.IQ2_XXS: GGMLType.IQ4_NL, GGMLType.IQ2_XS: GGMLType.IQ4_NL, GGMLType.IQ2_S: GGMLType.IQ4_NL,
+    GGMLType.IQ3_XXS: GGMLType.IQ4_NL, GGMLType.IQ3_S: GGMLType.IQ4_NL, GGMLType.IQ4_XS: GGMLType.IQ4_NL,
+    GGMLType.Q2_0: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.Q3_K: GGMLType.Q4_0,
+    GGMLType.TQ1_0: GGMLType.Q4_0, GGMLType.TQ2_0: GGMLType.Q4_0,
+    GGMLType.Q4_K: GGMLType.Q5_0,
+    GGMLType.Q5_K: GGMLType.Q5_1,
+    GGMLType.Q6_K: GGMLType.Q8_0,
+}
+QUANTIZE_LAST_RESORT = GGMLType.F16
 
 
 def storage_class(name: str, shape: tuple[int, ...]) -> str:
