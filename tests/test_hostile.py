@@ -265,17 +265,20 @@ def test_signals_leave_nothing_and_no_traceback(tmp_path, drafter, qwen3_target,
         assert not out.exists()
 
 
-@pytest.mark.parametrize("phase,sig,code", [("data", "SIGINT", 130), ("header", "SIGTERM", 143)])
-def test_signals_in_quantize_and_migrate(tmp_path, target_gguf, phase, sig, code):
+@pytest.mark.parametrize("phase,sig,code", [("data", "SIGINT", 130), ("header", "SIGTERM", 143), ("finish", "SIGINT", 130)])
+def test_signals_in_quantize_and_migrate(tmp_path, drafter, qwen3_target, phase, sig, code):
     from drafter_gguf import write_parts
     from test_migrate import buun
 
     src = write_parts(tmp_path / "buun.gguf", buun())
+    f16 = convert(drafter, qwen3_target, outfile=tmp_path / "d-f16.gguf", outtype="f16").output
     env = {"DFLASH_CONVERT_FAULT": f"{phase}:{sig}"}
-    for args in (("migrate", src, tmp_path / "m.gguf"),):
+    for args, out in ((("migrate", src, tmp_path / "m.gguf"), tmp_path / "m.gguf"),
+                      (("quantize", f16, tmp_path / "q.gguf", "Q4_K_M"), tmp_path / "q.gguf")):
         r = cli(*args, env=env)
-        assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
-    assert leftovers(tmp_path) == [] and not (tmp_path / "m.gguf").exists()
+        assert r.returncode == code and "Traceback" not in r.stderr and f"interrupted by {sig}" in r.stderr, (args, r.stderr)
+        assert not out.exists()
+    assert leftovers(tmp_path) == []
 
 
 # --- 6. small things ----------------------------------------------------------------------------------
