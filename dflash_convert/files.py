@@ -39,30 +39,27 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+def _stat_input(path: str | os.PathLike, what: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(f"{what} does not exist", path) from None
+    except OSError as e:
+        raise InputFileError(f"cannot read {what}: {e.strerror or e}", path) from e
+
+
 def check_regular_file(path: str | os.PathLike, what: str = "input") -> os.stat_result:
     """stat() a path that must be an existing regular file (symlinks followed)."""
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise InputFileError(f"{what} does not exist", p) from None
-    except OSError as e:
-        raise InputFileError(f"cannot read {what}: {e.strerror or e}", p) from e
+    st = _stat_input(path, what)
     if not stat.S_ISREG(st.st_mode):
-        raise InputFileError(f"{what} is {kind_of(st.st_mode)}, not a regular file", p)
+        raise InputFileError(f"{what} is {kind_of(st.st_mode)}, not a regular file", path)
     return st
 
 
 def check_directory(path: str | os.PathLike, what: str = "directory") -> None:
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise InputFileError(f"{what} does not exist", p) from None
-    except OSError as e:
-        raise InputFileError(f"cannot read {what}: {e.strerror or e}", p) from e
+    st = _stat_input(path, what)
     if not stat.S_ISDIR(st.st_mode):
-        raise InputFileError(f"{what} is {kind_of(st.st_mode)}, not a directory", p)
+        raise InputFileError(f"{what} is {kind_of(st.st_mode)}, not a directory", path)
 
 
 def open_regular(path: str | os.PathLike, what: str = "input") -> int:

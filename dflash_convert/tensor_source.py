@@ -172,6 +172,31 @@ def unwrap(source: TensorSource) -> TensorSource:
     return source
 
 
+def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, offset: int) -> int:
+    """Fill ``buf`` from ``path`` at ``offset`` by positional reads; returns the bytes read (short at EOF).
+
+    Both tensor readers (safetensors, GGUF) read their rows through here: one descriptor from
+    ``fds`` when given, else a regular-file descriptor opened and closed for this read.
+    """
+    if fds is not None:
+        fd, own = fds.get(path), False
+    else:
+        from .files import open_regular
+
+        fd, own = open_regular(path), True
+    try:
+        got = 0
+        while got < buf.nbytes:
+            r = os.preadv(fd, [buf[got:]], offset + got)
+            if r <= 0:
+                break
+            got += r
+        return got
+    finally:
+        if own:
+            os.close(fd)
+
+
 def source_path(source: TensorSource) -> os.PathLike | None:
     """The file a source reads from (for messages), None for computed arrays."""
     return getattr(unwrap(source), "path", None)

@@ -39,7 +39,7 @@ from ..format.ggml import (
     GGMLType,
 )
 from ..format.keys import ValueType, key
-from ..tensor_source import FdCache
+from ..tensor_source import FdCache, pread_into
 
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
@@ -165,19 +165,7 @@ class GGUFTensor:
             raise ValueError(f"read of {self.name}: rows [{a}, {b}) out of range")
         want = (b - a) * self.row_nbytes
         out = np.empty(want, dtype=np.uint8)
-        own = fds is None
-        fd = os.open(self.path, os.O_RDONLY) if own else fds.get(self.path)  # type: ignore[union-attr]
-        try:
-            got = 0
-            view = memoryview(out)
-            while got < want:
-                r = os.preadv(fd, [view[got:]], self.offset + a * self.row_nbytes + got)
-                if r <= 0:
-                    break
-                got += r
-        finally:
-            if own:
-                os.close(fd)
+        got = pread_into(self.path, fds, memoryview(out), self.offset + a * self.row_nbytes)
         if got != want:
             raise InputFileError(f"tensor {self.name!r} is truncated (the file shrank after it was read)", self.path)
         words = _WORDS.get(self.ggml_type)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ..tensor_source import FdCache
+from ..tensor_source import FdCache, pread_into
 
 # Header cap: the reference implementation refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -66,9 +66,9 @@ class TensorRef:
     def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
         """Rows [a, b) (the last dimension is a row) as raw words: the TensorSource interface."""
         r = self.shape[-1] if self.shape else 1
-        return self.read(a * r, (b - a) * r, fds.get(self.path) if fds is not None else None)
+        return self.read(a * r, (b - a) * r, fds)
 
-    def read(self, start: int = 0, count: int | None = None, fd: int | None = None) -> np.ndarray:
+    def read(self, start: int = 0, count: int | None = None, fds: FdCache | None = None) -> np.ndarray:
         """Read ``count`` elements from element ``start`` as raw little-endian words (1-D).
 
         BF16 comes back as uint16 words; callers reinterpret them. Reads are plain positional
@@ -83,20 +83,7 @@ class TensorRef:
             raise ValueError(f"read of {self.name}: elements [{start}, {start + n}) out of range")
         out = np.empty(n, dtype=np_dtype)
         want = n * itemsize
-        own = fd is None
-        if own:
-            fd = os.open(self.path, os.O_RDONLY)
-        try:
-            got = 0
-            view = memoryview(out).cast("B")
-            while got < want:
-                r = os.preadv(fd, [view[got:]], self.offset + start * itemsize + got)
-                if r <= 0:
-                    break
-                got += r
-        finally:
-            if own:
-                os.close(fd)
+        got = pread_into(self.path, fds, memoryview(out).cast("B"), self.offset + start * itemsize)
         if got != want:
             raise InputFileError(f"tensor {self.name!r} is truncated (read {got} of {want} bytes)", self.path)
         return out
