@@ -7,6 +7,17 @@ Hugging Face checkpoint (``runtime.reference.reference_forward``, ``semantics="l
 on identical inputs: synthetic target features drawn from ``seed`` (float32
 ``[context, n_taps * hidden]``), the block ``[anchor, mask, ...]`` (anchor drawn from ``seed``) and
 positions ``0 .. context + block_size - 1``. The reference runs in float64, the GGUF in float32.
+With ``features="target"`` the target model itself runs over ``context`` tokens drawn from
+``seed`` (``runtime.capture``): the GGUF gathers its ``dflash.target_layers`` from the target's
+layer inputs as llama.cpp does, the checkpoint its own ``target_layer_ids`` as its training code
+does, and the anchor is the target's greedy next token. Only then can a wrong ``target_layers``
+show in the draft.
+
+When a check fails it also names what differs (``runtime.diagnose``): every forward
+hyper-parameter the file and the checkpoint's config disagree on (such a difference fails the
+check by itself: with synthetic features a wrong ``target_layers`` would otherwise pass), and every
+tensor whose values are not the checkpoint's beyond its storage type's rounding (with the
+checkpoint tensor it holds instead, when two were swapped, or the factor of a scaled vector).
 
 Metrics (GGUF against checkpoint):
 
@@ -72,13 +83,16 @@ from .files import Inputs, check_output_path
 from .format.ggml import GGMLType
 from .format.keys import key
 from .format.quant_types import FTYPES
-from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, run_gguf
-from .runtime.reference import load_reference, reference_forward
+from .runtime.capture import load_target_model, run_target
+from .runtime.diagnose import hparam_differences, tensor_differences
+from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
+from .runtime.reference import load_reference, reference_features, reference_forward
 from .runtime.weights import load_weights
 from .sources.gguf import GGUFFile, read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
 
 SCHEMA = "dflash-convert/check/v1"
+FEATURES = ("synthetic", "target")  # where the target features of the draft come from
 # the two semantics of one float64 reference: identical computations agree to ~1e-15, so anything
 # above this is a real difference in the graph (mask, activation), not rounding
 SEMANTICS_HIDDEN_TOL = 1e-6
@@ -294,6 +308,28 @@ def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor,
     return feats, ids, contiguous_positions(context, len(ids))
 
 
+def captured_inputs(d: Drafter, target_dir: str | Path, context: int, seed: int,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(layer inputs [n_layers + 1, ctx, E], block_ids, positions) from one pass of the target model.
+
+    The context is ``context`` token ids drawn from ``seed`` (ordinary ids below the mask token's
+    neighbourhood do not matter: any id of the vocabulary is a valid input); the anchor is the
+    target's greedy prediction after the context, as in a live speculative step.
+    """
+    if context < 1:
+        raise DFlashError(f"context must be at least 1, got {context}")
+    model, layers = load_target_model(target_dir, device)
+    n_vocab = int(model.get_input_embeddings().weight.shape[0])
+    g = torch.Generator().manual_seed(int(seed))
+    ctx_ids = torch.randint(0, min(d.vocab_size, n_vocab), (context,), generator=g, dtype=torch.int64)
+    streams, logits = run_target(model, layers, ctx_ids)
+    if streams.shape[-1] != d.hidden_size:
+        raise InputFileError(f"the target's hidden size is {streams.shape[-1]}, the drafter's {d.hidden_size}", target_dir)
+    anchor = int(logits[-1, : d.vocab_size].argmax())
+    ids = block_tokens(d, anchor)
+    return streams, ids, contiguous_positions(context, len(ids))
+
+
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                    ref: ForwardResult) -> dict[str, np.ndarray]:
     """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens."""
@@ -328,22 +364,31 @@ def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _run_file(path: str | Path, target: str | Path | None, device: torch.device, feats: torch.Tensor,
-              ids: torch.Tensor, pos: torch.Tensor) -> tuple[GGUFFile, Drafter, ForwardResult]:
+              ids: torch.Tensor, pos: torch.Tensor, streams: torch.Tensor | None = None) -> tuple[GGUFFile, Drafter, ForwardResult]:
+    """Run another GGUF on the same draft (with captured streams, it taps its own layers)."""
     g = read_gguf(path)
     d = drafter_from_gguf(g)
     w = load_weights(d, target, device=device, gguf=g)
-    return g, d, run_gguf(d, w, feats, ids, pos)
+    return g, d, run_gguf(d, w, feats if streams is None else gather_features(d, streams), ids, pos)
 
 
 def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_dir: str | Path | None = None,
           target_gguf: str | Path | None = None, device: str = "auto", context: int = 64, seed: int = 0,
-          save_io: str | Path | None = None, reference_gguf: str | Path | None = None) -> CheckReport:
-    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same synthetic draft and judge the difference.
+          save_io: str | Path | None = None, reference_gguf: str | Path | None = None,
+          features: str = "synthetic") -> CheckReport:
+    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference.
 
     ``target_model_dir`` / ``target_gguf`` supply the embedding and head a drafter does not carry
-    (the directory is used when both are given). Raises InputFileError for an unreadable input,
-    DFlashError for a usage problem (no target where one is needed, an output path on an input).
+    (the directory is used when both are given). ``features``: ``synthetic`` (drawn from ``seed``,
+    the same rows for both sides) or ``target`` (the target model in ``target_model_dir`` runs over
+    ``context`` tokens drawn from ``seed``; each side taps its own layers, the anchor is the target's
+    greedy next token). Raises InputFileError for an unreadable input, DFlashError for a usage
+    problem (no target where one is needed, an output path on an input).
     """
+    if features not in FEATURES:
+        raise DFlashError(f"unknown features {features!r}: expected one of {', '.join(FEATURES)}")
+    if features == "target" and target_model_dir is None:
+        raise DFlashError("features from the target need --target-model-dir (a directory with the target's weights)")
     target = target_model_dir if target_model_dir is not None else target_gguf
     out: Path | None = None
     if save_io is not None:
@@ -357,14 +402,21 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     g = read_gguf(draft_gguf)
     d = drafter_from_gguf(g)
     ft_name, cls = precision_class(g, d)
-    feats, ids, pos = synthetic_inputs(d, context, seed)
-    got = run_gguf(d, load_weights(d, target, device=dev, gguf=g), feats, ids, pos)
-
     model = load_reference(checkpoint_dir, target, device=dev)
     if model.drafter.hidden_size != d.hidden_size or len(model.drafter.target_layers) != len(d.target_layers):
         raise InputFileError(f"the checkpoint's drafter (hidden {model.drafter.hidden_size}, {len(model.drafter.target_layers)} "
                              f"taps) is not this file's (hidden {d.hidden_size}, {len(d.target_layers)} taps)", checkpoint_dir)
-    want = reference_forward(model, feats, ids, pos, semantics="llama.cpp")
+    if features == "target":
+        assert target_model_dir is not None
+        streams, ids, pos = captured_inputs(d, target_model_dir, context, seed, dev)
+        feats = gather_features(d, streams)
+        ref_feats = reference_features(model, streams)
+    else:
+        streams = None
+        feats, ids, pos = synthetic_inputs(d, context, seed)
+        ref_feats = feats
+    got = run_gguf(d, load_weights(d, target, device=dev, gguf=g), feats, ids, pos)
+    want = reference_forward(model, ref_feats, ids, pos, semantics="llama.cpp")
     if want.logits.shape != got.logits.shape:
         raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
                              "different vocabulary or block size", checkpoint_dir)
@@ -379,9 +431,14 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                         f"({metrics['top1_matches']}/{metrics['slots']} exact) < {limits.top1_min:g}")
     if not metrics["kl_mean"] <= limits.kl_max:
         failures.append(f"draft distributions differ: mean KL {metrics['kl_mean']:.3g} > {limits.kl_max:g}")
+    # name what differs: hyper-parameters always (a wrong target_layers is invisible to synthetic
+    # features), tensors when the draft differs (a full pass over the weights, only worth it then)
+    failures += [f"hyper-parameter differs from the checkpoint's: {x}" for x in hparam_differences(d, model.drafter)]
+    if failures:
+        failures += [f"tensor differs: {x}" for x in tensor_differences(d, model.drafter, dev)]
 
     warnings = [f"embedding/head: {n}" for n in model.notes]
-    trained = reference_forward(model, feats, ids, pos, semantics="reference")
+    trained = reference_forward(model, ref_feats, ids, pos, semantics="reference")
     gap = compare(want, trained)
     gap["differs"] = gap["top1_agreement"] < 1.0 or gap["hidden_max_abs_err"] > SEMANTICS_HIDDEN_TOL
     if gap["differs"]:
@@ -391,7 +448,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
 
     metrics["against_reference_gguf"] = None
     if reference_gguf is not None:
-        rg, rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos)
+        rg, rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos, streams)
         if base.logits.shape != got.logits.shape:
             raise InputFileError(f"drafts {list(base.logits.shape)} logits, the checked file {list(got.logits.shape)}: "
                                  "not a sibling of the checked file", reference_gguf)
@@ -408,6 +465,6 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                        semantics_gap=gap)
 
 
-__all__ = ["SCHEMA", "THRESHOLDS", "TIE_MARGIN", "CheckReport", "Thresholds", "check", "compare", "kl_mean", "precision_class",
+__all__ = ["FEATURES", "SCHEMA", "THRESHOLDS", "captured_inputs", "TIE_MARGIN", "CheckReport", "Thresholds", "check", "compare", "kl_mean", "precision_class",
            "near_ties", "resolve_device", "save_io_arrays",
            "synthetic_inputs"]

@@ -273,7 +273,10 @@ def check(
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF (only token_embd and output are read)."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     context: int = typer.Option(64, "--context", min=1, help="Context tokens before the drafted block."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic target features."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic target features (or of the context tokens)."),
+    features: str = typer.Option("synthetic", "--features",
+                                 help="synthetic (from the seed) or target (run the model in --target-model-dir; "
+                                      "each side taps its own target layers; needs transformers)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
     save_io: Path | None = typer.Option(None, "--save-io", help="Write inputs and outputs of both forwards to this .npz."),
     reference_gguf: Path | None = typer.Option(None, "--reference-gguf", help="A full-precision sibling: also report agreement with it."),
@@ -283,7 +286,8 @@ def check(
 
     try:
         report = run_check(draft, checkpoint, target_model_dir=target_model_dir, target_gguf=target_gguf, device=device,
-                           context=context, seed=seed, save_io=save_io, reference_gguf=reference_gguf)
+                           context=context, seed=seed, save_io=save_io, reference_gguf=reference_gguf,
+                           features=features)
     except DFlashError as e:
         _fail(e)
     typer.echo(report.to_json() if json_out else report.render_text())

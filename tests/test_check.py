@@ -10,6 +10,7 @@ semantics-gap warning, a plain drafter does not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -27,10 +28,13 @@ from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.keys import ValueType, key
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
+from dflash_convert.runtime.diagnose import hparam_differences, tensor_differences
 from dflash_convert.runtime.forward import ForwardResult
+from dflash_convert.runtime.reference import load_reference
 from dflash_convert.runtime.weights import LAYER_ROLES
 from dflash_convert.sources.gguf import read_gguf
-from dflash_convert.sources.gguf_drafter import drafter_from_gguf
+from dflash_convert.sources.gguf_drafter import drafter_from_gguf, read_drafter
+from dflash_convert.tensor_source import ArraySource
 from fixtures.drafters import make_zlab_drafter
 
 CTX = 7  # a short context keeps every check well under a second of compute
@@ -127,6 +131,35 @@ def test_broken_file_fails(dense, what, edit):
     text = rep.render_text()
     assert "FAIL: hidden states differ" in text and text.endswith("FAIL")
     assert json.loads(rep.to_json())["result"] == "fail"
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_K_M", "Q2_K"])
+def test_diagnosis_names_nothing_in_a_right_file(dense, qtype):
+    """The tensor and hyper-parameter diagnosis stays silent on correct files of every precision."""
+    root, src, tgt, f32 = dense
+    out = root / f"diag-{qtype}.gguf"
+    quantize(f32, out, qtype)
+    ckpt = load_reference(src, tgt).drafter
+    d = read_drafter(out)
+    assert hparam_differences(d, ckpt) == []
+    assert tensor_differences(d, ckpt) == []
+
+
+def test_diagnosis_reports_a_shape_and_a_scale(dense):
+    """Edge cases of the tensor diagnosis: a vector scaled by 0.5, and a tensor of another shape."""
+    root, src, tgt, f32 = dense
+    ckpt = load_reference(src, tgt).drafter
+    name = layer_name(0, LAYER_ROLES["q_norm"])
+    t = get_tensor(read_parts(f32), name)
+    halved = set_tensor(read_parts(f32), Tensor(t.name, t.ne, t.gtype,
+                                                (np.frombuffer(t.data, "<f4") * 0.5).astype("<f4").tobytes()))
+    lines = tensor_differences(read_drafter(write_parts(root / "diag-half.gguf", halved)), ckpt)
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: relative RMS error 0.5 ") and "about 0.5 times" in lines[0]
+    d = read_drafter(f32)
+    d.tensors = [dataclasses.replace(x, source=ArraySource(np.zeros((3,), np.float32), "F32")) if x.gguf_name == name else x
+                 for x in d.tensors]
+    assert tensor_differences(d, ckpt) == [f"{name}: shape [3], checkpoint's {next(x.hf_name for x in ckpt.tensors if x.gguf_name == name)} "
+                                           f"[{t.ne[0]}]"]
 
 
 # --- save_io -------------------------------------------------------------------------------------
@@ -243,3 +276,17 @@ def test_semantics_gap_warning_for_window_below_block(tmp_path_factory, qwen35_t
     gap = [w for w in rep.warnings if w.startswith("llama.cpp does not run this drafter as it was trained")]
     assert len(gap) == 1 and f"{rep.semantics_gap['top1_agreement']:.3f}" in gap[0]
     assert json.loads(rep.to_json())["semantics_gap"]["differs"] is True
+
+
+# --- CUDA (bench/gpu_check.sh runs this on a GPU machine) -------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_check_on_cuda_agrees_with_cpu(dense):
+    cpu = _check(dense, dense[3])
+    gpu = check(dense[3], dense[1], target_model_dir=dense[2], device="cuda", context=CTX)
+    assert gpu.passed and gpu.device.startswith("cuda"), gpu.render_text()
+    assert gpu.metrics["top1_agreement"] == cpu.metrics["top1_agreement"] == 1.0
+    assert abs(gpu.metrics["hidden_max_abs_err"] - cpu.metrics["hidden_max_abs_err"]) < 1e-4
+    auto = check(dense[3], dense[1], target_model_dir=dense[2], device="auto", context=CTX)
+    assert auto.device.startswith("cuda")

@@ -1,0 +1,128 @@
+"""Hidden states captured from a target model, the features a drafter reads live.
+
+Why: synthetic features show that a GGUF computes what its checkpoint computes on the *same*
+input, but they cannot show that the file taps the right target layers: a wrong
+``dflash.target_layers`` only changes which of the target's streams the drafter reads. Running the
+target model over a few tokens and keeping the stream entering every layer lets each side gather its
+own taps (``runtime.forward.gather_features`` from the GGUF's ``target_layers``,
+``runtime.reference.reference_features`` from the checkpoint's raw config), as llama.cpp and the
+trained model would.
+
+The target runs through transformers' own class for ``architectures[0]`` (``transformers`` is an
+optional dependency, needed only here). Nothing from the target directory is executed: remote code
+is refused (``trust_remote_code=False``) and only safetensors weights are read
+(``use_safetensors=True``). The streams are taken with forward hooks on the decoder layers, not from
+``output_hidden_states``: transformers' last entry is the final-norm output, llama.cpp's
+``t_layer_inp[n_layers]`` would be the raw residual stream.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import DFlashError, InputFileError
+
+
+def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch.nn.ModuleList:
+    """The decoder's layer list: ``get_decoder().layers`` (text models, and the language model of a
+    multimodal one), else the one ModuleList of exactly ``num_hidden_layers`` entries."""
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(dec, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) == n_layers:
+        return layers
+    found = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers]
+    if len(found) != 1:
+        raise InputFileError(f"cannot find the {n_layers} decoder layers of {type(model).__name__}", where)
+    return found[0]
+
+
+def load_target_model(target_dir: str | os.PathLike, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class."""
+    where = Path(target_dir)
+    try:
+        import transformers
+    except ImportError:
+        raise DFlashError("capturing target features needs transformers: pip install 'dflash-convert[capture]'") from None
+    # the one-line error contract: no progress bars or fallback-kernel notices from transformers
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if not any(where.glob("*.safetensors")):
+        raise InputFileError("no safetensors weights: the target model cannot run to capture features", where)
+    # transformers raises whatever its parsers raise on a broken directory (OSError, ValueError,
+    # KeyError, TypeError, safetensors' own error): at this boundary each becomes one error line
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(where, local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001
+        raise InputFileError(f"transformers cannot read the target config: {str(e).splitlines()[0]}", where) from None
+    arch = (getattr(cfg, "architectures", None) or [None])[0]
+    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        raise InputFileError(f"architecture {arch!r} is not a transformers class (remote code is never run)", where)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n_layers = int(text.num_hidden_layers)
+    try:
+        model, info = cls.from_pretrained(where, config=cfg, dtype=dtype, local_files_only=True, trust_remote_code=False,
+                                          use_safetensors=True, output_loading_info=True)
+    except Exception as e:  # noqa: BLE001
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "ignore_mismatched_sizes" in why:  # its own report went to the (silenced) log
+            why = "tensor shapes in the safetensors do not match config.json"
+        raise InputFileError(f"transformers cannot load the target weights: {why}", where) from None
+    # transformers fills a missing weight with random values and only warns: features from such a
+    # model would be noise, so a target without all its weights is refused
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise InputFileError(f"the target's safetensors lack {len(missing)} weight(s) of {arch}, first {missing[0]}: "
+                             "the model cannot run to capture features", where)
+    model = model.to(device).eval()
+    return model, _decoder_layers(model, n_layers, where)
+
+
+@torch.no_grad()
+def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList,
+               token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass."""
+    streams: list[torch.Tensor | None] = [None] * (len(layers) + 1)
+
+    def stream_of(args: tuple, kwargs: dict) -> torch.Tensor:
+        x = args[0] if args else kwargs.get("hidden_states")
+        if not isinstance(x, torch.Tensor):
+            raise DFlashError(f"a decoder layer of {type(model).__name__} got no hidden-state tensor")
+        return x
+
+    hooks = []
+    for i, layer in enumerate(layers):
+        def pre(_m, args, kwargs, i=i):
+            streams[i] = stream_of(args, kwargs)[0].detach().float()
+        hooks.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+
+    def post(_m, _args, out):
+        x = out[0] if isinstance(out, (tuple, list)) else out
+        streams[-1] = x[0].detach().float()
+    hooks.append(layers[-1].register_forward_hook(post))
+    try:
+        dev = next(model.parameters()).device
+        out = model(input_ids=token_ids.to(dev)[None], use_cache=False)
+    except (RuntimeError, ValueError, IndexError) as e:  # a config the weights do not fit, an id past the table
+        raise DFlashError(f"the target model failed to run: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    finally:
+        for h in hooks:
+            h.remove()
+    missing = [i for i, s in enumerate(streams) if s is None]
+    if missing:
+        raise DFlashError(f"decoder layer {missing[0]} of {type(model).__name__} did not run")
+    return torch.stack([s for s in streams if s is not None]), out.logits[0].detach().float()
+
+
+def capture_layer_inputs(target_dir: str | os.PathLike, token_ids: torch.Tensor, *, device: torch.device | str = "cpu",
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Load the target, run it over ``token_ids`` and return its layer inputs (see ``run_target``)."""
+    model, layers = load_target_model(target_dir, device, dtype)
+    return run_target(model, layers, token_ids)[0]
+
+
+__all__ = ["capture_layer_inputs", "load_target_model", "run_target"]
