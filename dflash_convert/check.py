@@ -60,7 +60,9 @@ Also reported, never failing the check:
   or windowed sliding layer, exact GELU, ...) and a warning says how much the greedy drafts agree.
 * ``reference_gguf``: a full-precision sibling (F16/F32) of the checked file; the checked file's
   top-1 agreement and KL against it isolate what quantization alone costs
-  (``metrics["against_reference_gguf"]``).
+  (``metrics["against_reference_gguf"]``). For a quantized file without one, a sibling named like
+  it with the type tag swapped (``model-Q4_K_M.gguf`` -> ``model-F16.gguf``, see
+  ``find_sibling``) is used when it exists.
 
 ``save_io`` writes the inputs and both sides' outputs to an ``.npz`` (schema in ``save_io_arrays``).
 """
@@ -198,7 +200,8 @@ class CheckReport:
                  f"  mean KL(ref || gguf)   {m['kl_mean']:.3g}  (limit {t.kl_max:g})"]
         q = m.get("against_reference_gguf")
         if q:
-            lines.append(f"  against {q['file']} ({q['file_type']}): top-1 agreement {q['top1_agreement']:.3f}, "
+            how = ", the full-precision sibling found by name" if q.get("found_by_name") else ""
+            lines.append(f"  against {q['file']} ({q['file_type']}{how}): top-1 agreement {q['top1_agreement']:.3f}, "
                          f"mean KL {q['kl_mean']:.3g}")
         lines += [f"  warning: {w}" for w in self.warnings]
         lines += [f"  FAIL: {f}" for f in self.failures]
@@ -330,6 +333,29 @@ def captured_inputs(d: Drafter, target_dir: str | Path, context: int, seed: int,
     return streams, ids, contiguous_positions(context, len(ids))
 
 
+FULL_PRECISION_CLASSES = ("F32", "F16", "BF16")
+# the type tags a full-precision sibling may carry in its name, most precise first
+SIBLING_TAGS = ("F32", "f32", "F16", "f16", "BF16", "bf16")
+
+
+def find_sibling(path: str | Path, type_name: str) -> Path | None:
+    """A full-precision sibling of a quantized file: its name with the type tag swapped.
+
+    ``model-Q4_K_M.gguf`` -> ``model-F32.gguf``, ``model-f16.gguf``, ... (the names convert and
+    quantize give by default), in the same folder. The tag is matched case-insensitively where it
+    last occurs in the name; None when no such regular file exists.
+    """
+    p = Path(path)
+    at = p.name.lower().rfind(type_name.lower())
+    if at < 0:
+        return None
+    for tag in SIBLING_TAGS:
+        cand = p.with_name(p.name[:at] + tag + p.name[at + len(type_name):])
+        if cand.name != p.name and cand.is_file() and not cand.samefile(p):
+            return cand
+    return None
+
+
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                    ref: ForwardResult) -> dict[str, np.ndarray]:
     """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens."""
@@ -447,16 +473,26 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                         f"hidden max abs difference {gap['hidden_max_abs_err']:.3g}")
 
     metrics["against_reference_gguf"] = None
+    found_by_name = reference_gguf is None and cls not in FULL_PRECISION_CLASSES
+    if found_by_name:
+        reference_gguf = find_sibling(draft_gguf, ft_name)
     if reference_gguf is not None:
-        rg, rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos, streams)
-        if base.logits.shape != got.logits.shape:
-            raise InputFileError(f"drafts {list(base.logits.shape)} logits, the checked file {list(got.logits.shape)}: "
-                                 "not a sibling of the checked file", reference_gguf)
-        q = compare(got, base, limits.tie_margin)
-        r_ft, r_cls = precision_class(rg, rd)
-        if r_cls not in ("F32", "F16", "BF16"):
-            warnings.append(f"the reference GGUF is {r_ft}, not full precision: the quantization report is relative")
-        metrics["against_reference_gguf"] = {"file": str(reference_gguf), "file_type": r_ft, **q}
+        try:
+            rg, rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos, streams)
+            if base.logits.shape != got.logits.shape:
+                raise InputFileError(f"drafts {list(base.logits.shape)} logits, the checked file {list(got.logits.shape)}: "
+                                     "not a sibling of the checked file", reference_gguf)
+        except DFlashError as e:
+            if not found_by_name:  # asked for: its fault is the user's to see
+                raise
+            warnings.append(f"no quantization report: the file named like a full-precision sibling is not one ({e})")
+        else:
+            q = compare(got, base, limits.tie_margin)
+            r_ft, r_cls = precision_class(rg, rd)
+            if r_cls not in FULL_PRECISION_CLASSES:
+                warnings.append(f"the reference GGUF is {r_ft}, not full precision: the quantization report is relative")
+            metrics["against_reference_gguf"] = {"file": str(reference_gguf), "file_type": r_ft,
+                                                 "found_by_name": found_by_name, **q}
 
     if out is not None:
         write_npz_atomic(out, save_io_arrays(feats, ids, pos, got, want))
@@ -465,6 +501,6 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                        semantics_gap=gap)
 
 
-__all__ = ["FEATURES", "SCHEMA", "THRESHOLDS", "captured_inputs", "TIE_MARGIN", "CheckReport", "Thresholds", "check", "compare", "kl_mean", "precision_class",
-           "near_ties", "resolve_device", "save_io_arrays",
+__all__ = ["FEATURES", "SCHEMA", "THRESHOLDS", "TIE_MARGIN", "CheckReport", "Thresholds", "captured_inputs", "check",
+           "compare", "find_sibling", "kl_mean", "near_ties", "precision_class", "resolve_device", "save_io_arrays",
            "synthetic_inputs"]

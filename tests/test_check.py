@@ -101,6 +101,27 @@ def test_quantized_files_pass(dense, qtype, cls):
     assert "top-1 agreement" in rep.render_text()
 
 
+def test_quantized_file_finds_its_full_precision_sibling(dense, tmp_path):
+    """model-Q8_0.gguf next to model-f16.gguf: the quantization report needs no flag."""
+    _, _, _, f32 = dense
+    f16, q8 = tmp_path / "model-f16.gguf", tmp_path / "model-Q8_0.gguf"
+    quantize(f32, f16, "F16")
+    quantize(f16, q8, "Q8_0")
+    rep = _check(dense, q8)
+    q = rep.metrics["against_reference_gguf"]
+    assert q is not None and q["file"] == str(f16) and q["file_type"] == "F16" and q["found_by_name"] is True
+    assert "the full-precision sibling found by name" in rep.render_text()
+    alone = tmp_path / "alone-Q8_0.gguf"
+    shutil.copyfile(q8, alone)
+    assert _check(dense, alone).metrics["against_reference_gguf"] is None
+    assert _check(dense, f16).metrics["against_reference_gguf"] is None  # full precision: no sibling sought
+    (tmp_path / "bogus-f32.gguf").write_bytes(b"not a gguf")
+    shutil.copyfile(q8, tmp_path / "bogus-Q8_0.gguf")
+    rep = _check(dense, tmp_path / "bogus-Q8_0.gguf")
+    assert rep.passed and rep.metrics["against_reference_gguf"] is None
+    assert any(w.startswith("no quantization report: the file named like a full-precision sibling is not one") for w in rep.warnings)
+
+
 # --- files broken on purpose fail, naming what differs ---------------------------------------------
 
 
