@@ -28,7 +28,7 @@ from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.keys import ValueType, key
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
-from dflash_convert.runtime.diagnose import hparam_differences, tensor_differences
+from dflash_convert.runtime.diagnose import as_converted, hparam_differences, tensor_differences
 from dflash_convert.runtime.forward import ForwardResult
 from dflash_convert.runtime.reference import load_reference
 from dflash_convert.runtime.weights import LAYER_ROLES
@@ -160,7 +160,7 @@ def test_diagnosis_names_nothing_in_a_right_file(dense, qtype):
     root, src, tgt, f32 = dense
     out = root / f"diag-{qtype}.gguf"
     quantize(f32, out, qtype)
-    ckpt = load_reference(src, tgt).drafter
+    ckpt = as_converted(load_reference(src, tgt).drafter, src, tgt)
     d = read_drafter(out)
     assert hparam_differences(d, ckpt) == []
     assert tensor_differences(d, ckpt) == []
@@ -260,7 +260,7 @@ def test_precision_class_is_the_loosest_type():
     assert list(THRESHOLDS)[0] == "F32" and all(0 < t.top1_min <= 1.0 for t in THRESHOLDS.values())
     order = list(THRESHOLDS.values())
     assert all(a.hidden_max_rel <= b.hidden_max_rel and a.kl_max <= b.kl_max and a.top1_min >= b.top1_min
-               and a.tie_margin <= b.tie_margin
+               and a.tie_margin <= b.tie_margin and a.tie_sd <= b.tie_sd
                for a, b in zip(order, order[1:], strict=False))  # each class at most as strict as the one above
 
 
@@ -272,6 +272,16 @@ def test_near_ties_count_as_agreement_in_the_gate():
     assert near_ties(want.logits, got.tokens, THRESHOLDS["F32"].tie_margin).tolist() == [False, False, True]
     m = compare(got, want)
     assert m["top1_matches"] == 1 and m["top1_agreement_tie_aware"] == pytest.approx(2 / 3)
+    # in standard deviations of the slot's logits: slot 0's flip is 0.05 nats = 0.09 sd of [0, 1, 0.95],
+    # slot 1's is 2 nats = 1.73 sd of [2, 0, 0]
+    assert near_ties(want.logits, got.tokens, 1e-4, 0.08).tolist() == [False, False, True]
+    assert near_ties(want.logits, got.tokens, 1e-4, 0.1).tolist() == [True, False, True]
+    assert near_ties(want.logits, got.tokens, 1e-4, 1.8).tolist() == [True, True, True]
+    # -inf entries (outside a d2t vocabulary) do not enter the spread; a ruled-out token is never a tie
+    masked = torch.tensor([[2.0, 0.0, 0.0, float("-inf")]])
+    assert near_ties(masked, torch.tensor([1]), 0.0, 1.7).tolist() == [False]
+    assert near_ties(masked, torch.tensor([1]), 0.0, 1.8).tolist() == [True]
+    assert near_ties(masked, torch.tensor([3]), 0.0, 100.0).tolist() == [False]
 
 
 def test_kl_handles_a_reduced_vocabulary():

@@ -7,7 +7,8 @@ matrices, a scaled norm. Two readings of the same drafter are compared:
 * ``hparam_differences``: the hyper-parameters the forward uses, read back from the file
   (``read_drafter``) and read from the checkpoint's config (the converter's reader). Floats are
   compared as the float32 the GGUF stores. Any difference is a defect of the file.
-* ``tensor_differences``: every tensor the two share by GGUF name, decoded to float32, as a
+* ``tensor_differences``: every tensor the two share by GGUF name (the checkpoint's side as
+  convert writes it, ``as_converted``: d2t as absolute ids, a mask row in place), decoded to float32, as a
   relative RMS error ||file - checkpoint|| / ||checkpoint||, against what the file's storage type
   can cost (``WEIGHT_REL_RMS``). A tensor beyond that is named, and when it instead matches
   another checkpoint tensor of its shape, that one is named too (a swap). Runs in row chunks, one
@@ -16,13 +17,16 @@ matrices, a scaled norm. Two readings of the same drafter are compared:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..drafter import Drafter, DrafterTensor
+from ..target import Target, read_target
 from .weights import source_values
 
 # fields of Drafter that change what the forward computes (origin, context length, key positions
@@ -65,6 +69,18 @@ def hparam_differences(file: Drafter, checkpoint: Drafter) -> list[str]:
         if a != b:
             out.append(f"{name}: file {a}, checkpoint {b}")
     return out
+
+
+def as_converted(checkpoint: Drafter, checkpoint_dir: str | os.PathLike, target: Target | str | os.PathLike | None) -> Drafter:
+    """The checkpoint's Drafter with its vocabulary part finalized as convert writes it (d2t offsets
+    -> absolute ids, a mask-embedding row in place), on copies: ``checkpoint`` is left as it was."""
+    from ..sources.checkpoint import read_checkpoint
+    from ..sources.vocabulary import resolve_vocabulary
+
+    d = dataclasses.replace(checkpoint, tensors=[dataclasses.replace(t) for t in checkpoint.tensors])
+    tgt = target if target is None or isinstance(target, Target) else read_target(target)
+    resolve_vocabulary(d, read_checkpoint(checkpoint_dir), tgt, keep_embeddings=True)
+    return d
 
 
 def _rows(t: DrafterTensor) -> int:
@@ -127,4 +143,4 @@ def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device 
     return out
 
 
-__all__ = ["FORWARD_FIELDS", "WEIGHT_REL_RMS", "hparam_differences", "tensor_differences"]
+__all__ = ["FORWARD_FIELDS", "WEIGHT_REL_RMS", "as_converted", "hparam_differences", "tensor_differences"]
