@@ -449,6 +449,8 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     g = read_gguf(draft_gguf)
     d = drafter_from_gguf(g)
     ft_name, cls = precision_class(g, d)
+    if d.context_length and context + d.block_size > d.context_length:  # before any weight is read
+        raise DFlashError(f"context {context} + block {d.block_size} exceeds the drafter's context length {d.context_length}")
     model = load_reference(checkpoint_dir, target, device=dev)
     if model.drafter.hidden_size != d.hidden_size or len(model.drafter.target_layers) != len(d.target_layers):
         raise InputFileError(f"the checkpoint's drafter (hidden {model.drafter.hidden_size}, {len(model.drafter.target_layers)} "

@@ -240,6 +240,15 @@ def test_target_features_need_the_target_directory(world):
     assert len(wrong.stderr.strip().splitlines()) == 1
 
 
+def test_context_beyond_the_drafter_is_refused_before_loading(world):
+    _, target, src, f32, _, _ = world
+    n = read_drafter(f32).context_length
+    r = run_cli("check", f32, "--checkpoint", src, "--target-model-dir", target, "--features", "target",
+                "--context", str(n), "--device", "cpu")
+    assert r.returncode == 1 and r.stderr.strip().endswith(f"exceeds the drafter's context length {n}"), r.stderr
+    assert len(r.stderr.splitlines()) == 1
+
+
 def test_target_without_weights_is_named(world, tmp_path):
     """A target dir with only the embedding (enough for embedding and head, not to run the model)."""
     import shutil
