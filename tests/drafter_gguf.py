@@ -168,3 +168,24 @@ def get_tensor(parts: Parts, name: str) -> Tensor:
 
 def full_key(short: str, arch: str = "dflash") -> str:
     return key(short, arch)
+
+
+# --- the edits that break a drafter on purpose (check and runner tests) -------------------------
+
+def map_key(parts: Parts, short: str, fn: Any) -> Parts:
+    """The dflash key ``short`` with its value replaced by ``fn(value)``, same value type."""
+    k = get_key(parts, full_key(short))
+    return set_key(parts, replace(k, value=fn(k.value)))
+
+
+def swap_tensors(parts: Parts, a: str, b: str) -> Parts:
+    """Tensors ``a`` and ``b`` exchange names (so each holds the other's data)."""
+    return rename_tensors(parts, {a: b, b: a})
+
+
+def scale_tensor(parts: Parts, name: str, factor: float) -> Parts:
+    """An F32 tensor multiplied by ``factor``."""
+    t = get_tensor(parts, name)
+    assert t.gtype == GGMLType.F32, f"{name} is {t.gtype.name}, not F32"
+    values = (np.frombuffer(t.data, "<f4") * factor).astype("<f4")
+    return set_tensor(parts, replace(t, data=values.tobytes()))

@@ -19,13 +19,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from drafter_gguf import KV, Tensor, full_key, get_key, get_tensor, read_parts, rename_tensors, set_key, set_tensor, write_parts
+from drafter_gguf import (
+    Tensor,
+    get_tensor,
+    map_key,
+    read_parts,
+    scale_tensor,
+    set_tensor,
+    swap_tensors,
+    write_parts,
+)
 from safetensors.torch import save_file
 
 from dflash_convert import convert
 from dflash_convert.check import SCHEMA, THRESHOLDS, CheckReport, check, compare, kl_mean, near_ties, precision_class
 from dflash_convert.errors import DFlashError, InputFileError
-from dflash_convert.format.keys import ValueType, key
+from dflash_convert.format.keys import key
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
 from dflash_convert.runtime.diagnose import as_converted, hparam_differences, tensor_differences
@@ -126,19 +135,15 @@ def test_quantized_file_finds_its_full_precision_sibling(dense, tmp_path):
 
 
 def _wrong_rope_base(parts):
-    k = get_key(parts, full_key("rope_freq_base"))
-    return set_key(parts, KV(k.key, ValueType.FLOAT32, k.value / 100))
+    return map_key(parts, "rope_freq_base", lambda v: v / 100)
 
 
 def _swap_gate_up(parts):
-    gate, up = layer_name(0, LAYER_ROLES["gate"]), layer_name(0, LAYER_ROLES["up"])
-    return rename_tensors(parts, {gate: up, up: gate})
+    return swap_tensors(parts, layer_name(0, LAYER_ROLES["gate"]), layer_name(0, LAYER_ROLES["up"]))
 
 
 def _scaled_norm(parts):
-    t = get_tensor(parts, layer_name(1, LAYER_ROLES["ffn_norm"]))
-    values = np.frombuffer(t.data, "<f4") * 1.5
-    return set_tensor(parts, Tensor(t.name, t.ne, t.gtype, values.astype("<f4").tobytes()))
+    return scale_tensor(parts, layer_name(1, LAYER_ROLES["ffn_norm"]), 1.5)
 
 
 @pytest.mark.parametrize("what,edit", [("rope-base", _wrong_rope_base), ("swapped-gate-up", _swap_gate_up),

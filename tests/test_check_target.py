@@ -23,11 +23,17 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
-from drafter_gguf import KV, Tensor, full_key, get_key, get_tensor, read_parts, rename_tensors, set_key, set_tensor, write_parts
+from drafter_gguf import (
+    get_tensor,
+    map_key,
+    read_parts,
+    scale_tensor,
+    swap_tensors,
+    write_parts,
+)
 
 from dflash_convert import convert
 from dflash_convert.check import check
-from dflash_convert.format.keys import ValueType
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.runtime.capture import load_target_model, run_target
 from dflash_convert.runtime.forward import block_tokens, contiguous_positions, gather_features, run_gguf
@@ -63,27 +69,22 @@ def _edit(world, name: str, edit) -> Path:
 
 def _taps_without_offset(parts):
     """target_layers as the checkpoint spells them, without llama.cpp's +1: the user-reported bug."""
-    k = get_key(parts, full_key("target_layers"))
-    return set_key(parts, KV(k.key, k.vtype, [int(v) - 1 for v in k.value], k.sub))
+    return map_key(parts, "target_layers", lambda v: [int(x) - 1 for x in v])
 
 
 def _wrong_rope_base(parts):
-    k = get_key(parts, full_key("rope_freq_base"))
-    return set_key(parts, KV(k.key, ValueType.FLOAT32, k.value / 100))
+    return map_key(parts, "rope_freq_base", lambda v: v / 100)
 
 
 def _swap_q_o(parts):
+    """q and o are both [hidden, n_head * head_dim] = 64 x 64 here: a swap that keeps every shape."""
     q, o = layer_name(0, LAYER_ROLES["wq"]), layer_name(0, LAYER_ROLES["wo"])
-    qt, ot = get_tensor(parts, q), get_tensor(parts, o)
-    if qt.ne != ot.ne:  # not square here: swap the two feed-forward inputs instead
-        q, o = layer_name(0, LAYER_ROLES["gate"]), layer_name(0, LAYER_ROLES["up"])
-    return rename_tensors(parts, {q: o, o: q})
+    assert get_tensor(parts, q).ne == get_tensor(parts, o).ne
+    return swap_tensors(parts, q, o)
 
 
 def _scaled_norm(parts):
-    t = get_tensor(parts, layer_name(0, LAYER_ROLES["attn_norm"]))
-    values = np.frombuffer(t.data, "<f4") * 1.5
-    return set_tensor(parts, Tensor(t.name, t.ne, t.gtype, values.astype("<f4").tobytes()))
+    return scale_tensor(parts, layer_name(0, LAYER_ROLES["attn_norm"]), 1.5)
 
 
 # --- capture --------------------------------------------------------------------------------------

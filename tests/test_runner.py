@@ -21,7 +21,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from drafter_gguf import KV, Tensor, full_key, get_key, get_tensor, kv, read_parts, rename_tensors, set_key, set_tensor, write_parts
+from drafter_gguf import (
+    KV,
+    Tensor,
+    full_key,
+    get_key,
+    kv,
+    map_key,
+    read_parts,
+    scale_tensor,
+    set_tensor,
+    swap_tensors,
+    write_parts,
+)
 from safetensors.torch import save_file
 
 from dflash_convert import convert
@@ -286,23 +298,19 @@ def _edited(case: Case, root: Path, what: str, edit) -> Path:
 
 def _wrong_rope_base(parts):
     assert get_key(parts, full_key("rope_freq_base")).value == 1e6
-    return set_key(parts, KV(full_key("rope_freq_base"), ValueType.FLOAT32, 1e4))
+    return map_key(parts, "rope_freq_base", lambda v: 1e4)
 
 
 def _swap_gate_up(parts):
-    gate, up = layer_name(0, LAYER_ROLES["gate"]), layer_name(0, LAYER_ROLES["up"])
-    return rename_tensors(parts, {gate: up, up: gate})
+    return swap_tensors(parts, layer_name(0, LAYER_ROLES["gate"]), layer_name(0, LAYER_ROLES["up"]))
 
 
 def _scaled_norm(parts):
-    t = get_tensor(parts, layer_name(1, LAYER_ROLES["ffn_norm"]))
-    values = np.frombuffer(t.data, "<f4") * 1.5
-    return set_tensor(parts, Tensor(t.name, t.ne, t.gtype, values.astype("<f4").tobytes()))
+    return scale_tensor(parts, layer_name(1, LAYER_ROLES["ffn_norm"]), 1.5)
 
 
 def _reversed_taps(parts):
-    k = get_key(parts, full_key("target_layers"))
-    return set_key(parts, KV(k.key, k.vtype, list(reversed(k.value)), k.sub))
+    return map_key(parts, "target_layers", lambda v: list(reversed(v)))
 
 
 @pytest.mark.parametrize("what,edit", [("rope-base", _wrong_rope_base), ("swapped-gate-up", _swap_gate_up),
