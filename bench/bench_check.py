@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from bench_convert import ensure_drafter, ensure_target, wait_for_idle, write_synthetic_safetensors  # noqa: E402
+from bench_convert import ensure_drafter, ensure_target, stamp_matches, wait_for_idle, write_synthetic_safetensors  # noqa: E402
 
 from fixtures.targets import cache_root  # noqa: E402
 
@@ -58,12 +58,8 @@ def ensure_target_with_heads(root: Path) -> Path:
     out = root / "Qwen3.6-27B-target-heads"
     stamp = out / "bench-fixture.json"
     want = {"version": HEADS_VERSION, "tensors": [EMBED, HEAD], "shape": [VOCAB, HIDDEN]}
-    if stamp.is_file() and (out / "model.safetensors").is_file():
-        try:
-            if json.loads(stamp.read_text()) == want:
-                return out
-        except ValueError:
-            pass
+    if (out / "model.safetensors").is_file() and stamp_matches(stamp, want):
+        return out
     print(f"generating {out} (2 x {VOCAB * HIDDEN * 2 / 1e9:.2f} GB, once) ...", flush=True)
     tmp = root / f".heads.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -81,7 +77,7 @@ def ensure_gguf(root: Path, src: Path, target: Path, outtype: str) -> Path:
     out = root / f"check-{outtype}.gguf"
     stamp = root / f"check-{outtype}.json"
     want = {"checkpoint_size": (src / "model.safetensors").stat().st_size, "outtype": outtype}
-    if out.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == want:
+    if out.is_file() and stamp_matches(stamp, want):
         return out
     print(f"converting {src.name} -> {out.name} ...", flush=True)
     t0 = time.perf_counter()

@@ -143,6 +143,14 @@ def write_synthetic_safetensors(path: Path, specs: list[tuple[str, tuple[int, ..
     return total
 
 
+def stamp_matches(stamp: Path, want: dict[str, Any]) -> bool:
+    """Does the JSON stamp of a cached fixture say it was made as ``want`` describes?"""
+    try:
+        return stamp.is_file() and json.loads(stamp.read_text()) == want
+    except ValueError:
+        return False
+
+
 def ensure_drafter(root: Path) -> Path:
     """The cached synthetic drafter directory (generated on first use)."""
     out = root / DRAFTER_NAME
@@ -153,12 +161,8 @@ def ensure_drafter(root: Path) -> Path:
     expected = len(header) + sum(2 * _numel(s) for _, s, _ in specs)
     want = {"version": BENCH_FIXTURE_VERSION, "size": expected, "config": cfg}
     st = out / "model.safetensors"
-    if stamp.is_file() and st.is_file() and st.stat().st_size == expected:
-        try:
-            if json.loads(stamp.read_text()) == want:
-                return out
-        except ValueError:
-            pass
+    if st.is_file() and st.stat().st_size == expected and stamp_matches(stamp, want):
+        return out
     print(f"generating {out} ({expected / 1e9:.2f} GB, once) ...", flush=True)
     t0 = time.perf_counter()
     tmp = root / f".{DRAFTER_NAME}.tmp-{os.getpid()}"
