@@ -64,7 +64,6 @@ from ..format.family import (
 )
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, GGUF_ONLY_SHAPES, LOADER_OPTIONAL_PER_LAYER, OUTPUT_TENSOR
 from ..format.tensors import (
-    CHECKED_NOT_WRITTEN,
     EXPECTED_HF_SHAPES,
     FAMILY_GLOBAL_TENSORS,
     FAMILY_LAYER_TENSORS,
@@ -75,19 +74,15 @@ from ..format.tensors import (
     REQUIRED_GLOBAL,
     REQUIRED_PER_LAYER,
     ROPE_FREQS_TENSOR,
-    ROPE_PERMUTED,
-    SKIPPED_SUFFIXES,
     generic_name,
     gguf_to_hf,
     layer_name,
-    layer_of,
     strip_model_prefix,
 )
 from ..target import Target
-from ..tensor_source import ArraySource, NeoxPermuted
+from ..tensor_source import ArraySource
 from .checkpoint import Checkpoint, merged_text_config
 from .zlab import (
-    FLOAT_DTYPES,
     LOCAL_ROPE_THETA_KEYS,
     PARTIAL_ROTARY_KEYS,
     ROPE_THETA_KEYS,
@@ -95,6 +90,7 @@ from .zlab import (
     ConfigView,
     as_f32,
     build_drafter,
+    map_tensors,
 )
 
 FAMILY_ARCHITECTURES = (*DFLASH2_ARCHITECTURES, *DSPARK_ARCHITECTURES, *GEMMA4_DSPARK_ARCHITECTURES, *DSV4_DSPARK_ARCHITECTURES)
@@ -375,36 +371,19 @@ def _gguf_name(name: str, gemma4: bool) -> str | None:
     return _GLOBAL.get(name)
 
 
+def _gemma4_renamed(name: str) -> str:
+    for old, new in GEMMA4_RENAMED_PREFIXES.items():
+        if name.startswith(old):
+            name = new + name[len(old):]
+    return name
+
+
 def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, member: str, gemma4: bool = False) -> list[DrafterTensor]:
     """Checkpoint tensors -> GGUF names, in the checkpoint's (= upstream's) order; t2d and inert names dropped."""
-    permute = not bool(cfg.get("rope_is_neox_style", True))
-    out: list[DrafterTensor] = []
-    seen: set[str] = set()
-    for ref in ckpt.tensors:
-        name = strip_model_prefix(ref.name)
-        if name.endswith(SKIPPED_SUFFIXES) or name in CHECKED_NOT_WRITTEN:
-            continue
-        if gemma4:
-            for old, new in GEMMA4_RENAMED_PREFIXES.items():
-                if name.startswith(old):
-                    name = new + name[len(old):]
-        gguf_name = _gguf_name(name, gemma4)
-        if gguf_name is None:
-            raise InputFileError(f"unknown tensor {ref.name!r}: not part of a {member} drafter", ref.path)
-        if gguf_name == EMBEDDING_TENSOR and cfg.get("has_embed_tokens") is False:
-            continue
-        if gguf_name in seen:
-            raise InputFileError(f"tensor {ref.name!r} appears twice (with and without the model. prefix, or in two "
-                                 "spellings)", ref.path)
-        bid = layer_of(gguf_name)
-        if bid is not None and bid >= d.n_layers:
-            raise InputFileError(f"tensor {ref.name!r} is for layer {bid}, but num_hidden_layers is {d.n_layers}", ref.path)
-        if ref.dtype not in FLOAT_DTYPES and gguf_name != D2T_TENSOR:
-            raise InputFileError(f"tensor {ref.name!r} has dtype {ref.dtype}; only F32, F16, BF16 and F64 convert", ref.path)
-        seen.add(gguf_name)
-        source = NeoxPermuted(ref, d.head_dim) if permute and generic_name(gguf_name) in ROPE_PERMUTED else ref
-        out.append(DrafterTensor(gguf_name, name, source))
-    return out
+    return map_tensors(ckpt, cfg, d, permute_rope=not bool(cfg.get("rope_is_neox_style", True)),
+                       gguf_name_of=lambda name: _gguf_name(name, gemma4), kind=member,
+                       twice_hint="with and without the model. prefix, or in two spellings",
+                       rename=_gemma4_renamed if gemma4 else None)
 
 
 def _finish(d: Drafter, cv: ConfigView, *, required_per_layer: tuple[str, ...] = REQUIRED_PER_LAYER) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -287,20 +288,31 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
     return d
 
 
-def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_rope: bool) -> list[DrafterTensor]:
+def map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_rope: bool,
+                gguf_name_of: Callable[[str], str | None], kind: str, twice_hint: str,
+                rename: Callable[[str], str] | None = None) -> list[DrafterTensor]:
+    """Checkpoint tensors -> DrafterTensors in the checkpoint's (= upstream's) order, each checked.
+
+    Inert names (SKIPPED_SUFFIXES, t2d) are dropped; ``rename`` rewrites a name first (Gemma-4's
+    prefixes), ``gguf_name_of`` maps it (None: not part of a ``kind`` drafter). Every reader of a
+    family member refuses the same things here, one line each: unknown or doubled tensors, a layer
+    past num_hidden_layers, a non-float dtype (d2t aside).
+    """
     out: list[DrafterTensor] = []
     seen: set[str] = set()
     for ref in ckpt.tensors:
         name = strip_model_prefix(ref.name)
         if name.endswith(SKIPPED_SUFFIXES) or name in CHECKED_NOT_WRITTEN:
             continue
-        gguf_name = hf_to_gguf(name)
+        if rename is not None:
+            name = rename(name)
+        gguf_name = gguf_name_of(name)
         if gguf_name is None:
-            raise InputFileError(f"unknown tensor {ref.name!r}: not part of a z-lab DFlash drafter", ref.path)
+            raise InputFileError(f"unknown tensor {ref.name!r}: not part of a {kind} drafter", ref.path)
         if gguf_name == EMBEDDING_TENSOR and cfg.get("has_embed_tokens") is False:
             continue
         if gguf_name in seen:
-            raise InputFileError(f"tensor {ref.name!r} appears twice (with and without the model. prefix?)", ref.path)
+            raise InputFileError(f"tensor {ref.name!r} appears twice ({twice_hint})", ref.path)
         bid = layer_of(gguf_name)
         if bid is not None and bid >= d.n_layers:
             raise InputFileError(f"tensor {ref.name!r} is for layer {bid}, but num_hidden_layers is {d.n_layers}", ref.path)
@@ -309,6 +321,12 @@ def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_r
         seen.add(gguf_name)
         source = NeoxPermuted(ref, d.head_dim) if permute_rope and generic_name(gguf_name) in ROPE_PERMUTED else ref
         out.append(DrafterTensor(gguf_name, name, source))
+    return out
+
+
+def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_rope: bool) -> list[DrafterTensor]:
+    out = map_tensors(ckpt, cfg, d, permute_rope=permute_rope, gguf_name_of=hf_to_gguf, kind="z-lab DFlash",
+                      twice_hint="with and without the model. prefix?")
     _check_tensors(out, d)
     return out
 
