@@ -336,8 +336,8 @@ def captured_inputs(d: Drafter, target_dir: str | Path, context: int, seed: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(layer inputs [n_layers + 1, ctx, E], block_ids, positions) from one pass of the target model.
 
-    The context is ``context`` token ids drawn from ``seed`` (ordinary ids below the mask token's
-    neighbourhood do not matter: any id of the vocabulary is a valid input); the anchor is the
+    The context is ``context`` token ids drawn uniformly from ``seed`` over the ids both the
+    drafter and the target's embedding know (any id is a valid input to a model); the anchor is the
     target's greedy prediction after the context, as in a live speculative step.
     """
     if context < 1:
