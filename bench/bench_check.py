@@ -101,22 +101,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from dflash_convert.runtime.forward import run_gguf
     from dflash_convert.runtime.reference import load_reference, reference_forward
     from dflash_convert.runtime.weights import load_weights
-    from dflash_convert.sources.gguf import read_gguf
-    from dflash_convert.sources.gguf_drafter import drafter_from_gguf, read_drafter
+    from dflash_convert.sources.checkpoint import read_checkpoint
+    from dflash_convert.sources.gguf_drafter import read_drafter
+    from dflash_convert.sources.target import read_target
 
     dev = torch.device(args.device)
     d_any = read_drafter(args.shape_from)
     feats, ids, pos = synthetic_inputs(d_any, args.context, 0)
     t0 = time.perf_counter()
     if args.worker == "reference":
-        model = load_reference(args.checkpoint, args.target, device=dev, dtype=torch.float32)
+        model = load_reference(read_checkpoint(args.checkpoint), read_target(args.target), device=dev, dtype=torch.float32)
 
         def forward():
             return reference_forward(model, feats, ids, pos, semantics="llama.cpp")
     else:
-        g = read_gguf(args.worker)
-        d = drafter_from_gguf(g)
-        w = load_weights(d, args.target, device=dev, gguf=g)
+        d = read_drafter(args.worker)
+        w = load_weights(d, read_target(args.target), device=dev)
 
         def forward():
             return run_gguf(d, w, feats, ids, pos)

@@ -343,13 +343,13 @@ def measure(tool: str, cmd: list[str], env: dict[str, str] | None, outtype: str,
 
 
 # --------------------------------------------------------------------------
-# Comparing two GGUF files: the package's reader and comparator (dflash_convert.checks.compare)
+# Comparing two GGUF files: the package's reader and comparator (dflash_convert.validate.compare)
 # --------------------------------------------------------------------------
 
 
 def compare_ggufs(ours: Path, theirs: Path) -> list[str]:
     """Differences outside general.*: keys (order, types, values), tensor table, tensor bytes."""
-    from dflash_convert.checks.compare import differences
+    from dflash_convert.validate.compare import differences
 
     return differences(ours, theirs)
 

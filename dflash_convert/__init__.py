@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from ._version import __version__
+from .errors import DFlashError
 
 __all__ = ["ConversionPlan", "DFlashError", "__version__", "convert", "plan_conversion"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: `inspect` and other light commands should not pay for importing torch.
     if name in ("ConversionPlan", "convert", "plan_conversion"):
-        from . import converter as _convert
+        # PEP 562: `import dflash_convert` stays cheap for child processes and light commands;
+        # the conversion API (numpy, every reader) loads on first use
+        from . import conversion
 
-        return getattr(_convert, name)
-    if name == "DFlashError":
-        from .errors import DFlashError
-
-        return DFlashError
+        return getattr(conversion, name)
     raise AttributeError(name)

@@ -89,17 +89,19 @@ import torch
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
-from .files import Inputs, check_output_path
+from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import GGMLType
-from .format.keys import key
-from .format.quant_types import FTYPES
+from .outputs import Inputs, check_output_path
 from .runtime.capture import load_target_model, run_target
-from .runtime.diagnose import as_converted, hparam_differences, tensor_differences
+from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
-from .runtime.reference import load_reference, reference_features, reference_forward
+from .runtime.reference import load_reference, reference_features, reference_forward, semantics_differ
 from .runtime.weights import load_weights
-from .sources.gguf import GGUFFile, read_gguf
-from .sources.gguf_drafter import drafter_from_gguf
+from .sources.checkpoint import read_checkpoint
+from .sources.dispatch import read_checkpoint_drafter
+from .sources.gguf_drafter import read_drafter
+from .sources.target import read_target_dir, read_target_gguf
+from .target import Target
 
 SCHEMA = "dflash-convert/check/v1"
 FEATURES = ("synthetic", "target")  # where the target features of the draft come from
@@ -165,7 +167,6 @@ _CLASS_OF: dict[str, str] = {
     "Q4_0": "Q4", "Q4_1": "Q4", "Q4_K": "Q4", "Q4_K_S": "Q4", "Q4_K_M": "Q4", "IQ4_NL": "Q4", "IQ4_XS": "Q4",
     "Q3_K": "Q3_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "Q2_K": "Q2_K",
 }
-_FTYPE_NAMES: dict[int, str] = {v: name for name, (v, _) in FTYPES.items()}
 
 
 @dataclass
@@ -282,17 +283,17 @@ def _type_name(t: object) -> str:
     return t.name if isinstance(t, GGMLType) else str(t)
 
 
-def precision_class(g: GGUFFile, d: Drafter) -> tuple[str, str]:
+def precision_class(d: Drafter) -> tuple[str, str]:
     """(file type name, precision class): the loosest class of general.file_type and every matrix's type."""
-    ft = g.get(key("file_type"))
+    ft = d.origin.file_type
     matrix_types = sorted({_type_name(t.dtype) for t in d.tensors if len(t.shape) >= 2})
-    ft_name = _FTYPE_NAMES.get(int(ft)) if isinstance(ft, int) and not isinstance(ft, bool) else None
+    ft_name = FILE_TYPE_NAMES.get(ft) if ft is not None else None
     names = ([ft_name] if ft_name else []) + matrix_types
     order = list(THRESHOLDS)
     classes = [_CLASS_OF[n] for n in names if n in _CLASS_OF]
     unknown = [n for n in names if n not in _CLASS_OF]
     if unknown:
-        raise InputFileError(f"no check thresholds for type {unknown[0]} (known: {', '.join(sorted(_CLASS_OF))})", g.path)
+        raise InputFileError(f"no check thresholds for type {unknown[0]} (known: {', '.join(sorted(_CLASS_OF))})", d.source)
     cls = max(classes, key=order.index) if classes else "F32"
     worst_matrix = max(matrix_types, key=lambda n: order.index(_CLASS_OF[n]), default="F32")
     return ft_name or worst_matrix, cls
@@ -332,7 +333,7 @@ def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor,
     return feats, ids, contiguous_positions(context, len(ids))
 
 
-def captured_inputs(d: Drafter, target_dir: str | Path, context: int, seed: int,
+def captured_inputs(d: Drafter, target: Target, context: int, seed: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(layer inputs [n_layers + 1, ctx, E], block_ids, positions) from one pass of the target model.
 
@@ -342,13 +343,13 @@ def captured_inputs(d: Drafter, target_dir: str | Path, context: int, seed: int,
     """
     if context < 1:
         raise DFlashError(f"context must be at least 1, got {context}")
-    model, layers = load_target_model(target_dir, device)
+    model, layers = load_target_model(target, device)
     n_vocab = int(model.get_input_embeddings().weight.shape[0])
     g = torch.Generator().manual_seed(int(seed))
     ctx_ids = torch.randint(0, min(d.vocab_size, n_vocab), (context,), generator=g, dtype=torch.int64)
     streams, logits = run_target(model, layers, ctx_ids)
     if streams.shape[-1] != d.hidden_size:
-        raise InputFileError(f"the target's hidden size is {streams.shape[-1]}, the drafter's {d.hidden_size}", target_dir)
+        raise InputFileError(f"the target's hidden size is {streams.shape[-1]}, the drafter's {d.hidden_size}", target.source)
     anchor = int(logits[-1, : d.vocab_size].argmax())
     ids = block_tokens(d, anchor)
     return streams, ids, contiguous_positions(context, len(ids))
@@ -410,13 +411,12 @@ def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> None:
 # --- the check ---------------------------------------------------------------------------------
 
 
-def _run_file(path: str | Path, target: str | Path | None, device: torch.device, feats: torch.Tensor,
-              ids: torch.Tensor, pos: torch.Tensor, streams: torch.Tensor | None = None) -> tuple[GGUFFile, Drafter, ForwardResult]:
+def _run_file(path: str | Path, target: Target | None, device: torch.device, feats: torch.Tensor,
+              ids: torch.Tensor, pos: torch.Tensor, streams: torch.Tensor | None = None) -> tuple[Drafter, ForwardResult]:
     """Run another GGUF on the same draft (with captured streams, it taps its own layers)."""
-    g = read_gguf(path)
-    d = drafter_from_gguf(g)
-    w = load_weights(d, target, device=device, gguf=g)
-    return g, d, run_gguf(d, w, feats if streams is None else gather_features(d, streams), ids, pos)
+    d = read_drafter(path)
+    w = load_weights(d, target, device=device)
+    return d, run_gguf(d, w, feats if streams is None else gather_features(d, streams), ids, pos)
 
 
 def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_dir: str | Path | None = None,
@@ -431,12 +431,15 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     ``context`` tokens drawn from ``seed``; each side taps its own layers, the anchor is the target's
     greedy next token). Raises InputFileError for an unreadable input, DFlashError for a usage
     problem (no target where one is needed, an output path on an input).
+
+    Each input is read once and handed down as an object: the draft (a Drafter), the checkpoint
+    (indexed once, read into the Drafter convert would write), the target; each weight is decoded
+    once, by the runner or the reference, and compared from there.
     """
     if features not in FEATURES:
         raise DFlashError(f"unknown features {features!r}: expected one of {', '.join(FEATURES)}")
     if features == "target" and target_model_dir is None:
         raise DFlashError("features from the target need --target-model-dir (a directory with the target's weights)")
-    target = target_model_dir if target_model_dir is not None else target_gguf
     out: Path | None = None
     if save_io is not None:
         inputs = Inputs()
@@ -446,25 +449,29 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         out = check_output_path(save_io, inputs, force=True)
     dev = resolve_device(device)
 
-    g = read_gguf(draft_gguf)
-    d = drafter_from_gguf(g)
-    ft_name, cls = precision_class(g, d)
+    d = read_drafter(draft_gguf)
+    ft_name, cls = precision_class(d)
     if d.context_length and context + d.block_size > d.context_length:  # before any weight is read
         raise DFlashError(f"context {context} + block {d.block_size} exceeds the drafter's context length {d.context_length}")
-    model = load_reference(checkpoint_dir, target, device=dev)
+    target = (read_target_dir(target_model_dir) if target_model_dir is not None
+              else read_target_gguf(target_gguf) if target_gguf is not None else None)
+    ckpt = read_checkpoint(checkpoint_dir)
+    written = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)  # the checkpoint as convert writes it
+    model = load_reference(ckpt, target, drafter=written, device=dev)
     if model.drafter.hidden_size != d.hidden_size or len(model.drafter.target_layers) != len(d.target_layers):
         raise InputFileError(f"the checkpoint's drafter (hidden {model.drafter.hidden_size}, {len(model.drafter.target_layers)} "
                              f"taps) is not this file's (hidden {d.hidden_size}, {len(d.target_layers)} taps)", checkpoint_dir)
     if features == "target":
-        assert target_model_dir is not None
-        streams, ids, pos = captured_inputs(d, target_model_dir, context, seed, dev)
+        assert target is not None
+        streams, ids, pos = captured_inputs(d, target, context, seed, dev)
         feats = gather_features(d, streams)
         ref_feats = reference_features(model, streams)
     else:
         streams = None
         feats, ids, pos = synthetic_inputs(d, context, seed)
         ref_feats = feats
-    got = run_gguf(d, load_weights(d, target, device=dev, gguf=g), feats, ids, pos)
+    weights = load_weights(d, target, device=dev)
+    got = run_gguf(d, weights, feats, ids, pos)
     want = reference_forward(model, ref_feats, ids, pos, semantics="llama.cpp")
     if want.logits.shape != got.logits.shape:
         raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
@@ -483,11 +490,13 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     # name what differs, always: a wrong target_layers is invisible to synthetic features, and a
     # scaled norm can hide inside a 4-bit file's forward rounding; the weights cannot hide it
     failures += [f"hyper-parameter differs from the checkpoint's: {x}" for x in hparam_differences(d, model.drafter)]
-    written = as_converted(model.drafter, checkpoint_dir, target)
-    failures += [f"tensor differs: {x}" for x in tensor_differences(d, written, dev)]
+    failures += [f"tensor differs: {x}" for x in tensor_differences(
+        d, written, dev, file_values=decoded_by_name(weights.decoded),
+        checkpoint_values=decoded_from_checkpoint(model.tensors, ckpt.files))]
 
     warnings = [f"embedding/head: {n}" for n in model.notes]
-    trained = reference_forward(model, ref_feats, ids, pos, semantics="reference")
+    # the trained semantics, where they differ from llama.cpp's (else the same forward: not run twice)
+    trained = reference_forward(model, ref_feats, ids, pos, semantics="reference") if semantics_differ(model) else want
     gap = compare(want, trained)
     gap["differs"] = gap["top1_agreement"] < 1.0 or gap["hidden_max_abs_err"] > SEMANTICS_HIDDEN_TOL
     if gap["differs"]:
@@ -501,7 +510,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         reference_gguf = find_sibling(draft_gguf, ft_name)
     if reference_gguf is not None:
         try:
-            rg, rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos, streams)
+            rd, base = _run_file(reference_gguf, target, dev, feats, ids, pos, streams)
             if base.logits.shape != got.logits.shape:
                 raise InputFileError(f"drafts {list(base.logits.shape)} logits, the checked file {list(got.logits.shape)}: "
                                      "not a sibling of the checked file", reference_gguf)
@@ -511,7 +520,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
             warnings.append(f"no quantization report: the file named like a full-precision sibling is not one ({e})")
         else:
             q = compare(got, base, limits.tie_margin, limits.tie_sd)
-            r_ft, r_cls = precision_class(rg, rd)
+            r_ft, r_cls = precision_class(rd)
             if r_cls not in FULL_PRECISION_CLASSES:
                 warnings.append(f"the reference GGUF is {r_ft}, not full precision: the quantization report is relative")
             metrics["against_reference_gguf"] = {"file": str(reference_gguf), "file_type": r_ft,

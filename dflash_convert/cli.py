@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
 import typer
 
-from . import __version__
+from ._version import __version__
+from .conversion import plan_conversion, write_plan
 from .errors import DFlashError, InputFileError
 from .format.keys import ARCH, key
+from .inspect_gguf import block_size, member_line, pairing_hint, read_summary, short, type_name
+from .migrate import migrate as run_migrate
+from .quantize import plan_quantize, write_quantize
+from .sources.gguf_drafter import describe, read_drafter
+from .validate import validate as run_validate
+from .validate.report import render_json, render_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
@@ -67,8 +76,6 @@ def convert(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
 ) -> None:
     """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
-    from .converter import plan_conversion, write_plan
-
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING, format="dflash-convert: warning: %(message)s")
     try:
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
@@ -91,14 +98,10 @@ def convert(
 
 
 def _print_plan(plan) -> None:
-    from .inspect import short
-
     typer.echo(f"output: {plan.output}")
     typer.echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
     typer.echo(f"keys ({len(plan.metadata)}):")
-    from .format.keys import key as key_name
-
-    late = key_name("source_files_sha256")
+    late = key("source_files_sha256")
     for kv in plan.metadata:
         if kv.key == late:
             typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} (computed when written)")
@@ -119,13 +122,7 @@ def _print_plan(plan) -> None:
 def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
             drafter: bool = typer.Option(False, "--drafter", help="Print the Drafter read_drafter makes of the file, as JSON.")) -> None:
     """Show architecture, keys, tensors, and the llama-server line that pairs the drafter."""
-    from .inspect import block_size, member_line, pairing_hint, read_summary, short, type_name
-
     if drafter:
-        import json
-
-        from .sources.gguf_drafter import describe, read_drafter
-
         try:
             d = read_drafter(path)
         except DFlashError as e:
@@ -133,36 +130,33 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
         typer.echo(json.dumps(describe(d), indent=1))
         return
     try:
-        g = read_summary(path)
+        g, d = read_summary(path)
     except DFlashError as e:
         _fail(e)
     typer.echo(f"file: {g.path}")
     typer.echo(f"architecture: {g.architecture}")
     typer.echo(f"keys ({len(g.metadata)}):")
     for k, v in g.metadata.items():
-        typer.echo(f"  {k:<48} {type_name(g, k):<14} {short(v.value)}")
+        typer.echo(f"  {k:<48} {type_name(v):<14} {short(v.value)}")
     total = sum(t.nbytes for t in g.tensors)
     typer.echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
     for t in g.tensors:
         typer.echo(f"  {t.name:<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
     if g.architecture == ARCH:
-        typer.echo(f"target layers (llama.cpp layer inputs): {g.get(key('target_layers'))}; block size: {block_size(g)}")
-        typer.echo(member_line(g))
+        typer.echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
+        typer.echo(member_line(d))
         typer.echo("pair with the target in llama.cpp:")
-        typer.echo(f"  {pairing_hint(g)}")
+        typer.echo(f"  {pairing_hint(d)}")
 
 
 @app.command()
 def validate(
     path: Path = typer.Argument(..., help="The drafter GGUF to check."),
     target: Path | None = typer.Option(None, "--target", help="Target GGUF or Hugging Face model directory: check the pairing too."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (schema: dflash_convert/checks/validate.schema.json).", metavar=""),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (schema: dflash_convert/validate/validate.schema.json).", metavar=""),
     deep: bool = typer.Option(False, "--deep", help="Also scan every tensor for NaN and Inf.", metavar=""),
 ) -> None:
     """Check that a drafter GGUF loads and pairs in llama.cpp: exit 0 pass, 1 findings, 2 unreadable input."""
-    from .checks import validate as run_validate
-    from .checks.report import render_json, render_text
-
     report = run_validate(path, target, deep=deep)
     if json_out:
         typer.echo(render_json(report))
@@ -185,9 +179,6 @@ def migrate(
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
 ) -> None:
     """Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), then validate it."""
-    from .checks.report import render_text
-    from .migrate import migrate as run_migrate
-
     try:
         layers = None
         if target_layers is not None:
@@ -234,14 +225,10 @@ def quantize(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.", metavar=""),
 ) -> None:
     """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
-    from .quantize import plan_quantize, write_quantize
-
     try:
         plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
         if dry_run:
-            from .format.keys import key as key_name
-
-            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key_name('file_type')} {plan.file_type})")
+            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}
             for p in plan.tensors:
                 src_type = by_name[p.tensor.gguf_name].dtype
@@ -282,7 +269,7 @@ def check(
     reference_gguf: Path | None = typer.Option(None, "--reference-gguf", help="A full-precision sibling: also report agreement with it."),
 ) -> None:
     """Run the GGUF in-process and the checkpoint's reference forward on the same inputs: 0 pass, 1 fail, 2 unreadable."""
-    from .check import check as run_check
+    from .check import check as run_check  # imports torch: only this command pays for it
 
     try:
         report = run_check(draft, checkpoint, target_model_dir=target_model_dir, target_gguf=target_gguf, device=device,
@@ -319,8 +306,6 @@ def main() -> None:
     file as it unwinds) and exit 130 / 143 without a traceback. Once the command is over, a late
     signal is only recorded: the process still exits 128 + signal, and nothing is left half done.
     """
-    import signal
-
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _raise_interrupted)

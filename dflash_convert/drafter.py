@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .metadata import Metadata
 from .tensor_source import TensorSource
 
 
@@ -84,6 +85,7 @@ class Origin:
     config_path: Path  # config.json, or the GGUF file itself
     files: list[Path] = field(default_factory=list)  # every file whose bytes the tensors come from
     format: str = "z-lab"  # "z-lab", "speculators", "gguf"
+    file_type: int | None = None  # general.file_type of a GGUF (LLAMA_FTYPE_*), as the file says
 
 
 @dataclass
@@ -141,6 +143,8 @@ class Drafter:
     # in place, but writes those the config lacked at the end; ``late_keys`` names them (short names)
     late_keys: tuple[str, ...] = ()
     tensors: list[DrafterTensor] = field(default_factory=list)
+    # the tokenizer.* keys the file carries: borrowed from the target by convert, read back from a GGUF
+    tokenizer: Metadata | None = field(default=None, repr=False)
 
     # --- compatibility names for provenance --------------------------------------------------
     @property
@@ -159,6 +163,6 @@ class Drafter:
         return next((t for t in self.tensors if t.gguf_name == gguf_name), None)
 
     def hparams(self) -> dict[str, Any]:
-        """Every field but the origin and the tensors: what two readings of one drafter share."""
-        skip = ("origin", "tensors")
+        """Every field but the origin, the tensors and the tokenizer keys: what two readings of one drafter share."""
+        skip = ("origin", "tensors", "tokenizer")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}

@@ -1,34 +1,19 @@
-"""Every rule about which files a command may read and which path it may write, in one place.
+"""How every input file is opened: only a regular file (or a directory, where one is expected).
 
-Inputs: a path is opened only after it is known to be a regular file (or a directory, where one
-is expected); a FIFO, a socket or a device gets one clear line instead of a read that blocks
-forever or never ends. The check is made on the opened descriptor (``open_regular``), so a path
-swapped between check and open cannot slip through.
-
-Outputs: an output may never be a file the command reads (compared by resolved path *and* by
-device and inode, so hard links and symlinks count), nor a file inside a directory the command
-reads whose name that directory's reader would pick up (``config.json``, ``model*.safetensors``,
-tokenizer files, ...). Neither ``--force`` nor anything else lifts this.
+A FIFO, a socket or a device gets one clear line instead of a read that blocks forever or never
+ends. The check is made on the opened descriptor (``open_regular``), so a path swapped between
+check and open cannot slip through. Tensor data is read by position through ``pread_into``, with
+one descriptor per file for a whole pass (``FdCache``). Where outputs may go is ``outputs.py``.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import stat
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import threading
 from pathlib import Path
 
-from .errors import DFlashError, InputFileError
-
-# names a model-directory reader picks up (checkpoint and target directories): an output there
-# with one of these names would change what the next read sees
-DIRECTORY_INPUT_NAMES: tuple[str, ...] = (
-    "config.json", "model*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "chat_template*", "generation_config.json", "mask_embedding.pt",
-    "*.bin", "*.pt",
-)
+from .errors import InputFileError
 
 
 def kind_of(mode: int) -> str:
@@ -94,96 +79,53 @@ def read_regular_bytes(path: str | os.PathLike, what: str = "input", limit: int 
         os.close(fd)
 
 
-@dataclass
-class Inputs:
-    """Every file and directory one command reads, to keep its output off all of them."""
+class FdCache:
+    """One read-only descriptor per source file for a whole pass over a drafter."""
 
-    files: list[Path] = field(default_factory=list)
-    directories: list[Path] = field(default_factory=list)
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()  # chunks of one file are read from several encoder threads
 
-    def add_file(self, path: str | os.PathLike | None) -> None:
-        if path is not None:
-            self.files.append(Path(path))
+    def get(self, path: os.PathLike | str) -> int:
+        key = os.fspath(path)
+        fd = self._fds.get(key)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(key)
+                if fd is None:
+                    fd = self._fds[key] = open_regular(key)  # a file swapped for a FIFO since it was indexed is refused
+        return fd
 
-    def add_files(self, paths: Iterable[str | os.PathLike]) -> None:
-        for p in paths:
-            self.add_file(p)
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
-    def add_directory(self, path: str | os.PathLike | None) -> None:
-        """A model directory: every file in it its reader may pick up counts as an input."""
-        if path is None:
-            return
-        d = Path(path)
-        self.directories.append(d)
-        try:
-            self.files.extend(p for p in d.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in DIRECTORY_INPUT_NAMES))
-        except OSError:
-            pass
+    def __enter__(self) -> FdCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def refuse_unless_valid(out: Path) -> Callable[[Path], None]:
-    """A write_gguf ``verify`` hook: validate's drafter checks on the finished temporary file.
+def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, offset: int) -> int:
+    """Fill ``buf`` from ``path`` at ``offset`` by positional reads; returns the bytes read (short at EOF).
 
-    convert and migrate never leave a file behind that their own validate would fail.
+    Both tensor readers (safetensors, GGUF) read their rows through here: one descriptor from
+    ``fds`` when given, else a regular-file descriptor opened and closed for this read.
     """
-    def verify(tmp: Path) -> None:
-        from .checks import validate
-        from .checks.report import FAIL
-
-        report = validate(tmp)
-        bad = [c for c in report.checks if c.status == FAIL]
-        if bad:
-            first = bad[0]
-            detail = f": {first.details[0]}" if first.details else ""
-            raise DFlashError(f"refusing to write a file that fails validate ({first.id}: {first.message}{detail}"
-                              f"{f'; and {len(bad) - 1} more failing check(s)' if len(bad) > 1 else ''})", out)
-
-    return verify
-
-
-def _identity(p: Path) -> tuple[int, int] | None:
+    if fds is not None:
+        fd, own = fds.get(path), False
+    else:
+        fd, own = open_regular(path), True
     try:
-        st = os.stat(p)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os.PathLike], *, force: bool) -> Path:
-    """Refuse an output that is (or would replace) an input, or an existing file without --force.
-
-    Returns the output path. Errors name the output as the user typed it.
-    """
-    if not isinstance(inputs, Inputs):
-        files = Inputs()
-        files.add_files(inputs)
-        inputs = files
-    text = os.fspath(out)
-    if not text.strip():
-        raise DFlashError("the output path is empty")
-    out = Path(text)
-    resolved = out.resolve()
-    ident = _identity(out)
-    for p in inputs.files:
-        if p.resolve() == resolved or (ident is not None and _identity(p) == ident):
-            raise DFlashError(f"output would overwrite an input file ({p}); choose another output path", out)
-    for d in inputs.directories:
-        if resolved.parent == d.resolve() and any(fnmatch.fnmatch(out.name, pat) for pat in DIRECTORY_INPUT_NAMES):
-            raise DFlashError(f"output {out.name!r} inside the input directory {d} has a name its reader picks up; "
-                              "choose another name or folder", out)
-    if out.is_symlink() and not out.exists():
-        raise DFlashError("output is a dangling symbolic link; remove it or choose another path", out)
-    if out.exists():
-        if out.is_dir():
-            raise DFlashError("output is a directory", out)
-        if not force:
-            raise DFlashError("output exists; pass --force to replace it", out)
-        st = os.stat(out)
-        if not stat.S_ISREG(st.st_mode):
-            raise DFlashError(f"output is {kind_of(st.st_mode)}; only a regular file is replaced", out)
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise DFlashError("output folder does not exist", parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DFlashError("output folder is not writable", out)
-    return out
+        got = 0
+        while got < buf.nbytes:
+            r = os.preadv(fd, [buf[got:]], offset + got)
+            if r <= 0:
+                break
+            got += r
+        return got
+    finally:
+        if own:
+            os.close(fd)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from .drafter import Drafter
 from .errors import ConfigError
 from .format.family import GEMMA4_OVERRIDDEN_KEYS
-from .format.ggml import FileType
 from .format.keys import key
 from .metadata import Metadata
 
@@ -149,7 +148,7 @@ def write_family_tail(md: Metadata, d: Drafter) -> None:
         md.set("has_confidence_head", d.has_confidence_head)
 
 
-def write_hparams(md: Metadata, d: Drafter, file_type: FileType) -> None:
+def write_hparams(md: Metadata, d: Drafter, file_type: int | None) -> None:
     """All hyper-parameter keys, in llama.cpp's converter order."""
     write_base(md, d)
     write_causal(md, d, early=True)  # a generic text-model key when the config's is_causal is false
@@ -158,7 +157,8 @@ def write_hparams(md: Metadata, d: Drafter, file_type: FileType) -> None:
     write_rope_base(md, d)
     md.set("rms_eps", d.rms_eps)
     write_head_dims(md, d)
-    md.set("file_type", int(file_type))
+    if file_type is not None:  # None: the caller appends it last, as llama-quantize does (plan.append_file_type)
+        md.set("file_type", file_type)
     write_rope_dimension_count(md, d)
     write_scales(md, d)
     write_block_size(md, d)

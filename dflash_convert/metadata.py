@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import DFlashError
-from .format.keys import KEYS, ValueType
+from .format.keys import ARCH, BOOLEAN, FLOAT, INT, INT_TYPES, KEYS, VALUE_TYPES, ValueType
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Metadata:
     def __init__(self) -> None:
         self._kv: dict[str, KV] = {}
 
-    def set(self, short: str, value: Any, arch: str = "dflash") -> None:
+    def set(self, short: str, value: Any, arch: str = ARCH) -> None:
         """Set a key named in format.keys.KEYS, with the type the table gives it."""
         template, vtype, sub = KEYS[short]
         self.set_raw(template.format(arch=arch), vtype, value, sub)
@@ -37,6 +37,14 @@ class Metadata:
         if vtype == ValueType.ARRAY and not len(value):
             raise ValueError(f"empty array for {key}")  # GGUF arrays may not be empty in llama.cpp's writer
         self._kv[key] = KV(key, vtype, _coerce(vtype, value, sub, key), sub)
+
+    def set_as_read(self, key: str, vtype: ValueType, value: Any, sub: ValueType | None = None) -> None:
+        """Keep a value exactly as a reader found it (raw bytes, compact arrays, even an empty array):
+        a file read back is described, not re-validated as if it were about to be written."""
+        self._kv[key] = KV(key, vtype, value, sub)
+
+    def kv(self, key: str) -> KV | None:
+        return self._kv.get(key)
 
     def remove(self, key: str) -> None:
         self._kv.pop(key, None)
@@ -58,21 +66,12 @@ class Metadata:
         return list(self._kv)
 
 
-_ARRAY_ITEM = {ValueType.FLOAT32: float, ValueType.FLOAT64: float, ValueType.BOOL: bool}
-
-
-# integer GGUF types -> (lowest, highest) value they hold
-INT_RANGES: dict[ValueType, tuple[int, int]] = {
-    ValueType.UINT8: (0, (1 << 8) - 1), ValueType.INT8: (-(1 << 7), (1 << 7) - 1),
-    ValueType.UINT16: (0, (1 << 16) - 1), ValueType.INT16: (-(1 << 15), (1 << 15) - 1),
-    ValueType.UINT32: (0, (1 << 32) - 1), ValueType.INT32: (-(1 << 31), (1 << 31) - 1),
-    ValueType.UINT64: (0, (1 << 64) - 1), ValueType.INT64: (-(1 << 63), (1 << 63) - 1),
-}
+_PYTHON_TYPE = {FLOAT: float, BOOLEAN: bool, INT: int}  # ValueTypeInfo.kind -> the Python type of a value
 
 
 def _check_range(key: str, vtype: ValueType, values: Any) -> None:
     """Every integer must fit the type it is written as: refused here, before anything is written."""
-    lo, hi = INT_RANGES[vtype]
+    lo, hi = VALUE_TYPES[vtype].lowest, VALUE_TYPES[vtype].highest
     for v in values:
         if not lo <= v <= hi:
             raise DFlashError(f"{key} value {v} does not fit {vtype.name} ({lo} to {hi})")
@@ -83,11 +82,11 @@ def _coerce(vtype: ValueType, value: Any, sub: ValueType | None, key: str = "") 
         assert sub is not None
         if sub == ValueType.STRING:
             return list(value)
-        items = list(map(_ARRAY_ITEM.get(sub, int), value))
-        if sub in INT_RANGES:
+        items = list(map(_PYTHON_TYPE[VALUE_TYPES[sub].kind], value))
+        if sub in INT_TYPES:
             _check_range(key, sub, items)
         return items
-    if vtype in INT_RANGES:
+    if vtype in INT_TYPES:
         _check_range(key, vtype, [int(value)])
     if vtype in (ValueType.FLOAT32, ValueType.FLOAT64):
         return float(value)

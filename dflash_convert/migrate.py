@@ -5,7 +5,7 @@ copied byte for byte, streamed from the input (never loaded whole), through the 
 The tapped layer ids are the one value whose meaning differs between dialects: where the dialect
 documents its convention the offset is applied and said so; where the file cannot tell, migrate
 stops and asks for ``--target-layers-offset``. It never guesses, and it never writes over its
-input. The output is validated before migrate returns.
+input. The output is validated once, before it is renamed into place (``validate.gate``).
 """
 
 from __future__ import annotations
@@ -14,26 +14,28 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks.dialects import detect, layer_ids_key
-from .checks.report import Report
-from .checks.semantics import required_tensor_names, tensor_role
 from .drafter import DrafterTensor
 from .errors import DFlashError
-from .files import check_output_path, refuse_unless_valid
 from .format.dialects import DROP, UPSTREAM_ARCH, Dialect
-from .format.keys import GENERAL_PREFIX, KEYS, TOKENIZER_PREFIX, ValueType, key
+from .format.keys import GENERAL_PREFIX, I32_MAX, INT_TYPES, KEYS, TOKENIZER_PREFIX, U32_MAX, VALUE_TYPES, ValueType, key
 from .format.rules import FC_TENSOR, MAX_LAYERS
 from .format.tensors import LAYER_TEMPLATE, generic_name, gguf_to_hf, layer_of
 from .metadata import Metadata
+from .outputs import check_output_path
 from .pipeline import ChunkPipeline
 from .plan import plan_tensor
 from .sources.gguf import ALIGNMENT_KEY, GGUFFile, GGUFTensor, GGUFValue, read_gguf
-from .sources.gguf_drafter import INT_TYPES
-from .sources.zlab import I32_MAX, U32_MAX
+from .sources.target import read_target_gguf
+from .tokenizer.from_gguf import copy_tokenizer_keys
+from .validate.dialects import detect, layer_ids_key
+from .validate.gate import ValidationGate
+from .validate.report import Report
+from .validate.semantics import required_tensor_names, tensor_role
 from .write import write_gguf
 
 _INTS = INT_TYPES
-_INT_RANGE = {ValueType.UINT32: (0, (1 << 32) - 1), ValueType.INT32: (-(1 << 31), (1 << 31) - 1)}
+# the integer types upstream writes for a key (UINT32 scalars, INT32 arrays): a value converts losslessly when it fits
+_INT_RANGE = {t: (VALUE_TYPES[t].lowest, VALUE_TYPES[t].highest) for t in (ValueType.UINT32, ValueType.INT32)}
 # "{arch}.<suffix>" templates of KEYS, by suffix: generic hyper-parameters keep their suffix
 _ARCH_SUFFIXES = {t[len("{arch}."):]: short for short, (t, _, _) in KEYS.items() if t.startswith("{arch}.")}
 
@@ -186,9 +188,6 @@ def plan_migration(src: str | os.PathLike, *, target_layers_offset: int | None =
                       "dflash_config.mask_token_id)", path)
     mask = next(iter(masks.values()))
     if target_gguf is not None:
-        from .target import read_target_gguf
-        from .tokenizer.from_gguf import copy_tokenizer_keys
-
         tokenizer = Metadata()
         copy_tokenizer_keys(read_target_gguf(target_gguf), tokenizer)
         tokenizer.remove(key("mask_token_id"))
@@ -251,24 +250,33 @@ def _check_fc(g: GGUFFile, d: Dialect, hparams: Metadata, ids: list[int], seen: 
             raise _refuse(f"{g.architecture}.{suffix} = {v.value} but {len(ids)} taps of hidden {E} give {len(ids) * E}", path)
 
 
-def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> Path:
-    out = Path(out)
-    check_output_path(out, [plan.source, *([plan.target_gguf] if plan.target_gguf else [])], force=force)
+def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> tuple[Path, Report]:
+    """Write the migrated file (validated before it is renamed into place); returns it and its validate report."""
+    out = check_output_path(out, _inputs(plan.source, plan.target_gguf), force=force)
+    return _write(plan, out)
+
+
+def _inputs(src: str | os.PathLike, target_gguf: str | os.PathLike | None) -> list[str | os.PathLike]:
+    return [src, *([target_gguf] if target_gguf is not None else [])]
+
+
+def _write(plan: MigrationPlan, out: Path) -> tuple[Path, Report]:
     # the one streaming pipeline, with GGUF tensors as sources and bytes copied unchanged
     planned = [plan_tensor(DrafterTensor(new, gguf_to_hf(new) or new, t), t.ggml_type, copy=True) for t, new in plan.tensors]
+    gate = ValidationGate(out)
     with ChunkPipeline() as pipeline:
-        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False, verify=refuse_unless_valid(out))
-    return out
+        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False, verify=gate)
+    assert gate.report is not None
+    return out, gate.report
 
 
 def migrate(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, target_layers_offset: int | None = None,
             target_layers: list[int] | None = None, target_gguf: str | os.PathLike | None = None,
             mask_token_id: int | None = None) -> MigrationResult:
-    """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, then validate it."""
-    from .checks import validate
-
-    check_output_path(out, [src, *([target_gguf] if target_gguf is not None else [])], force=True)  # before reading
+    """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, validated once (by the
+    gate that refuses a failing file before it is renamed into place)."""
+    out = check_output_path(out, _inputs(src, target_gguf), force=force)  # before anything is read
     plan = plan_migration(src, target_layers_offset=target_layers_offset, target_layers=target_layers,
                           target_gguf=target_gguf, mask_token_id=mask_token_id)
-    written = write_migration(plan, out, force=force)
-    return MigrationResult(plan, written, validate(written))
+    written, report = _write(plan, out)
+    return MigrationResult(plan, written, report)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codecs import Encoder
 from .drafter import DrafterTensor
+from .encoders import Encoder
+from .files import FdCache
 from .format.ggml import GGMLType
-from .tensor_source import FdCache, n_rows, row_length
+from .tensor_source import n_rows, row_length
 from .write import OutTensor
 
 CHUNK_ELEMENTS = 1 << 20  # about 1M values per chunk: cache-friendly kernels, bounded memory

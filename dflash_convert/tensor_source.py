@@ -8,47 +8,18 @@ dimension: ggml's ne[0], the unit every ggml type is stored and quantized in.
 Readers provide the concrete sources (``sources/safetensors.py``, ``sources/gguf.py``); this
 module holds the ones that need no reader: computed arrays, and the value transforms
 (interleaved-to-NeoX rows, one replaced row). Transforms wrap a source, so every consumer
-(writer, validator, runner) reads the same values. Nothing here imports a reader.
+(writer, validator, runner) reads the same values. Nothing here imports a reader; the
+descriptors rows are read through come from ``files.FdCache``.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-
-class FdCache:
-    """One read-only descriptor per source file for a whole pass over a drafter."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()  # chunks of one file are read from several encoder threads
-
-    def get(self, path: os.PathLike | str) -> int:
-        key = os.fspath(path)
-        fd = self._fds.get(key)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(key)
-                if fd is None:
-                    from .files import open_regular  # a file swapped for a FIFO since it was indexed is refused
-
-                    fd = self._fds[key] = open_regular(key)
-        return fd
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-    def __enter__(self) -> FdCache:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+from .files import FdCache
 
 
 @runtime_checkable
@@ -170,31 +141,6 @@ def unwrap(source: TensorSource) -> TensorSource:
     while isinstance(source, (NeoxPermuted, RowOverride)):
         source = source.inner
     return source
-
-
-def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, offset: int) -> int:
-    """Fill ``buf`` from ``path`` at ``offset`` by positional reads; returns the bytes read (short at EOF).
-
-    Both tensor readers (safetensors, GGUF) read their rows through here: one descriptor from
-    ``fds`` when given, else a regular-file descriptor opened and closed for this read.
-    """
-    if fds is not None:
-        fd, own = fds.get(path), False
-    else:
-        from .files import open_regular
-
-        fd, own = open_regular(path), True
-    try:
-        got = 0
-        while got < buf.nbytes:
-            r = os.preadv(fd, [buf[got:]], offset + got)
-            if r <= 0:
-                break
-            got += r
-        return got
-    finally:
-        if own:
-            os.close(fd)
 
 
 def source_path(source: TensorSource) -> os.PathLike | None:

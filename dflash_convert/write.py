@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import signal
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,14 +22,8 @@ import numpy as np
 
 from .errors import DFlashError
 from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLType
-from .format.keys import ValueType
+from .format.keys import VALUE_TYPES, ValueType
 from .metadata import Metadata
-
-_SCALAR_FORMATS = {
-    ValueType.UINT8: "<B", ValueType.INT8: "<b", ValueType.UINT16: "<H", ValueType.INT16: "<h",
-    ValueType.UINT32: "<I", ValueType.INT32: "<i", ValueType.FLOAT32: "<f", ValueType.BOOL: "<?",
-    ValueType.UINT64: "<Q", ValueType.INT64: "<q", ValueType.FLOAT64: "<d",
-}
 
 
 @dataclass
@@ -60,9 +55,10 @@ def _value(vtype: ValueType, value: object, sub: ValueType | None) -> bytes:
         head = struct.pack("<IQ", int(sub), len(items))
         if sub == ValueType.STRING:
             return head + b"".join(_string(v) for v in items)
-        fmt = _SCALAR_FORMATS[sub]
+        fmt = VALUE_TYPES[sub].fmt
+        assert fmt is not None
         return head + struct.pack("<" + fmt[1] * len(items), *items)
-    return struct.pack(_SCALAR_FORMATS[vtype], value)
+    return struct.pack(VALUE_TYPES[vtype].fmt, value)  # type: ignore[arg-type]
 
 
 def serialize_header(md: Metadata, tensors: list[OutTensor]) -> tuple[bytes, dict[str, int]]:
@@ -175,8 +171,6 @@ FAULT_ENV = "DFLASH_CONVERT_FAULT"
 def fault_point(phase: str) -> None:
     spec = os.environ.get(FAULT_ENV)
     if spec and spec.partition(":")[0] == phase:
-        import signal
-
         os.kill(os.getpid(), getattr(signal, spec.partition(":")[2] or "SIGINT"))
 
 
@@ -198,7 +192,7 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
     total = sum(t.nbytes for t in tensors)
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # only a progress bar on a terminal needs it
 
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}", disable=None, leave=False)
     try:

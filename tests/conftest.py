@@ -41,7 +41,7 @@ def run_cli(*args: str | Path) -> subprocess.CompletedProcess:
 
 # --- every file the suite's conversions write must pass `dflash-convert validate` ------------------
 #
-# In-process conversions all write through dflash_convert.converter.write_gguf, which the session
+# In-process conversions all write through dflash_convert.conversion.write_gguf, which the session
 # fixture below wraps; command-line conversions go through run_cli above. Each output is validated
 # (drafter-side checks, no target) right after it is written; any failing check is collected and
 # the session fails at the end, naming the test and the file.
@@ -52,7 +52,7 @@ _CONVERSIONS_VALIDATED: list[Path] = []
 
 
 def _check_conversion_output(path: Path) -> None:
-    from dflash_convert.checks import validate
+    from dflash_convert.validate import validate
 
     report = validate(path)
     _CONVERSIONS_VALIDATED.append(path)
@@ -64,7 +64,7 @@ def _check_conversion_output(path: Path) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def validate_every_conversion_output():
-    from dflash_convert import converter
+    from dflash_convert import conversion as converter
 
     original = converter.write_gguf
 

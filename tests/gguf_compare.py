@@ -1,5 +1,5 @@
-"""The parity comparator lives in the package (dflash_convert.checks.compare); tests import it from here."""
+"""The parity comparator lives in the package (dflash_convert.validate.compare); tests import it from here."""
 
-from dflash_convert.checks.compare import differences
+from dflash_convert.validate.compare import differences
 
 __all__ = ["differences"]

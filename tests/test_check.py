@@ -34,15 +34,17 @@ from safetensors.torch import save_file
 from dflash_convert import convert
 from dflash_convert.check import SCHEMA, THRESHOLDS, CheckReport, check, compare, kl_mean, near_ties, precision_class
 from dflash_convert.errors import DFlashError, InputFileError
-from dflash_convert.format.keys import key
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
-from dflash_convert.runtime.diagnose import as_converted, hparam_differences, tensor_differences
+from dflash_convert.runtime.diagnose import hparam_differences, tensor_differences
 from dflash_convert.runtime.forward import ForwardResult
 from dflash_convert.runtime.reference import load_reference
 from dflash_convert.runtime.weights import LAYER_ROLES
+from dflash_convert.sources.checkpoint import read_checkpoint
+from dflash_convert.sources.dispatch import read_checkpoint_drafter
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.sources.gguf_drafter import drafter_from_gguf, read_drafter
+from dflash_convert.sources.target import read_target
 from dflash_convert.tensor_source import ArraySource
 from fixtures.drafters import make_zlab_drafter
 
@@ -165,7 +167,7 @@ def test_diagnosis_names_nothing_in_a_right_file(dense, qtype):
     root, src, tgt, f32 = dense
     out = root / f"diag-{qtype}.gguf"
     quantize(f32, out, qtype)
-    ckpt = as_converted(load_reference(src, tgt).drafter, src, tgt)
+    ckpt = read_checkpoint_drafter(read_checkpoint(src), read_target(tgt), keep_embeddings=True)
     d = read_drafter(out)
     assert hparam_differences(d, ckpt) == []
     assert tensor_differences(d, ckpt) == []
@@ -174,7 +176,7 @@ def test_diagnosis_names_nothing_in_a_right_file(dense, qtype):
 def test_diagnosis_reports_a_shape_and_a_scale(dense):
     """Edge cases of the tensor diagnosis: a vector scaled by 0.5, and a tensor of another shape."""
     root, src, tgt, f32 = dense
-    ckpt = load_reference(src, tgt).drafter
+    ckpt = load_reference(read_checkpoint(src), read_target(tgt)).drafter
     name = layer_name(0, LAYER_ROLES["q_norm"])
     t = get_tensor(read_parts(f32), name)
     halved = set_tensor(read_parts(f32), Tensor(t.name, t.ne, t.gtype,
@@ -238,30 +240,23 @@ def test_unreadable_inputs_raise_input_file_error(dense, tmp_path):
 # --- pieces --------------------------------------------------------------------------------------
 
 
-class _FileStub:
-    """The two things precision_class reads from a parsed file."""
-
-    def __init__(self, file_type: int | None) -> None:
-        self.path, self.file_type = "stub.gguf", file_type
-
-    def get(self, name: str) -> int | None:
-        assert name == key("file_type")
-        return self.file_type
-
-
 class _DrafterStub:
-    def __init__(self, *types: str) -> None:
+    """The two things precision_class reads from a drafter: its file type and its tensors' types."""
+
+    def __init__(self, file_type: int | None, *types: str) -> None:
+        self.origin = SimpleNamespace(file_type=file_type)
+        self.source = "stub.gguf"
         self.tensors = [SimpleNamespace(shape=(64, 64), dtype=t) for t in types] + [SimpleNamespace(shape=(64,), dtype="F32")]
 
 
 def test_precision_class_is_the_loosest_type():
-    assert precision_class(_FileStub(0), _DrafterStub("F32")) == ("F32", "F32")
-    assert precision_class(_FileStub(15), _DrafterStub("Q4_K", "Q6_K")) == ("Q4_K_M", "Q4")
-    assert precision_class(_FileStub(15), _DrafterStub("F32")) == ("Q4_K_M", "Q4")  # the label counts too
-    assert precision_class(_FileStub(7), _DrafterStub("Q8_0", "Q2_K")) == ("Q8_0", "Q2_K")  # a mix: its worst tensor
-    assert precision_class(_FileStub(None), _DrafterStub("F16")) == ("F16", "F16")
+    assert precision_class(_DrafterStub(0, "F32")) == ("F32", "F32")
+    assert precision_class(_DrafterStub(15, "Q4_K", "Q6_K")) == ("Q4_K_M", "Q4")
+    assert precision_class(_DrafterStub(15, "F32")) == ("Q4_K_M", "Q4")  # the label counts too
+    assert precision_class(_DrafterStub(7, "Q8_0", "Q2_K")) == ("Q8_0", "Q2_K")  # a mix: its worst tensor
+    assert precision_class(_DrafterStub(None, "F16")) == ("F16", "F16")
     with pytest.raises(InputFileError, match="no check thresholds"):
-        precision_class(_FileStub(None), _DrafterStub("TQ1_0"))
+        precision_class(_DrafterStub(None, "TQ1_0"))
     assert list(THRESHOLDS)[0] == "F32" and all(0 < t.top1_min <= 1.0 for t in THRESHOLDS.values())
     order = list(THRESHOLDS.values())
     assert all(a.hidden_max_rel <= b.hidden_max_rel and a.kl_max <= b.kl_max and a.top1_min >= b.top1_min

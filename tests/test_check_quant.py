@@ -19,8 +19,9 @@ from dflash_convert import convert
 from dflash_convert.check import check
 from dflash_convert.format.quant_types import FTYPES
 from dflash_convert.quantize import QUANT_TYPES, quantize
-from dflash_convert.runtime.diagnose import as_converted, tensor_differences
-from dflash_convert.runtime.reference import load_reference
+from dflash_convert.runtime.diagnose import tensor_differences
+from dflash_convert.sources.checkpoint import read_checkpoint
+from dflash_convert.sources.dispatch import read_checkpoint_drafter
 from dflash_convert.sources.gguf_drafter import read_drafter
 from fixtures.drafters import make_speculators_drafter
 from fixtures.targets import make_target_dir
@@ -48,7 +49,7 @@ def _check_type(src: Path, path: Path, qtype: str) -> None:
     assert rep.file_type == qtype
     assert rep.passed, f"{qtype}:\n{rep.render_text()}"
     # the diagnosis a failing check would print stays silent on a right file of any type
-    assert tensor_differences(d, as_converted(load_reference(src).drafter, src, None)) == []
+    assert tensor_differences(d, read_checkpoint_drafter(read_checkpoint(src), None, keep_embeddings=True)) == []
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)

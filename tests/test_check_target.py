@@ -39,7 +39,9 @@ from dflash_convert.runtime.capture import load_target_model, run_target
 from dflash_convert.runtime.forward import block_tokens, contiguous_positions, gather_features, run_gguf
 from dflash_convert.runtime.reference import load_reference, reference_features, reference_forward
 from dflash_convert.runtime.weights import LAYER_ROLES, load_weights
+from dflash_convert.sources.checkpoint import read_checkpoint
 from dflash_convert.sources.gguf_drafter import read_drafter
+from dflash_convert.sources.target import read_target
 from fixtures.drafters import make_zlab_drafter
 from fixtures.targets import make_target_dir
 
@@ -58,7 +60,7 @@ def world(tmp_path_factory):
     src = make_zlab_drafter(root / "draft", **QWEN35, target_layer_ids=TAPS, swa_layers=[True, False], sliding_window=64)
     out = root / "draft-f32.gguf"
     convert(src, target, outfile=out, outtype="f32")
-    model, layers = load_target_model(target)
+    model, layers = load_target_model(read_target(target))
     return root, target, src, out, model, layers
 
 
@@ -134,7 +136,7 @@ def speculative_decode(draft, model, layers, d, prompt: torch.Tensor, steps: int
 
 def _runner(gguf: Path, target: Path):
     d = read_drafter(gguf)
-    w = load_weights(d, target)
+    w = load_weights(d, read_target(target))
 
     def draft(streams, ids, pos):
         return run_gguf(d, w, gather_features(d, streams), ids, pos).tokens
@@ -142,7 +144,7 @@ def _runner(gguf: Path, target: Path):
 
 
 def _reference(src: Path, target: Path):
-    model = load_reference(src, target)
+    model = load_reference(read_checkpoint(src), read_target(target))
 
     def draft(streams, ids, pos):
         return reference_forward(model, reference_features(model, streams.double()), ids, pos, semantics="llama.cpp").tokens

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from dflash_convert.codecs import encoder
-from dflash_convert.codecs.floats import bf16_to_f16, widen_to_f32
-from dflash_convert.codecs.q8_0 import quantize_q8_0
+from dflash_convert.encoders import encoder
+from dflash_convert.encoders.floats import bf16_to_f16, widen_to_f32
+from dflash_convert.encoders.q8_0 import quantize_q8_0
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.write import _OutputFile
 

@@ -16,8 +16,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from dflash_convert.codecs import kquants
-from dflash_convert.codecs.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
+from dflash_convert.encoders import kquants
+from dflash_convert.encoders.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from dflash_convert.format.ggml import GGMLType
 
 QK_K = 256

@@ -15,8 +15,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from dflash_convert.codecs import kquants_low
-from dflash_convert.codecs.kquants_low import quantize_q2_k, quantize_q3_k
+from dflash_convert.encoders import kquants_low
+from dflash_convert.encoders.kquants_low import quantize_q2_k, quantize_q3_k
 
 QK_K = 256
 GGML_Q2_K, GGML_Q3_K = 10, 11

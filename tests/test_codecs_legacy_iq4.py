@@ -18,7 +18,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from dflash_convert.codecs import iq4, legacy
+from dflash_convert.encoders import iq4, legacy
 
 F = np.float32
 

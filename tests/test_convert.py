@@ -13,7 +13,7 @@ from conftest import run_cli
 from safetensors.torch import load_file
 
 from dflash_convert import convert, plan_conversion
-from dflash_convert.converter import write_plan
+from dflash_convert.conversion import write_plan
 from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.sources.gguf import read_gguf
 from fixtures.drafters import make_zlab_drafter

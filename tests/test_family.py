@@ -20,16 +20,16 @@ from conftest import run_cli
 from drafter_gguf import KV, Tensor, drafter_parts, drop_keys, drop_tensors, kv, set_key, set_tensor, tensor, write_parts
 
 from dflash_convert import convert, plan_conversion
-from dflash_convert.checks import validate
-from dflash_convert.converter import write_plan
+from dflash_convert.conversion import write_plan
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.keys import ValueType, key
 from dflash_convert.format.quant_types import choose_quant_types
-from dflash_convert.inspect import member_line, pairing_hint
+from dflash_convert.inspect_gguf import member_line, pairing_hint
 from dflash_convert.quantize import quantize
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.sources.gguf_drafter import describe, read_drafter
+from dflash_convert.validate import validate
 from fixtures.drafters import edit_config
 from fixtures.family import (
     make_deepseek_v4_dspark,
@@ -246,13 +246,13 @@ def test_quantize_and_inspect_family_files(built, gemma4_target, tmp_path):
     assert t["blk.0.attn_conv_base"] == "F32" and t["selector_predecessor.weight"] == "Q5_0"
     assert validate(plan.output).exit_code == 0
     assert read_drafter(plan.output).hparams() == read_drafter(src).hparams()
-    g = read_gguf(src)
+    g = read_drafter(src)
     assert member_line(g).startswith("drafter: DFlash2 (llama.cpp runs it as --spec-type draft-dflash")
     assert "--spec-type draft-dflash --spec-draft-n-max 7" in pairing_hint(g)
-    ds = read_gguf(convert(get("dspark"), gemma4_target, outfile=tmp_path / "ds.gguf").output)
+    ds = read_drafter(convert(get("dspark"), gemma4_target, outfile=tmp_path / "ds.gguf").output)
     assert member_line(ds).startswith("drafter: DSpark (llama.cpp runs it as --spec-type draft-dspark: markov_w1.weight")
     assert "--spec-type draft-dspark --spec-draft-n-max 16" in pairing_hint(ds)  # samples from the anchor: every slot
-    r = run_cli("inspect", ds.path)
+    r = run_cli("inspect", ds.origin.path)
     assert r.returncode == 0 and "drafter: DSpark" in r.stdout and "--spec-type draft-dspark" in r.stdout
 
 

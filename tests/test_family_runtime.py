@@ -36,10 +36,10 @@ from test_runtime import (  # noqa: F401  (spec_tool and target are fixtures)
 )
 
 from dflash_convert import convert
-from dflash_convert.checks import validate
 from dflash_convert.format.family import draft_tokens_per_block, member_of
 from dflash_convert.quantize import quantize
 from dflash_convert.sources.gguf import read_gguf
+from dflash_convert.validate import validate
 from fixtures.family import make_dflash2_drafter, make_dspark_drafter, make_gemma4_dspark_drafter, make_speculators_dspark
 from fixtures.targets import make_target_dir
 

@@ -25,11 +25,11 @@ from gguf_bytes import BOOL, F32, F64, I64, STRING, T_F16, T_F32, T_Q8_0, U8, U3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dflash_convert.checks import validate
 from dflash_convert.errors import InputFileError
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.metadata import Metadata
 from dflash_convert.sources.gguf import read_gguf
+from dflash_convert.validate import validate
 from dflash_convert.write import OutTensor, write_gguf
 
 EXAMPLES_PER_BASE = 5000  # two bases: 10,000 mutated files in all

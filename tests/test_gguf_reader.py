@@ -28,11 +28,11 @@ from gguf_bytes import (
     tinfo,
 )
 
-from dflash_convert.checks import validate
 from dflash_convert.errors import InputFileError
 from dflash_convert.format.keys import ValueType
 from dflash_convert.metadata import Metadata
 from dflash_convert.sources.gguf import NumArray, read_gguf
+from dflash_convert.validate import validate
 from dflash_convert.write import OutTensor, write_gguf
 
 ARCH = kv_str("general.architecture", "dflash")

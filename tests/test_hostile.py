@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash_convert import convert
-from dflash_convert.checks import validate
 from dflash_convert.errors import DFlashError
+from dflash_convert.validate import validate
 from fixtures.drafters import edit_config, make_zlab_drafter
 
 TIMEOUT = 60  # a command blocked on a FIFO would hang: the timeout turns that into a failure

@@ -13,11 +13,11 @@ import pytest
 from conftest import run_cli
 from drafter_gguf import KV, Parts, drafter_parts, drop_keys, get_key, read_parts, set_tensor, tensor, write_parts
 
-from dflash_convert.checks import validate
 from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.keys import ValueType
 from dflash_convert.migrate import migrate
 from dflash_convert.sources.gguf import read_gguf
+from dflash_convert.validate import validate
 
 U32, I32, BOOL, ARR, STR = ValueType.UINT32, ValueType.INT32, ValueType.BOOL, ValueType.ARRAY, ValueType.STRING
 IDS = [1, 3]  # upstream target_layers of drafter_parts(); checkpoint ids are [0, 2]

@@ -2,8 +2,10 @@
 
 Every string literal outside format/ (plain strings and the literal parts of f-strings) is
 checked against the format tables: a full GGUF key ("dflash.target_layers", "tokenizer.ggml.tokens",
-"general.architecture", ...) or a dotted GGUF tensor name ("token_embd.weight", "blk.0.attn_q.weight")
-may not appear anywhere in it, and a bare tensor name ("d2t") may not be the whole literal. Code
+"general.architecture", ...), a dotted GGUF tensor name ("token_embd.weight", "blk.0.attn_q.weight")
+or a dotted Hugging Face tensor name ("self_attn.q_proj.weight", "model.embed_tokens.weight") may
+not appear anywhere in it, and a bare tensor name ("d2t"), the architecture name ("dflash"), the BPE
+tokenizer model ("gpt2") or a key prefix ("dflash.", "split.") may not be the whole literal. Code
 asks the tables (``key("target_layers")``, ``format.rules.OUTPUT_TENSOR``) instead.
 """
 
@@ -13,9 +15,27 @@ import ast
 import re
 from pathlib import Path
 
-from dflash_convert.format.keys import ADD_SPECIAL_TOKEN_KEYS, ARCH, KEYS, SPECIAL_TOKEN_ID_KEYS, key
+from dflash_convert.format.keys import (
+    ADD_SPECIAL_TOKEN_KEYS,
+    ARCH,
+    ARCH_PREFIX,
+    KEYS,
+    SPECIAL_TOKEN_ID_KEYS,
+    SPLIT_PREFIX,
+    TOKENIZER_MODEL_BPE,
+    key,
+)
 from dflash_convert.format.rules import HEAD_GLOBAL, HEAD_PER_LAYER, OPTIONAL_GLOBAL, OPTIONAL_PER_LAYER
-from dflash_convert.format.tensors import GLOBAL_TENSORS, LAYER_TENSORS, REQUIRED_GLOBAL, REQUIRED_PER_LAYER
+from dflash_convert.format.tensors import (
+    FAMILY_GLOBAL_TENSORS,
+    FAMILY_LAYER_TENSORS,
+    GEMMA4_LAYER_TENSORS,
+    GLOBAL_TENSORS,
+    LAYER_TENSORS,
+    REQUIRED_GLOBAL,
+    REQUIRED_PER_LAYER,
+    TARGET_WEIGHT_NAMES,
+)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dflash_convert"
 FORMAT = PACKAGE / "format"
@@ -25,6 +45,10 @@ GGUF_TENSORS = (set(GLOBAL_TENSORS.values()) | set(REQUIRED_GLOBAL) | set(OPTION
                 | set(LAYER_TENSORS.values()) | set(REQUIRED_PER_LAYER) | set(OPTIONAL_PER_LAYER) | set(HEAD_PER_LAYER))
 DOTTED = {n for n in GGUF_TENSORS if "." in n}
 BARE = GGUF_TENSORS - DOTTED
+HF_TENSORS = (set(GLOBAL_TENSORS) | set(LAYER_TENSORS) | set(FAMILY_GLOBAL_TENSORS) | set(FAMILY_LAYER_TENSORS)
+              | set(GEMMA4_LAYER_TENSORS) | {n for names in TARGET_WEIGHT_NAMES.values() for n in names})
+DOTTED_HF = {n for n in HF_TENSORS if "." in n} - DOTTED  # the GGUF spelling of fc.weight is the HF one
+WHOLE = {ARCH, ARCH_PREFIX, TOKENIZER_MODEL_BPE, SPLIT_PREFIX}  # literals that are a fact of the format by themselves
 # a key written out by hand: "<arch or tokenizer or general>.<something>"
 KEY_SHAPE = re.compile(rf"(?<![\w.])(?:{ARCH}|tokenizer|general)\.[a-z_]+(?:\.[a-z_]+)*\b")
 LAYER_NAME = re.compile(r"\bblk\.(?:\d+|\{[^}]*\})\.")
@@ -63,7 +87,10 @@ def offending(text: str) -> str | None:
         return LAYER_NAME.search(text).group(0)
     if text.startswith("blk.") or text == "blk":  # the literal head of an f-string f"blk.{i}.{suffix}"
         return "blk."
-    if text in BARE:
+    for n in DOTTED_HF:  # HF names follow a prefix ("layers.3.", "model."), so a dot may precede them
+        if re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text):
+            return n
+    if text in BARE or text in WHOLE:
         return text
     return None
 
@@ -97,3 +124,7 @@ def test_the_scan_finds_literals():
     assert offending("d2t") == "d2t"
     assert offending("d2t has shape [3]") is None  # prose about the HF d2t tensor
     assert offending("tokenizer.json") is None and offending("config.json") is None
+    assert offending("dflash") == "dflash" and offending("gpt2") == "gpt2" and offending("split.") == "split."
+    assert offending("dflash-convert") is None  # the tool's name is not the architecture
+    assert offending("layers.0.self_attn.q_proj.weight") == "self_attn.q_proj.weight"
+    assert offending("model.embed_tokens.weight") is not None

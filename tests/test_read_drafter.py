@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dflash_convert import plan_conversion
-from dflash_convert.converter import write_plan
+from dflash_convert.conversion import write_plan
 from dflash_convert.errors import InputFileError
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.sources.gguf_drafter import describe, drafter_from_gguf, read_drafter

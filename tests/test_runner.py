@@ -53,8 +53,10 @@ from dflash_convert.runtime.reference import (
     reference_forward,
 )
 from dflash_convert.runtime.weights import LAYER_ROLES, DrafterWeights, load_weights, target_weights
+from dflash_convert.sources.checkpoint import read_checkpoint
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.sources.gguf_drafter import drafter_from_gguf
+from dflash_convert.sources.target import read_target
 from fixtures.drafters import add_tensors, make_speculators_drafter, make_zlab_drafter, write_mask_embedding
 
 F32_TOL = 1e-4  # run_gguf (float32) vs the float64 reference on an F32 file; measured ~1e-6
@@ -170,7 +172,8 @@ def world(tmp_path_factory, qwen3_target, qwen35_target):
             g = torch.Generator().manual_seed(11)
             states = torch.randn(TARGET_LAYERS + 1, CTX, d.hidden_size, generator=g)
             ids = block_tokens(d, anchor=1234)
-            cases[name] = Case(name, src, tgt, out, d, load_weights(d, tgt, gguf=parsed), load_reference(src, tgt), states, ids,
+            cases[name] = Case(name, src, tgt, out, d, load_weights(d, read_target(tgt)),
+                               load_reference(read_checkpoint(src), read_target(tgt)), states, ids,
                                contiguous_positions(CTX, len(ids), start))
         return cases[name]
 
@@ -188,7 +191,7 @@ def rerun(case: Case, path: Path) -> tuple[Drafter, ForwardResult]:
     """The case's inputs through another GGUF file: features gathered by that file's own target_layers."""
     g = read_gguf(path)
     d = drafter_from_gguf(g)
-    return d, run_gguf(d, load_weights(d, case.target, gguf=g), gather_features(d, case.states), case.ids, case.pos)
+    return d, run_gguf(d, load_weights(d, read_target(case.target)), gather_features(d, case.states), case.ids, case.pos)
 
 
 # --- the GGUF computes what the checkpoint computes ----------------------------------------------
@@ -223,7 +226,7 @@ def test_cases_exercise_what_they_claim(world):
     assert m.weights.embed_from == "drafter" and m.ref.mask_row is not None
     mask = torch.tensor([m.drafter.mask_token_id])
     assert torch.allclose(m.weights.embed.rows(mask)[0].double(), m.ref.mask_row)
-    assert not torch.allclose(m.weights.embed.rows(mask)[0], target_weights(m.target)[0].rows(mask)[0])
+    assert not torch.allclose(m.weights.embed.rows(mask)[0], target_weights(read_target(m.target))[0].rows(mask)[0])
 
 
 @pytest.mark.parametrize("qtype,rel_tol", [("F16", 2e-3), ("Q8_0", 3e-2)])
@@ -338,13 +341,13 @@ def test_llama_cpp_default_numerics_are_small_perturbations(world):
 def test_embedding_and_head_from_target_gguf_equal_target_dir(world, tmp_path):
     """A target GGUF supplies only token_embd/output: build one by hand and compare with the directory's."""
     case = world[0]("dense")
-    emb, head = target_weights(case.target)
+    emb, head = target_weights(read_target(case.target))
     e = emb.full().numpy()
     parts = ([kv("architecture", "qwen3"), kv("tok_tokens", [f"t{i}" for i in range(e.shape[0])]),
               KV(full_key("embedding_length", "qwen3"), ValueType.UINT32, e.shape[1])],
              [Tensor(EMBEDDING_TENSOR, (e.shape[1], e.shape[0]), GGMLType.F32, e.astype("<f4").tobytes())])
     path = write_parts(tmp_path / "target.gguf", parts)
-    got = run_gguf(case.drafter, load_weights(case.drafter, path), case.feats, case.ids, case.pos)
+    got = run_gguf(case.drafter, load_weights(case.drafter, read_target(path)), case.feats, case.ids, case.pos)
     assert max_err(got.logits, case.run().logits) == 0.0  # tied head: the qwen3 fixture ties too
     assert torch.equal(head.full(), emb.full())
 
@@ -378,11 +381,11 @@ def test_bad_inputs_are_refused(world):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu(world):
     case = world[0]("hybrid_swa")
-    w = load_weights(case.drafter, case.target, device="cuda")
+    w = load_weights(case.drafter, read_target(case.target), device="cuda")
     got = run_gguf(case.drafter, w, case.feats, case.ids, case.pos)
     assert got.logits.is_cuda
     assert max_err(got.logits.cpu(), case.run().logits) < F32_TOL
-    ref = reference_forward(load_reference(case.src, case.target, device="cuda"), case.feats, case.ids, case.pos)
+    ref = reference_forward(load_reference(read_checkpoint(case.src), read_target(case.target), device="cuda"), case.feats, case.ids, case.pos)
     assert max_err(ref.logits.cpu(), case.reference().logits) < 1e-9
 
 
@@ -543,7 +546,7 @@ def test_cpu_matmul_rounding_matches_libllama_on_q8_0(world, probe):
     quantize(_self_contained(case, root), path, "Q8_0")
     g = read_gguf(path)
     d = drafter_from_gguf(g)
-    w = load_weights(d, gguf=g)
+    w = load_weights(d)
     exact, plain = [], []
     for seed in range(3):
         states = torch.randn(case.states.shape, generator=torch.Generator().manual_seed(100 + seed))

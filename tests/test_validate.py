@@ -33,10 +33,10 @@ from drafter_gguf import (
 )
 
 from dflash_convert import convert
-from dflash_convert.checks import validate
-from dflash_convert.checks.report import SCHEMA_FILE, SCHEMA_ID
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.keys import ValueType, key
+from dflash_convert.validate import validate
+from dflash_convert.validate.report import SCHEMA_FILE, SCHEMA_ID
 from fixtures.drafters import make_zlab_drafter
 
 F32, I32, U32, ARR = ValueType.FLOAT32, ValueType.INT32, ValueType.UINT32, ValueType.ARRAY

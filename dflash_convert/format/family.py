@@ -19,6 +19,7 @@ from .tensors import FAMILY_GLOBAL_TENSORS, FAMILY_LAYER_TENSORS
 
 # --- architecture names (config.json "architectures") -------------------------------------------
 
+ZLAB_ARCHITECTURES: tuple[str, ...] = ("DFlashDraftModel",)  # classic DFlash, z-lab's layout
 DFLASH2_ARCHITECTURES: tuple[str, ...] = ("DFlash2DraftModel",)
 # DFlash lineage DSpark (and the speculators export, DSparkSpeculator): upstream's DSparkModel
 DSPARK_ARCHITECTURES: tuple[str, ...] = (
@@ -30,7 +31,8 @@ DSV4_DSPARK_ARCHITECTURES: tuple[str, ...] = ("DeepseekV4DSparkModel", "Deepseek
 DSV4_ROUTE = ("the DeepSeek-V4 DSpark backbone (hyper-connections, MLA attention, MoE stages) is out of scope for "
               "dflash-convert: convert the DeepSeek-V4 checkpoint (DeepseekV4ForCausalLM) with llama.cpp's "
               "convert_hf_to_gguf.py --dspark, which exports only its DSpark draft tensors")
-# speculators_model_type of a speculators DSpark export
+# speculators_model_type of a speculators DFlash and of a speculators DSpark export
+SPECULATORS_DFLASH = "dflash"
 SPECULATORS_DSPARK = "dspark"
 # the only Markov head llama.cpp 0c1e57098 runs (speculators also trains "gated" and "rnn")
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla",)

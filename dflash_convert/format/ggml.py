@@ -107,23 +107,6 @@ def tensor_nbytes(ggml_type: GGMLType, ne: tuple[int, ...]) -> int:
     return n // block * size
 
 
-class FileType(IntEnum):
-    """general.file_type values (llama.h LLAMA_FTYPE_*) for the output types we write."""
-
-    ALL_F32 = 0
-    MOSTLY_F16 = 1
-    MOSTLY_Q8_0 = 7
-    MOSTLY_BF16 = 32
-
-
-# --outtype name -> (file type, ggml type of the large matrices)
-OUTTYPES: dict[str, tuple[FileType, GGMLType]] = {
-    "f32": (FileType.ALL_F32, GGMLType.F32),
-    "f16": (FileType.MOSTLY_F16, GGMLType.F16),
-    "bf16": (FileType.MOSTLY_BF16, GGMLType.BF16),
-    "q8_0": (FileType.MOSTLY_Q8_0, GGMLType.Q8_0),
-}
-
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
 GGUF_DEFAULT_ALIGNMENT = 32

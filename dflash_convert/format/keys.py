@@ -7,6 +7,8 @@ bools, so we do the same. ``{arch}`` is the architecture name, ``dflash``.
 
 from __future__ import annotations
 
+import struct
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -28,9 +30,51 @@ class ValueType(IntEnum):
     FLOAT64 = 12
 
 
+INT, FLOAT, BOOLEAN, TEXT, LIST = "int", "float", "bool", "string", "array"  # ValueTypeInfo.kind
+
+
+@dataclass(frozen=True)
+class ValueTypeInfo:
+    """How one GGUF value type is stored: read by the GGUF reader, the writer, Metadata and migrate."""
+
+    kind: str  # INT, FLOAT, BOOLEAN, TEXT or LIST
+    fmt: str | None = None  # struct format of one value, little-endian (None: variable length)
+    numpy: str | None = None  # numpy dtype of one array element
+    lowest: int | None = None  # integer range
+    highest: int | None = None
+
+    @property
+    def size(self) -> int:
+        return struct.calcsize(self.fmt) if self.fmt else 0
+
+
+def _int(fmt: str, np_dtype: str, bits: int, signed: bool) -> ValueTypeInfo:
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    return ValueTypeInfo(INT, fmt, np_dtype, lo, hi)
+
+
+# gguf.h: every value type, its encoding and range
+VALUE_TYPES: dict[ValueType, ValueTypeInfo] = {
+    ValueType.UINT8: _int("<B", "<u1", 8, False), ValueType.INT8: _int("<b", "<i1", 8, True),
+    ValueType.UINT16: _int("<H", "<u2", 16, False), ValueType.INT16: _int("<h", "<i2", 16, True),
+    ValueType.UINT32: _int("<I", "<u4", 32, False), ValueType.INT32: _int("<i", "<i4", 32, True),
+    ValueType.UINT64: _int("<Q", "<u8", 64, False), ValueType.INT64: _int("<q", "<i8", 64, True),
+    ValueType.FLOAT32: ValueTypeInfo(FLOAT, "<f", "<f4"), ValueType.FLOAT64: ValueTypeInfo(FLOAT, "<d", "<f8"),
+    ValueType.BOOL: ValueTypeInfo(BOOLEAN, "<B", "<u1", 0, 1),  # one byte, 0 or 1
+    ValueType.STRING: ValueTypeInfo(TEXT), ValueType.ARRAY: ValueTypeInfo(LIST),
+}
+INT_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == INT)
+FLOAT_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == FLOAT)
+SCALAR_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.fmt is not None)
+U32_MAX = VALUE_TYPES[ValueType.UINT32].highest
+I32_MAX = VALUE_TYPES[ValueType.INT32].highest
+
 ARCH = "dflash"
+ARCH_PREFIX = ARCH + "."  # every architecture key of a drafter: "{arch}.<suffix>"
 TOKENIZER_PREFIX = "tokenizer."  # every key of the vocabulary a drafter borrows from its target
 GENERAL_PREFIX = "general."  # free for the writer: provenance, names; never compared for parity
+SPLIT_PREFIX = "split."  # shard bookkeeping of split GGUFs; llama-quantize drops these keys
+TOKENIZER_MODEL_BPE = "gpt2"  # tokenizer.ggml.model of byte-level BPE vocabularies (needs merges)
 
 U32, I32, F32, BOOL, STR = ValueType.UINT32, ValueType.INT32, ValueType.FLOAT32, ValueType.BOOL, ValueType.STRING
 

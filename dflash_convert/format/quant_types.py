@@ -38,39 +38,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .file_types import FILE_TYPES, FTYPE_ALIASES
 from .ggml import BLOCK_GEOMETRY, GGMLType
 from .rules import QUANTIZE_FALLBACK as FALLBACK
 from .rules import QUANTIZE_LAST_RESORT as LAST_RESORT_TYPE
 
 # --- file types --------------------------------------------------------------------------------
 
-# name a user types (tools/quantize/quantize.cpp, matched case-insensitively) ->
-# (LLAMA_FTYPE_* value from include/llama.h = general.file_type, default ggml type of the
-# quantizable tensors from llama_ftype_get_default_type)
-FTYPES: dict[str, tuple[int, GGMLType]] = {
-    "F32": (0, GGMLType.F32),
-    "F16": (1, GGMLType.F16),
-    "Q4_0": (2, GGMLType.Q4_0),
-    "Q4_1": (3, GGMLType.Q4_1),
-    "Q8_0": (7, GGMLType.Q8_0),
-    "Q5_0": (8, GGMLType.Q5_0),
-    "Q5_1": (9, GGMLType.Q5_1),
-    "Q2_K": (10, GGMLType.Q2_K),
-    "Q3_K_S": (11, GGMLType.Q3_K),
-    "Q3_K_M": (12, GGMLType.Q3_K),
-    "Q3_K_L": (13, GGMLType.Q3_K),
-    "Q4_K_S": (14, GGMLType.Q4_K),
-    "Q4_K_M": (15, GGMLType.Q4_K),
-    "Q5_K_S": (16, GGMLType.Q5_K),
-    "Q5_K_M": (17, GGMLType.Q5_K),
-    "Q6_K": (18, GGMLType.Q6_K),
-    "IQ4_NL": (25, GGMLType.IQ4_NL),
-    "IQ4_XS": (30, GGMLType.IQ4_XS),
-    "BF16": (32, GGMLType.BF16),
-}
-
-# quantize.cpp's aliases: the bare K names mean the _M mix
-FTYPE_ALIASES: dict[str, str] = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+# name -> (general.file_type, default ggml type of the quantizable tensors): a view of file_types.FILE_TYPES
+FTYPES: dict[str, tuple[int, GGMLType]] = {name: (ft.value, ft.matrix_type) for name, ft in FILE_TYPES.items()}
 
 # default types that are plain floats (ggml_is_quantized is false): no mixes, no fallback
 FLOAT_TYPES: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})

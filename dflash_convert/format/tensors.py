@@ -74,6 +74,33 @@ GEMMA4_LAYER_TENSORS: dict[str, str] = {
 # Gemma-4 DSpark checkpoints spell the confidence head this way; upstream renames it first
 GEMMA4_RENAMED_PREFIXES: dict[str, str] = {"confidence_proj.": "confidence_head.proj."}
 # the generated proportional-RoPE factor table of Gemma-4 DSpark (one entry per rotary pair)
+# the parts of a classic DFlash layer by the role the runner and the reference give them -> HF
+# per-layer suffix (its GGUF suffix is LAYER_TENSORS[suffix]); the sinks are found by SINK_HF
+LAYER_ROLES_HF: dict[str, str] = {
+    "attn_norm": "input_layernorm.weight",
+    "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "ffn_norm": "post_attention_layernorm.weight",
+    "gate": "mlp.gate_proj.weight",
+    "up": "mlp.up_proj.weight",
+    "down": "mlp.down_proj.weight",
+}
+SINK_HF: tuple[str, ...] = tuple(hf for hf, gg in LAYER_TENSORS.items() if gg == LAYER_TENSORS["self_attn.sinks"])
+HIDDEN_NORM_HF = "hidden_norm.weight"  # the norm after fc (GGUF enc.output_norm)
+OUTPUT_NORM_HF = "norm.weight"  # the final norm (GGUF output_norm)
+assert all(v in LAYER_TENSORS for v in LAYER_ROLES_HF.values()) and {HIDDEN_NORM_HF, OUTPUT_NORM_HF} <= set(GLOBAL_TENSORS)
+
+# where a target checkpoint keeps its token embedding and output head (first found wins)
+TARGET_WEIGHT_NAMES: dict[str, tuple[str, ...]] = {
+    "embed": ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight",
+              "language_model.model.embed_tokens.weight"),
+    "head": ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight"),
+}
+
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 
 # per-layer tensors whose rows are permuted from interleaved (GPT-J) to NeoX rotary layout

@@ -18,12 +18,12 @@ is refused (``trust_remote_code=False``) and only safetensors weights are read
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from ..errors import DFlashError, InputFileError
+from ..target import Target
 
 
 def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch.nn.ModuleList:
@@ -39,12 +39,12 @@ def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch
     return found[0]
 
 
-def load_target_model(target_dir: str | os.PathLike, device: torch.device | str = "cpu",
+def load_target_model(target: Target, device: torch.device | str = "cpu",
                       dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
     """(model, decoder layers) of a Hugging Face target directory, with transformers' own class."""
-    where = Path(target_dir)
+    where = Path(target.source)
     try:
-        import transformers
+        import transformers  # optional, and heavy: only capturing target features needs it
     except ImportError:
         raise DFlashError("capturing target features needs transformers: pip install 'dflash-convert[capture]'") from None
     # the one-line error contract: no progress bars or fallback-kernel notices from transformers
@@ -118,10 +118,10 @@ def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList,
     return torch.stack([s for s in streams if s is not None]), out.logits[0].detach().float()
 
 
-def capture_layer_inputs(target_dir: str | os.PathLike, token_ids: torch.Tensor, *, device: torch.device | str = "cpu",
+def capture_layer_inputs(target: Target, token_ids: torch.Tensor, *, device: torch.device | str = "cpu",
                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Load the target, run it over ``token_ids`` and return its layer inputs (see ``run_target``)."""
-    model, layers = load_target_model(target_dir, device, dtype)
+    model, layers = load_target_model(target, device, dtype)
     return run_target(model, layers, token_ids)[0]
 
 

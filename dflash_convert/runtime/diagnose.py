@@ -8,25 +8,28 @@ matrices, a scaled norm. Two readings of the same drafter are compared:
   (``read_drafter``) and read from the checkpoint's config (the converter's reader). Floats are
   compared as the float32 the GGUF stores. Any difference is a defect of the file.
 * ``tensor_differences``: every tensor the two share by GGUF name (the checkpoint's side as
-  convert writes it, ``as_converted``: d2t as absolute ids, a mask row in place), decoded to float32, as a
-  relative RMS error ||file - checkpoint|| / ||checkpoint||, against what the file's storage type
-  can cost (``WEIGHT_REL_RMS``). A tensor beyond that is named, and when it instead matches
-  another checkpoint tensor of its shape, that one is named too (a swap). Runs in row chunks, one
-  tensor at a time, so memory stays at one tensor's worth.
+  convert writes it, ``sources.dispatch.read_checkpoint_drafter``: d2t as absolute ids, a mask row in
+  place), as a relative RMS error ||file - checkpoint|| / ||checkpoint||, against what the file's
+  storage type can cost (``WEIGHT_REL_RMS``). A tensor beyond that is named, and when it instead
+  matches another checkpoint tensor of its shape, that one is named too (a swap). The values are the
+  ones the runner and the reference already decoded (``decoded_by_name``, ``decoded_from_checkpoint``):
+  no weight is decoded twice. What neither holds is decoded here in row chunks, one tensor at a time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..drafter import Drafter, DrafterTensor
-from ..target import Target, read_target
+from ..format.tensors import strip_model_prefix
+from ..sources.safetensors import TensorRef
+from ..tensor_source import NeoxPermuted, RowOverride, TensorSource
 from .weights import source_values
 
 # fields of Drafter that change what the forward computes (origin, context length, key positions
@@ -46,6 +49,10 @@ WEIGHT_REL_RMS: dict[str, float] = {
     "IQ4_NL": 0.1, "IQ4_XS": 0.1, "Q3_K": 0.25, "Q2_K": 0.5,
 }
 CHUNK_ELEMENTS = 1 << 22
+
+# a tensor's values already decoded by whoever ran it (the runner's weights, the reference's tensors),
+# or None: then they are decoded here, in row chunks
+Decoded = Callable[[DrafterTensor], "torch.Tensor | None"]
 
 
 def _as_f32(v: Any) -> Any:
@@ -71,48 +78,88 @@ def hparam_differences(file: Drafter, checkpoint: Drafter) -> list[str]:
     return out
 
 
-def as_converted(checkpoint: Drafter, checkpoint_dir: str | os.PathLike, target: Target | str | os.PathLike | None) -> Drafter:
-    """The checkpoint's Drafter with its vocabulary part finalized as convert writes it (d2t offsets
-    -> absolute ids, a mask-embedding row in place), on copies: ``checkpoint`` is left as it was."""
-    from ..sources.checkpoint import read_checkpoint
-    from ..sources.vocabulary import resolve_vocabulary
+def decoded_by_name(values: Mapping[str, torch.Tensor]) -> Decoded:
+    """A file's tensors as the runner decoded them (``DrafterWeights.decoded``), by GGUF name."""
+    return lambda t: values.get(t.gguf_name)
 
-    d = dataclasses.replace(checkpoint, tensors=[dataclasses.replace(t) for t in checkpoint.tensors])
-    tgt = target if target is None or isinstance(target, Target) else read_target(target)
-    resolve_vocabulary(d, read_checkpoint(checkpoint_dir), tgt, keep_embeddings=True)
-    return d
+
+def decoded_from_checkpoint(tensors: Mapping[str, torch.Tensor], files: list[Path]) -> Decoded:
+    """A checkpoint tensor as the reference read it (HF name, ``model.`` stripped), with the transforms
+    the converter applies (interleaved-to-NeoX rows) applied in torch; None for anything else (a target
+    tensor, a replaced mask row, computed ids), which is then decoded from its source."""
+    own = {Path(p).resolve() for p in files}
+
+    def values(t: DrafterTensor) -> torch.Tensor | None:
+        src: TensorSource = t.source
+        permute: list[int] = []
+        while isinstance(src, (NeoxPermuted, RowOverride)):
+            if isinstance(src, RowOverride):
+                return None
+            permute.append(src.head_dim)
+            src = src.inner
+        if not isinstance(src, TensorRef) or src.path is None or Path(src.path).resolve() not in own:
+            return None
+        v = tensors.get(strip_model_prefix(src.name))
+        if v is None or tuple(v.shape) != tuple(t.shape):
+            return None
+        for head_dim in permute:
+            v = _neox_rows(v, head_dim)
+        return v
+
+    return values
+
+
+def _neox_rows(v: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """tensor_source.NeoxPermuted on decoded values: within each head, even rows first, then odd."""
+    row = v.shape[-1] if v.dim() > 1 else 1
+    return v.reshape(-1, head_dim // 2, 2, row).transpose(1, 2).reshape(v.shape)
 
 
 def _rows(t: DrafterTensor) -> int:
     return int(t.shape[0]) if t.shape else 1
 
 
-def _sq_sums(x: DrafterTensor, y: DrafterTensor, device: torch.device) -> tuple[float, float]:
-    """(sum (x - y)^2, sum y^2) over all elements, in float64, read in row chunks."""
-    n = _rows(x)
+def _chunks(t: DrafterTensor, full: torch.Tensor | None, device: torch.device, step: int) -> Iterator[torch.Tensor]:
+    """The tensor's values as float64 row chunks: from the decoded tensor when there is one, else read."""
+    n = _rows(t)
+    if len(t.shape) <= 1:
+        yield (full if full is not None else source_values(t.source, device, torch.float32)).to(torch.float64)
+        return
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        part = full[a:b] if full is not None else source_values(t.source, device, torch.float32, rows=(a, b))
+        yield part.to(device, torch.float64)
+
+
+def _sq_sums(x: DrafterTensor, y: DrafterTensor, device: torch.device, xv: torch.Tensor | None,
+             yv: torch.Tensor | None) -> tuple[float, float]:
+    """(sum (x - y)^2, sum y^2) over all elements, in float64, in row chunks."""
     width = max(1, math.prod(x.shape[1:]))
     step = max(1, CHUNK_ELEMENTS // width)
     diff = ref = 0.0
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        span = (a, b) if len(x.shape) > 1 else None
-        xv = source_values(x.source, device, torch.float32, rows=span).to(torch.float64)
-        yv = source_values(y.source, device, torch.float32, rows=span).to(torch.float64)
-        diff += float((xv - yv).pow(2).sum())
-        ref += float(yv.pow(2).sum())
-        if span is None:
-            break
+    for a, b in zip(_chunks(x, xv, device, step), _chunks(y, yv, device, step), strict=True):
+        diff += float((a - b).pow(2).sum())
+        ref += float(b.pow(2).sum())
     return diff, ref
 
 
-def _rel_rms(x: DrafterTensor, y: DrafterTensor, device: torch.device) -> float:
-    diff, ref = _sq_sums(x, y, device)
-    return math.sqrt(diff / ref) if ref > 0 else (0.0 if diff == 0 else math.inf)
+def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device | str = "cpu", *,
+                       file_values: Decoded | None = None, checkpoint_values: Decoded | None = None) -> list[str]:
+    """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding).
 
-
-def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device | str = "cpu") -> list[str]:
-    """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding)."""
+    ``checkpoint`` is the checkpoint's Drafter as convert writes it (``sources.dispatch.
+    read_checkpoint_drafter``: d2t as absolute ids, a mask row in place). ``file_values`` and
+    ``checkpoint_values`` hand over what the runner and the reference already decoded, so no weight is
+    decoded twice; anything they do not hold is read from its source here, one row chunk at a time.
+    """
     device = torch.device(device)
+    fv = file_values or (lambda t: None)
+    cv = checkpoint_values or (lambda t: None)
+
+    def rel_rms(x: DrafterTensor, y: DrafterTensor) -> float:
+        diff, ref = _sq_sums(x, y, device, fv(x), cv(y))
+        return math.sqrt(diff / ref) if ref > 0 else (0.0 if diff == 0 else math.inf)
+
     ours = {t.gguf_name: t for t in checkpoint.tensors}
     out = []
     for t in file.tensors:
@@ -123,19 +170,19 @@ def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device 
             out.append(f"{t.gguf_name}: shape {list(t.shape)}, checkpoint's {c.hf_name} {list(c.shape)}")
             continue
         limit = WEIGHT_REL_RMS.get(t.dtype, 0.5)
-        err = _rel_rms(t, c, device)
+        err = rel_rms(t, c)
         if err <= limit:
             continue
         line = f"{t.gguf_name}: relative RMS error {err:.3g} against the checkpoint's {c.hf_name} (limit {limit:g} for {t.dtype})"
         twin = next((o for o in checkpoint.tensors if o is not c and tuple(o.shape) == tuple(t.shape)
-                     and _rel_rms(t, o, device) <= limit), None)
+                     and rel_rms(t, o) <= limit), None)
         if twin is not None:
             line += f"; it holds the checkpoint's {twin.hf_name} (swapped?)"
         else:
             num = den = 0.0
             if len(t.shape) == 1:  # a scaled vector: report the factor
-                xv = source_values(t.source, device, torch.float64)
-                yv = source_values(c.source, device, torch.float64)
+                xv = next(_chunks(t, fv(t), device, 1))
+                yv = next(_chunks(c, cv(c), device, 1))
                 num, den = float((xv * yv).sum()), float((yv * yv).sum())
             if den > 0 and abs(num / den - 1) > limit:
                 line += f"; about {num / den:.3g} times the checkpoint's values"
@@ -143,4 +190,5 @@ def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device 
     return out
 
 
-__all__ = ["FORWARD_FIELDS", "WEIGHT_REL_RMS", "as_converted", "hparam_differences", "tensor_differences"]
+__all__ = ["FORWARD_FIELDS", "WEIGHT_REL_RMS", "decoded_by_name", "decoded_from_checkpoint", "hparam_differences",
+           "tensor_differences"]

@@ -41,7 +41,6 @@ the target's head (its embedding when the target ties them). A reduced vocabular
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,39 +50,24 @@ import torch.nn.functional as F
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
+from ..format.family import DFLASH, member_of
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
-from ..format.tensors import LAYER_TENSORS, gguf_to_hf, strip_model_prefix
-from ..sources.checkpoint import merged_text_config, read_checkpoint
-from ..target import Target, read_target
+from ..format.tensors import HIDDEN_NORM_HF, LAYER_ROLES_HF, OUTPUT_NORM_HF, SINK_HF, gguf_to_hf, strip_model_prefix
+from ..sources.checkpoint import Checkpoint, merged_text_config
+from ..sources.dispatch import checkpoint_reader
+from ..sources.vocabulary import MASK_EMBEDDING_FILE
+from ..target import Target
 from .forward import ForwardResult
 from .weights import LazyMatrix, target_weights
 
 SEMANTICS = ("llama.cpp", "reference")
-MASK_EMBEDDING_FILE = "mask_embedding.pt"
 SLIDING = "sliding_attention"
+SPECULATORS_LAYOUT = "speculators"  # Origin.format of a speculators export
 
 FC_HF = gguf_to_hf(FC_TENSOR)
 EMBED_HF = gguf_to_hf(EMBEDDING_TENSOR)
 HEAD_HF = gguf_to_hf(OUTPUT_TENSOR)
 D2T_HF = gguf_to_hf(D2T_TENSOR)
-HIDDEN_NORM_HF = "hidden_norm.weight"
-NORM_HF = "norm.weight"
-# HF per-layer suffixes (the keys of the format table); sinks have three spellings
-LAYER_HF = {
-    "input_layernorm": "input_layernorm.weight",
-    "q_proj": "self_attn.q_proj.weight",
-    "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight",
-    "o_proj": "self_attn.o_proj.weight",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-    "post_attention_layernorm": "post_attention_layernorm.weight",
-    "gate_proj": "mlp.gate_proj.weight",
-    "up_proj": "mlp.up_proj.weight",
-    "down_proj": "mlp.down_proj.weight",
-}
-SINK_HF = tuple(hf for hf, gg in LAYER_TENSORS.items() if gg == LAYER_TENSORS["self_attn.sinks"])
-assert all(v in LAYER_TENSORS for v in LAYER_HF.values())
 
 
 @dataclass
@@ -103,7 +87,7 @@ class ReferenceModel:
     notes: list[str] = field(default_factory=list)
 
     def layer(self, i: int, role: str) -> torch.Tensor:
-        return self.tensors[f"layers.{i}.{LAYER_HF[role]}"]
+        return self.tensors[f"layers.{i}.{LAYER_ROLES_HF[role]}"]
 
     def sinks(self, i: int) -> torch.Tensor | None:
         return next((self.tensors[f"layers.{i}.{s}"] for s in SINK_HF if f"layers.{i}.{s}" in self.tensors), None)
@@ -119,7 +103,7 @@ def _read_safetensors(files: list[Path], device: torch.device,
                       dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
     """Every tensor by its HF name (``model.`` stripped): floats in ``dtype``, integers as int64; and
     each tensor's stored dtype."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
 
     out: dict[str, torch.Tensor] = {}
     stored: dict[str, torch.dtype] = {}
@@ -153,22 +137,22 @@ def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, devic
     return row.to(device, dtype)
 
 
-def load_reference(checkpoint_dir: str | os.PathLike, target: Target | str | os.PathLike | None = None, *,
+def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: Drafter | None = None,
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ReferenceModel:
-    """Read a z-lab or speculators checkpoint for the reference forward.
+    """A read checkpoint's weights, by their HF names, for the reference forward.
 
-    ``target`` (a target directory with safetensors, a target GGUF, or a Target) supplies the
-    embedding and the head the drafter does not carry; it is also what the config is checked
-    against (hidden size, layer ids).
+    ``drafter`` is the checkpoint's Drafter as the dispatcher reads it (read here when not given);
+    only its hyper-parameters are used. ``target`` supplies the embedding and the head the drafter
+    does not carry; the config was checked against it when the drafter was read.
     """
-    from ..sources.speculators import is_speculators, read_speculators
-    from ..sources.zlab import read_zlab
-
     device = torch.device(device)
-    ckpt = read_checkpoint(checkpoint_dir)
-    tgt = None if target is None else (target if isinstance(target, Target) else read_target(target))
-    speculators = is_speculators(ckpt.config)
-    d = read_speculators(ckpt, tgt) if speculators else read_zlab(ckpt, tgt)
+    tgt = target
+    d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
+    member = member_of({t.gguf_name for t in d.tensors})
+    if member != DFLASH:
+        raise DFlashError(f"a {member} drafter: the reference forward computes classic DFlash drafters only "
+                          f"(the {member} parts are not implemented here)", ckpt.config_path)
+    speculators = d.origin.format == SPECULATORS_LAYOUT
     if speculators:
         layer_cfg = ckpt.config.get("transformer_layer_config") or {}
         cfg = {**layer_cfg, **{k: v for k, v in ckpt.config.items() if k != "transformer_layer_config"}}
@@ -208,7 +192,7 @@ def load_reference(checkpoint_dir: str | os.PathLike, target: Target | str | os.
     mask_row = _mask_row(ckpt.dir, d, table_dtype, device, dtype)
     if mask_row is not None and table_dtype is None:
         notes.append(f"the mask row is not rounded to the target embedding's {embed.source.dtype} blocks")
-    return ReferenceModel(d, cfg, "speculators" if speculators else "z-lab", tensors, embed, head, d2t_ids,
+    return ReferenceModel(d, cfg, SPECULATORS_LAYOUT if speculators else d.origin.format, tensors, embed, head, d2t_ids,
                           mask_row, device, dtype, notes)
 
 
@@ -221,7 +205,7 @@ def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> to
     from the raw config, so the converter's layer-id translation is checked, not reused.
     """
     cfg = model.config
-    if model.dialect == "speculators":
+    if model.dialect == SPECULATORS_LAYOUT:
         ids = [int(i) for i in cfg["aux_hidden_state_layer_ids"]]
     else:
         dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
@@ -294,7 +278,7 @@ def layer_attention(model: ReferenceModel, semantics: str) -> list[tuple[bool, i
     if semantics == "llama.cpp":
         return [(d.causal is True, windows[i], False) for i in range(L)]
     types = cfg.get("layer_types") or ["full_attention"] * L
-    if model.dialect == "speculators":
+    if model.dialect == SPECULATORS_LAYOUT:
         non_causal = bool(cfg.get("sliding_window_non_causal", False))
         return [(types[i] == SLIDING and not non_causal, windows[i], True) for i in range(L)]
     is_causal = cfg.get("is_causal")
@@ -311,6 +295,29 @@ def _act(model: ReferenceModel, semantics: str, x: torch.Tensor) -> torch.Tensor
     if semantics == "reference" and model.config.get("hidden_act", model.config.get("hidden_activation")) == "gelu":
         return F.gelu(x)  # transformers' ACT2FN["gelu"]: the exact erf GELU
     return F.gelu(x, approximate="tanh")
+
+
+def semantics_differ(model: ReferenceModel) -> bool:
+    """Would the trained semantics compute anything the llama.cpp ones do not?
+
+    The two differ only in the attention masks (``layer_attention``), the exact GELU, YaRN's own
+    parameters and the logit scale and softcap; when none of those applies to this drafter the two
+    forwards are the same computation, and ``check`` does not run it twice.
+    """
+    d, cfg = model.drafter, model.config
+
+    def masks(semantics: str) -> list[tuple[bool, int | None, bool]]:  # the third flag matters only for a non-causal window
+        return [(c, w, s and w is not None and not c) for c, w, s in layer_attention(model, semantics)]
+
+    if masks("llama.cpp") != masks("reference"):
+        return True
+    if d.hidden_act != "silu" and cfg.get("hidden_act", cfg.get("hidden_activation")) == "gelu":
+        return True
+    if d.logit_scale or d.final_logit_softcapping:
+        return True
+    sc = d.rope_scaling
+    return sc is not None and sc.kind == "yarn" and any(
+        v is not None for v in (sc.yarn_beta_fast, sc.yarn_beta_slow, sc.yarn_attn_factor))
 
 
 @torch.no_grad()
@@ -341,12 +348,12 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
 
     for i, (causal, window, symmetric) in enumerate(layer_attention(model, semantics)):
         residual = x
-        h = _rms(x, model.layer(i, "input_layernorm"), eps)
+        h = _rms(x, model.layer(i, "attn_norm"), eps)
         n = h.shape[0]
-        q = _rms((h @ model.layer(i, "q_proj").T).view(n, H, D), model.layer(i, "q_norm"), eps)
+        q = _rms((h @ model.layer(i, "wq").T).view(n, H, D), model.layer(i, "q_norm"), eps)
         kv_in = torch.cat([ctx, h])
-        k = _rms((kv_in @ model.layer(i, "k_proj").T).view(n_ctx + n, KV, D), model.layer(i, "k_norm"), eps)
-        v = (kv_in @ model.layer(i, "v_proj").T).view(n_ctx + n, KV, D)
+        k = _rms((kv_in @ model.layer(i, "wk").T).view(n_ctx + n, KV, D), model.layer(i, "k_norm"), eps)
+        v = (kv_in @ model.layer(i, "wv").T).view(n_ctx + n, KV, D)
         q = _rotate(q, cos[n_ctx:], sin[n_ctx:], rot, interleaved)
         k = _rotate(k, cos, sin, rot, interleaved)
         # repeat_kv, then [heads, n, K] scores
@@ -365,15 +372,15 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
         if sinks is not None:
             scores = torch.cat([scores, sinks.to(dt)[:, None, None].expand(H, n, 1)], dim=-1)
         probs = torch.softmax(scores, dim=-1)[..., : n_ctx + n]
-        attn = (probs @ v).transpose(0, 1).reshape(n, H * D) @ model.layer(i, "o_proj").T
+        attn = (probs @ v).transpose(0, 1).reshape(n, H * D) @ model.layer(i, "wo").T
         if d.value_scale:
             attn = attn * d.value_scale
         x = residual + attn
-        h2 = _rms(x, model.layer(i, "post_attention_layernorm"), eps)
-        mlp = _act(model, semantics, h2 @ model.layer(i, "gate_proj").T) * (h2 @ model.layer(i, "up_proj").T)
-        x = x + mlp @ model.layer(i, "down_proj").T
+        h2 = _rms(x, model.layer(i, "ffn_norm"), eps)
+        mlp = _act(model, semantics, h2 @ model.layer(i, "gate").T) * (h2 @ model.layer(i, "up").T)
+        x = x + mlp @ model.layer(i, "down").T
 
-    hidden = _rms(x, model.tensors[NORM_HF], eps)
+    hidden = _rms(x, model.tensors[OUTPUT_NORM_HF], eps)
     logits = model.head.project(hidden[1:])
     if semantics == "reference":
         if d.logit_scale:
@@ -387,13 +394,4 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
     return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
 
 
-def reference_for(checkpoint_dir: str | os.PathLike, target: Target | str | os.PathLike | None, target_hidden: torch.Tensor,
-                  block_ids: torch.Tensor, positions: torch.Tensor, *, semantics: str = "llama.cpp",
-                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ForwardResult:
-    """load_reference + reference_forward in one call."""
-    model = load_reference(checkpoint_dir, target, device=device, dtype=dtype)
-    return reference_forward(model, target_hidden, block_ids, positions, semantics=semantics)
-
-
-__all__ = ["SEMANTICS", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_for",
-           "reference_forward"]
+__all__ = ["SEMANTICS", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_forward"]

@@ -16,9 +16,7 @@ otherwise streamed in row chunks for every projection.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -26,7 +24,6 @@ import torch
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
 from ..format.ggml import GGMLType
-from ..format.keys import key
 from ..format.rules import (
     D2T_TENSOR,
     EMBEDDING_TENSOR,
@@ -38,9 +35,9 @@ from ..format.rules import (
     OUTPUT_TENSOR,
     WEIGHT_SUFFIX,
 )
-from ..format.tensors import GLOBAL_TENSORS, LAYER_TENSORS, generic_name, layer_name
-from ..sources.gguf import GGUFFile
-from ..target import Target, read_target
+from ..format.tensors import GLOBAL_TENSORS, HIDDEN_NORM_HF, LAYER_ROLES_HF, LAYER_TENSORS, OUTPUT_NORM_HF, SINK_HF, generic_name, layer_name
+from ..sources.target import target_tensors
+from ..target import Target
 from ..tensor_source import TensorSource, n_rows
 from .dequant import dequantize
 
@@ -62,24 +59,14 @@ def scale_name(weight_name: str) -> str:
     return weight_name[: -len(WEIGHT_SUFFIX)] + SCALE_SUFFIX
 
 
-ENC_NORM_TENSOR = GLOBAL_TENSORS["hidden_norm.weight"]
-OUTPUT_NORM_TENSOR = GLOBAL_TENSORS["norm.weight"]
+ENC_NORM_TENSOR = GLOBAL_TENSORS[HIDDEN_NORM_HF]
+OUTPUT_NORM_TENSOR = GLOBAL_TENSORS[OUTPUT_NORM_HF]
 ROPE_FREQS_TENSOR = _named(OPTIONAL_GLOBAL, "rope_freqs")
 
 # role -> per-layer GGUF suffix, spelled by the format tables (HF suffixes on the left)
 LAYER_ROLES: dict[str, str] = {
-    "attn_norm": LAYER_TENSORS["input_layernorm.weight"],
-    "wq": LAYER_TENSORS["self_attn.q_proj.weight"],
-    "wk": LAYER_TENSORS["self_attn.k_proj.weight"],
-    "wv": LAYER_TENSORS["self_attn.v_proj.weight"],
-    "wo": LAYER_TENSORS["self_attn.o_proj.weight"],
-    "q_norm": LAYER_TENSORS["self_attn.q_norm.weight"],
-    "k_norm": LAYER_TENSORS["self_attn.k_norm.weight"],
-    "ffn_norm": LAYER_TENSORS["post_attention_layernorm.weight"],
-    "gate": LAYER_TENSORS["mlp.gate_proj.weight"],
-    "up": LAYER_TENSORS["mlp.up_proj.weight"],
-    "down": LAYER_TENSORS["mlp.down_proj.weight"],
-    "sinks": LAYER_TENSORS["self_attn.sinks"],
+    **{role: LAYER_TENSORS[hf] for role, hf in LAYER_ROLES_HF.items()},
+    "sinks": LAYER_TENSORS[SINK_HF[0]],
     "post_attn_norm": _named(OPTIONAL_PER_LAYER, "post_attention_norm"),
     "post_ffw_norm": _named(OPTIONAL_PER_LAYER, "post_ffw_norm"),
     "out_scale": _named(OPTIONAL_PER_LAYER, "layer_output_scale"),
@@ -208,24 +195,25 @@ class DrafterWeights:
     attention_scale: float | None  # attention.scale; None/0 -> 1/sqrt(head_dim)
     embed_from: str = "drafter"  # "drafter" or "target", for messages
     head_from: str = "drafter"  # "drafter", "drafter (tied to token_embd)" or "target"
+    # every tensor of the drafter decoded while loading, by GGUF name (the embedding and head are
+    # LazyMatrix objects, decoded as far as they are used): check compares these with the checkpoint
+    decoded: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
-def target_weights(target: Target | str | os.PathLike, device: torch.device | str = "cpu",
+def target_weights(t: Target, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32) -> tuple[LazyMatrix, LazyMatrix]:
     """(embedding, head) of a target model: a target GGUF or a target directory with safetensors.
 
     A target without a separate head uses its embedding, as llama.cpp does for a GGUF without
     ``output.weight`` and transformers does for ``tie_word_embeddings``.
     """
-    t = target if isinstance(target, Target) else read_target(target)
-    w = t.weights() or {}
+    w = target_tensors(t) or {}
     if "embed" not in w:
         raise InputFileError("has no token embedding to read (a target directory needs its safetensors)", t.source)
     embed = LazyMatrix(w["embed"], device, dtype, "target token embedding")
     if "head" in w:
         return embed, LazyMatrix(w["head"], device, dtype, "target output head")
-    tied = t.kind == "gguf" or bool(t.text_config().get("tie_word_embeddings", False))
-    if not tied:
+    if not t.ties_embeddings:
         raise InputFileError("has no output head and does not tie it to the embedding", t.source)
     return embed, embed
 
@@ -245,46 +233,24 @@ def _reject_other_members(d: Drafter) -> None:
         raise DFlashError(f"tensor {unknown[0]} is not part of the classic dflash graph; cannot run this drafter", d.source)
 
 
-def _attention_scale(d: Drafter, gguf: GGUFFile | None) -> float | None:
-    """attention.scale has no Drafter field (the converter never writes it): read it from the GGUF.
-
-    A caller that parsed the file already passes it (a second parse of a 150k-token vocabulary
-    costs half a second); otherwise it is parsed once per file version.
-    """
-    if d.origin.format != "gguf":
-        return None
-    if gguf is not None:
-        return _scale_value(gguf.get(key("attention_scale")))
-    st = os.stat(d.origin.path)
-    return _attention_scale_of(str(d.origin.path), st.st_mtime_ns, st.st_size)
-
-
-def _scale_value(v: object) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0 else None
-
-
-@lru_cache(maxsize=8)
-def _attention_scale_of(path: str, mtime_ns: int, size: int) -> float | None:
-    from ..sources.gguf import read_gguf
-
-    return _scale_value(read_gguf(path).get(key("attention_scale")))
-
-
-def load_weights(d: Drafter, target: Target | str | os.PathLike | None = None, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, gguf: GGUFFile | None = None) -> DrafterWeights:
+def load_weights(d: Drafter, target: Target | None = None, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> DrafterWeights:
     """Every tensor of ``d`` decoded on ``device``; the target supplies what the drafter lacks.
 
-    ``target`` (a target GGUF, a target directory, or a Target) is needed only when the drafter
-    has no token embedding or no output head of its own. ``gguf``: the drafter's parsed file, if
-    the caller has it (saves re-reading it for ``attention.scale``).
+    ``target`` (read from a target GGUF or a target directory) is needed only when the drafter has
+    no token embedding or no output head of its own.
     """
     _reject_other_members(d)
     device = torch.device(device)
     by = {t.gguf_name: t for t in d.tensors}
+    decoded: dict[str, torch.Tensor] = {}
 
     def get(name: str) -> torch.Tensor | None:
         t = by.get(name)
-        return None if t is None else source_values(t.source, device, dtype)
+        if t is None:
+            return None
+        v = decoded[name] = source_values(t.source, device, dtype)
+        return v
 
     def need(name: str) -> torch.Tensor:
         v = get(name)
@@ -339,8 +305,9 @@ def load_weights(d: Drafter, target: Target | str | os.PathLike | None = None, *
     return DrafterWeights(
         device=device, dtype=dtype, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
         enc_norm=need(ENC_NORM_TENSOR), output_norm=need(OUTPUT_NORM_TENSOR), layers=layers,
-        embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR), attention_scale=_attention_scale(d, gguf),
-        embed_from=embed_from, head_from=head_from,
+        embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR),
+        attention_scale=d.attention_scale if d.attention_scale else None,
+        embed_from=embed_from, head_from=head_from, decoded=decoded,
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputFileError
+from ..files import check_directory, read_regular_bytes
 from .safetensors import TensorRef, _reject_duplicates, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -27,8 +28,6 @@ def read_json(path: Path, what: str, limit: int | None = None) -> Any:
     Configs also reject duplicate keys (a second value silently winning is how a hostile config
     would hide a setting); tokenizer files, tens of MB of plain data, are parsed directly.
     """
-    from ..files import read_regular_bytes
-
     tokenizer_file = path.name.startswith("tokenizer")
     if limit is None:
         limit = MAX_TOKENIZER_BYTES if tokenizer_file else MAX_CONFIG_BYTES
@@ -48,8 +47,6 @@ def merged_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def read_config(model_dir: Path, side: str = "drafter checkpoint") -> tuple[dict[str, Any], Path]:
     """config.json of a model directory as a dict; ``side`` names the directory in messages."""
-    from ..files import check_directory
-
     path = model_dir / "config.json"
     check_directory(model_dir, f"{side} directory")
     if not path.exists():
@@ -74,7 +71,7 @@ class Checkpoint:
         return {t.name: t for t in self.tensors}
 
 
-def _weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+def weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     index_path = model_dir / INDEX_NAME
     if index_path.exists():
         index = read_json(index_path, INDEX_NAME)
@@ -101,7 +98,7 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint:
     """Index a checkpoint directory: validate every safetensors header and the shard index."""
     model_dir = Path(model_dir)
     config, config_path = read_config(model_dir, "drafter checkpoint")
-    files, weight_map = _weight_files(model_dir)
+    files, weight_map = weight_files(model_dir)
     ckpt = Checkpoint(model_dir, config, config_path, files)
     seen: dict[str, Path] = {}
     for path in files:

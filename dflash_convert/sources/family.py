@@ -43,13 +43,9 @@ from ..format.family import (
     CONV_SELECTOR_KEYS,
     CONV_TENSORS,
     DFLASH2,
-    DFLASH2_ARCHITECTURES,
     DSPARK,
-    DSPARK_ARCHITECTURES,
-    DSV4_DSPARK_ARCHITECTURES,
     DSV4_ROUTE,
     FAMILY_HF_SHAPES,
-    GEMMA4_DSPARK_ARCHITECTURES,
     GEMMA4_OVERRIDDEN_KEYS,
     MARKOV_HEAD_TYPES,
     MARKOV_TENSORS,
@@ -60,7 +56,6 @@ from ..format.family import (
     SELECTOR_NEXT,
     SELECTOR_PREV,
     SELECTOR_TENSORS,
-    SPECULATORS_DSPARK,
 )
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, GGUF_ONLY_SHAPES, LOADER_OPTIONAL_PER_LAYER, OUTPUT_TENSOR
 from ..format.tensors import (
@@ -86,14 +81,12 @@ from .zlab import (
     LOCAL_ROPE_THETA_KEYS,
     PARTIAL_ROTARY_KEYS,
     ROPE_THETA_KEYS,
-    ZLAB_ARCHITECTURES,
     ConfigView,
     as_f32,
     build_drafter,
     map_tensors,
 )
 
-FAMILY_ARCHITECTURES = (*DFLASH2_ARCHITECTURES, *DSPARK_ARCHITECTURES, *GEMMA4_DSPARK_ARCHITECTURES, *DSV4_DSPARK_ARCHITECTURES)
 _HF_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _GLOBAL = {**GLOBAL_TENSORS, **FAMILY_GLOBAL_TENSORS}
 _LAYER = {**LAYER_TENSORS, **FAMILY_LAYER_TENSORS}
@@ -106,44 +99,23 @@ GEMMA4_REQUIRED_PER_LAYER = tuple(s for s in REQUIRED_PER_LAYER if s not in LOAD
 _LM_HEAD = gguf_to_hf(OUTPUT_TENSOR)
 
 
-def _architectures(cfg: dict[str, Any]) -> list[str]:
-    archs = cfg.get("architectures")
-    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-
-
 def _family_tensor(name: str) -> bool:
     m = _HF_LAYER.match(name)
     return (m.group(2) in FAMILY_LAYER_TENSORS) if m else name in FAMILY_GLOBAL_TENSORS
 
 
-def is_family(ckpt: Checkpoint) -> bool:
-    """A DFlash2/DSpark/Gemma-4 DSpark checkpoint (or DeepSeek-V4 DSpark, to refuse): this module reads it.
-
-    A z-lab ``DFlashDraftModel`` belongs here too when it carries DFlash2 keys or any family tensor
-    (upstream's DFlashModel converts those the same way).
-    """
+def carries_dflash2_parts(ckpt: Checkpoint) -> bool:
+    """A z-lab ``DFlashDraftModel`` with DFlash2 keys or any family tensor: upstream's DFlashModel
+    converts those as DFlash2, and so do we (the dispatcher, ``sources/dispatch.py``, asks this)."""
     cfg = merged_text_config(ckpt.config)
-    archs = _architectures(cfg)
-    if any(a in FAMILY_ARCHITECTURES for a in archs) or cfg.get("speculators_model_type") == SPECULATORS_DSPARK:
+    dflash = cfg.get("dflash_config")
+    if isinstance(dflash, dict) and "conv_kernel_size" in dflash:
         return True
-    if any(a in ZLAB_ARCHITECTURES for a in archs) and "speculators_model_type" not in cfg:
-        dflash = cfg.get("dflash_config")
-        if isinstance(dflash, dict) and "conv_kernel_size" in dflash:
-            return True
-        return any(_family_tensor(strip_model_prefix(t.name)) for t in ckpt.tensors)
-    return False
+    return any(_family_tensor(strip_model_prefix(t.name)) for t in ckpt.tensors)
 
 
-def read_family(ckpt: Checkpoint, target: Target | None) -> Drafter:
-    cfg = merged_text_config(ckpt.config)
-    archs = _architectures(cfg)
-    if any(a in DSV4_DSPARK_ARCHITECTURES for a in archs):
-        raise ConfigError(DSV4_ROUTE, ckpt.config_path)
-    if any(a in GEMMA4_DSPARK_ARCHITECTURES for a in archs):
-        return _read_gemma4_dspark(ckpt, cfg, target)
-    if any(a in DSPARK_ARCHITECTURES for a in archs) or cfg.get("speculators_model_type") == SPECULATORS_DSPARK:
-        return _read_dspark(ckpt, cfg, target)
-    return _read_dflash2(ckpt, cfg, target)
+def refuse_dsv4(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    raise ConfigError(DSV4_ROUTE, ckpt.config_path)
 
 
 # --- DFlash2 ------------------------------------------------------------------------------------
@@ -168,7 +140,8 @@ def _conv_selector(cv: ConfigView, dflash: dict[str, Any], d: Drafter) -> None:
     d.selector = SelectorPart(v["selector_rank"], v["selector_top_k"])  # type: ignore[arg-type]
 
 
-def _read_dflash2(ckpt: Checkpoint, cfg: dict[str, Any], target: Target | None) -> Drafter:
+def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    cfg = merged_text_config(ckpt.config)
     cv = ConfigView(cfg, ckpt.config_path)
     dflash = _dflash_config(cv)
     d = build_drafter(ckpt, cv, dflash, target, dialect="z-lab", tensors=False)
@@ -180,7 +153,8 @@ def _read_dflash2(ckpt: Checkpoint, cfg: dict[str, Any], target: Target | None) 
 
 # --- DSpark -------------------------------------------------------------------------------------
 
-def _read_dspark(ckpt: Checkpoint, top: dict[str, Any], target: Target | None) -> Drafter:
+def read_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    top = merged_text_config(ckpt.config)
     top_cv = ConfigView(top, ckpt.config_path)
     speculators_shaped = "transformer_layer_config" in top or "aux_hidden_state_layer_ids" in top
     # upstream: the config's value, else true for DFlash-lineage exports, false for EAGLE-3-style ones
@@ -277,7 +251,8 @@ def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
     return full
 
 
-def _read_gemma4_dspark(ckpt: Checkpoint, cfg: dict[str, Any], target: Target | None) -> Drafter:
+def read_gemma4_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    cfg = merged_text_config(ckpt.config)
     cv = ConfigView(cfg, ckpt.config_path)
     dflash = _dflash_config(cv)
     n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")))
@@ -297,7 +272,7 @@ def _read_gemma4_dspark(ckpt: Checkpoint, cfg: dict[str, Any], target: Target | 
         raise cv.error(f"Gemma-4 DSpark needs a full draft vocabulary: draft_vocab_size {cfg.get('draft_vocab_size')} "
                        f"!= vocab_size {vocab}")
     if not any(strip_model_prefix(t.name) == _LM_HEAD for t in ckpt.tensors) and cfg.get("tie_word_embeddings") is not True:
-        raise cv.error("Gemma-4 DSpark needs lm_head.weight unless tie_word_embeddings is true")
+        raise cv.error(f"Gemma-4 DSpark needs {_LM_HEAD} unless tie_word_embeddings is true")
     _markov_head_type(cv, dflash.get("markov_head_type", cfg.get("markov_head_type")))
     full = _gemma4_rope(cv)
     rope_type = full.get("rope_type")

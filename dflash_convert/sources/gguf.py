@@ -25,6 +25,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import InputFileError
+from ..files import FdCache, open_regular, pread_into
 from ..format.ggml import (
     BLOCK_GEOMETRY,
     GGML_MAX_DIMS,
@@ -38,22 +39,11 @@ from ..format.ggml import (
     REMOVED_TYPES,
     GGMLType,
 )
-from ..format.keys import ValueType, key
-from ..tensor_source import FdCache, pread_into
+from ..format.keys import BOOLEAN, VALUE_TYPES, ValueType, key
 
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 ALIGNMENT_KEY = key("alignment")
-_SCALARS = {
-    ValueType.UINT8: ("<B", 1), ValueType.INT8: ("<b", 1), ValueType.UINT16: ("<H", 2), ValueType.INT16: ("<h", 2),
-    ValueType.UINT32: ("<I", 4), ValueType.INT32: ("<i", 4), ValueType.FLOAT32: ("<f", 4), ValueType.BOOL: ("<B", 1),
-    ValueType.UINT64: ("<Q", 8), ValueType.INT64: ("<q", 8), ValueType.FLOAT64: ("<d", 8),
-}
-_NP = {
-    ValueType.UINT8: "<u1", ValueType.INT8: "<i1", ValueType.UINT16: "<u2", ValueType.INT16: "<i2", ValueType.UINT32: "<u4",
-    ValueType.INT32: "<i4", ValueType.FLOAT32: "<f4", ValueType.BOOL: "<u1", ValueType.UINT64: "<u8", ValueType.INT64: "<i8",
-    ValueType.FLOAT64: "<f8",
-}
 # smallest possible encodings, used to bound counts by the bytes that remain
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, one dim, type, offset
@@ -252,9 +242,9 @@ class _Cursor:
             return GGUFValue(vtype, self.string(what))
         if vtype == ValueType.ARRAY:
             return self.array(what)
-        fmt, size = _SCALARS[vtype]
-        v = self.scalar(fmt, size, what)
-        if vtype == ValueType.BOOL:
+        info = VALUE_TYPES[vtype]
+        v = self.scalar(info.fmt, info.size, what)
+        if info.kind == BOOLEAN:
             if v > 1:
                 raise self.fail(f"{what}: bool value {v} is neither 0 nor 1")
             v = bool(v)
@@ -275,10 +265,11 @@ class _Cursor:
             # each string needs at least its 8-byte length: bound the count before looping
             self.need(count * 8, f"{what} ({count} strings)")
             return GGUFValue(ValueType.ARRAY, [self.string(f"{what}[{i}]") for i in range(count)], sub)
-        _, size = _SCALARS[sub]
+        info = VALUE_TYPES[sub]
+        size = info.size
         self.need(count * size, f"{what} ({count} items)")
-        view = np.frombuffer(self.buf, dtype=_NP[sub], count=count, offset=self.pos)
-        if sub == ValueType.BOOL:
+        view = np.frombuffer(self.buf, dtype=info.numpy, count=count, offset=self.pos)
+        if info.kind == BOOLEAN:
             if count and int(view.max()) > 1:
                 i = int(np.argmax(view > 1))
                 raise self.fail(f"{what}[{i}]: bool value {int(view[i])} is neither 0 nor 1")
@@ -293,7 +284,6 @@ class _Cursor:
 
 def read_gguf(path: str | Path) -> GGUFFile:
     """Parse and validate a GGUF container (metadata and tensor table; data stays on disk)."""
-    from ..files import open_regular
 
     path = Path(path)
     fd = open_regular(path, "GGUF file")  # a FIFO or a device is refused, never read

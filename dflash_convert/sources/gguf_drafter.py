@@ -6,27 +6,28 @@ every tensor becomes a DrafterTensor whose source is the GGUF tensor itself (ggm
 offset; rows are read on demand). Files written by llama.cpp's converter read into the same
 Drafter as ours.
 
-``drafter_from_gguf(g, strict=False)`` is the lenient form validate uses: a value the file lacks
-or mistypes becomes None, so every check can still say something about a broken file. The
-strict form (quantize, the runner) refuses such a file with one line that points to validate.
+``read_lenient(g)`` is the form validate uses: a value the file lacks or mistypes becomes None in
+the Drafter, so every check can still say something about a broken file, and ``KeyFindings`` says
+what the Drafter cannot: which keys the file has and with which types, and the values no Drafter
+field holds (per-layer arrays, a value length that is not the key length, the raw RoPE-scaling
+keys). The strict form (quantize, the runner) refuses an incomplete file with one line that points
+to validate. Both keep the file's ``tokenizer.*`` keys as read (``Drafter.tokenizer``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..drafter import ConvPart, Drafter, DrafterTensor, MarkovPart, Origin, RopeScaling, SelectorPart
 from ..errors import InputFileError
 from ..format.family import CONF_PROJ, GEMMA4_OVERRIDDEN_KEYS, MARKOV_W1
-from ..format.keys import ARCH, ValueType, key
-from ..format.rules import D2T_TENSOR, DEFAULT_BLOCK_SIZE, DRAFTER_KEYS, REQUIRED
+from ..format.keys import ARCH, FLOAT_TYPES, INT_TYPES, KEYS, TOKENIZER_PREFIX, ValueType, key
+from ..format.rules import D2T_TENSOR, DEFAULT_BLOCK_SIZE, DRAFTER_KEYS, PER_LAYER_KEYS, REQUIRED
 from ..format.tensors import gguf_to_hf
+from ..metadata import Metadata
 from .gguf import GGUFFile, GGUFValue, read_gguf
-
-INT_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
-                       ValueType.INT32, ValueType.UINT64, ValueType.INT64})
-FLOAT_TYPES = frozenset({ValueType.FLOAT32, ValueType.FLOAT64})
 
 
 def as_int(v: GGUFValue | None) -> int | None:
@@ -61,6 +62,68 @@ def per_layer_or_scalar(v: GGUFValue | None) -> int | None:
 def _position(g: GGUFFile, full_key: str) -> int:
     keys = list(g.metadata)
     return keys.index(full_key) if full_key in g.metadata else -1
+
+
+@dataclass
+class KeyFindings:
+    """What a lenient read found beside the Drafter: presence and type of every key, and the values
+    no Drafter field holds as the file says them."""
+
+    types: dict[str, tuple[ValueType, ValueType | None]] = field(default_factory=dict)  # full key -> (type, element type)
+    values: dict[str, Any] = field(default_factory=dict)  # short name -> the typed value (None: mistyped); ints, floats,
+    #                                                     #   text, int lists (bool arrays as 0/1)
+    lengths: dict[str, int] = field(default_factory=dict)  # short name -> entries, for every array-valued key
+    per_layer: dict[str, list[int]] = field(default_factory=dict)  # PER_LAYER_KEYS given as arrays
+    architecture: str | None = None  # general.architecture as text (None: missing or not a string)
+
+    def has(self, short: str) -> bool:
+        return key(short) in self.types
+
+    def type_of(self, short: str) -> tuple[ValueType, ValueType | None] | None:
+        return self.types.get(key(short))
+
+    def value(self, short: str) -> Any:
+        return self.values.get(short)
+
+    def int_value(self, short: str) -> int | None:
+        """The key's value when the file stores it as an integer (a bool is not one), else None."""
+        v = self.values.get(short)
+        return v if type(v) is int else None
+
+
+def _typed(v: GGUFValue) -> Any:
+    """A key's value as validate compares it: int, float, text, or a list of ints; None for anything else."""
+    for read in (as_int, as_float, as_text, as_ints):
+        got = read(v)
+        if got is not None:
+            return got
+    return v.value if v.vtype == ValueType.BOOL else None
+
+
+def tokenizer_keys(g: GGUFFile) -> Metadata:
+    """Every tokenizer.* key of the file, kept exactly as stored."""
+    md = Metadata()
+    for name, v in g.metadata.items():
+        if name.startswith(TOKENIZER_PREFIX):
+            md.set_as_read(name, v.vtype, v.value, v.sub)
+    return md
+
+
+def read_lenient(g: GGUFFile) -> tuple[Drafter, KeyFindings]:
+    """The Drafter a parsed file describes, however broken, and what the reading found (see the module docstring)."""
+    d = drafter_from_gguf(g, strict=False)
+    f = KeyFindings(types={name: (v.vtype, v.sub) for name, v in g.metadata.items()}, architecture=g.architecture)
+    for short in KEYS:
+        v = g.metadata.get(key(short))
+        if v is not None:
+            f.values[short] = _typed(v)
+            if v.vtype == ValueType.ARRAY:
+                f.lengths[short] = len(v.value)
+    for short in PER_LAYER_KEYS:
+        arr = as_ints(g.metadata.get(key(short)))
+        if arr is not None:
+            f.per_layer[short] = arr
+    return d, f
 
 
 def drafter_from_gguf(g: GGUFFile, *, strict: bool = True) -> Drafter:
@@ -109,7 +172,7 @@ def drafter_from_gguf(g: GGUFFile, *, strict: bool = True) -> Drafter:
     act = as_text(get("hidden_activation"))
     ids = as_ints(get("target_layers"))
     d = Drafter(
-        origin=Origin(Path(g.path), Path(g.path), [Path(g.path)], "gguf"),
+        origin=Origin(Path(g.path), Path(g.path), [Path(g.path)], "gguf", file_type=as_int(md.get(key("file_type")))),
         n_layers=as_int(get("block_count")),  # type: ignore[arg-type]
         hidden_size=E,  # type: ignore[arg-type]
         intermediate_size=per_layer_or_scalar(get("feed_forward_length")),  # type: ignore[arg-type]
@@ -139,6 +202,7 @@ def drafter_from_gguf(g: GGUFFile, *, strict: bool = True) -> Drafter:
         hidden_act=act if act is not None else "silu",
         draft_vocab_size=d2t.ne[0] if d2t is not None else None,
         tensors=[DrafterTensor(t.name, gguf_to_hf(t.name) or t.name, t) for t in g.tensors],
+        tokenizer=tokenizer_keys(g),
     )
     _read_family(d, g)
     if strict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ..tensor_source import FdCache, pread_into
+from ..files import FdCache, open_regular, pread_into
 
 # Header cap: the reference implementation refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -100,7 +100,6 @@ def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 def read_header(path: str | Path) -> tuple[list[TensorRef], dict[str, str]]:
     """Parse and validate a safetensors header. Returns tensors in data order and __metadata__."""
-    from ..files import open_regular
 
     path = Path(path)
     fd = open_regular(path, "safetensors file")  # a FIFO or a device is refused, never read

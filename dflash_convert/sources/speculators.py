@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from ..drafter import Drafter
+from ..format.family import SPECULATORS_DFLASH, SPECULATORS_DSPARK
 from ..target import Target
 from .checkpoint import Checkpoint
 from .zlab import MAX_VOCAB, ConfigView, build_drafter
@@ -28,9 +29,9 @@ def is_speculators(cfg: dict[str, Any]) -> bool:
 def read_speculators(ckpt: Checkpoint, target: Target | None) -> Drafter:
     top = ConfigView(ckpt.config, ckpt.config_path)
     kind = top.cfg.get("speculators_model_type")
-    if kind != "dflash":
-        raise top.error(f"speculators_model_type {kind!r} is not supported (only 'dflash'; EAGLE-3 and DSpark "
-                        "drafters convert with llama.cpp's own converter)")
+    if kind != SPECULATORS_DFLASH:
+        raise top.error(f"speculators_model_type {kind!r} is not supported (only {SPECULATORS_DFLASH!r} and "
+                        f"{SPECULATORS_DSPARK!r}; EAGLE-3 drafters convert with llama.cpp's own converter)")
     layer = top.cfg.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise top.error("transformer_layer_config is missing: it holds the draft decoder's hyper-parameters")

@@ -16,13 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from ..drafter import Drafter, DrafterTensor
+from ..encoders.floats import FLOAT_WORDS, widen_to_f32
 from ..errors import InputFileError
+from ..files import check_regular_file
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, OUTPUT_TENSOR
 from ..format.tensors import CHECKED_NOT_WRITTEN, gguf_to_hf
 from ..target import Target
 from ..tensor_source import ArraySource, RowOverride, TensorSource, source_path, unwrap
 from .checkpoint import Checkpoint
 from .safetensors import TensorRef
+from .target import target_tensors
 
 log = logging.getLogger("dflash_convert")
 
@@ -64,8 +67,6 @@ def check_d2t(d2t: np.ndarray, t2d: np.ndarray | None, n_draft: int, n_target: i
 
 def _equal(a: TensorSource, b: TensorSource) -> bool:
     """Same values (streamed, so a 2 GB embedding costs no more than a chunk of memory)."""
-    from ..codecs.floats import FLOAT_WORDS, widen_to_f32
-
     if a.shape != b.shape:
         return False
     if a.dtype != b.dtype and not (a.dtype in FLOAT_WORDS and b.dtype in FLOAT_WORDS):
@@ -82,9 +83,7 @@ def _equal(a: TensorSource, b: TensorSource) -> bool:
 
 
 def _mask_embedding(d: Drafter, path: Path) -> np.ndarray:
-    import torch
-
-    from ..files import check_regular_file
+    import torch  # heavy: only a checkpoint with mask_embedding.pt needs it (torch.load, weights only)
 
     check_regular_file(path, MASK_EMBEDDING_FILE)
     try:
@@ -109,7 +108,7 @@ def _mask_embedding(d: Drafter, path: Path) -> np.ndarray:
 
 def _as_words(values: np.ndarray, dtype: str) -> np.ndarray:
     """float32 values -> raw words of a safetensors dtype, converted as torch's .to(dtype) would."""
-    import torch
+    import torch  # heavy: only the mask row of mask_embedding.pt is converted with it
 
     t = torch.from_numpy(values.astype(np.float32))
     if dtype == "BF16":
@@ -171,7 +170,7 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: Target | None, *, k
         return
 
     emb, head = by.get(EMBEDDING_TENSOR), by.get(OUTPUT_TENSOR)
-    weights = target.weights() if target is not None else None
+    weights = target_tensors(target) if target is not None else None
     if emb is not None and not keep_embeddings and weights:
         t_emb = weights.get("embed")
         same_emb = t_emb is not None and _equal(emb.source, t_emb)
@@ -189,7 +188,7 @@ def resolve_vocabulary(d: Drafter, ckpt: Checkpoint, target: Target | None, *, k
 
 
 def _target_tensor(target: Target | None, d: Drafter, which: str, why: str, what: str | None = None) -> TensorSource:
-    weights = target.weights() if target is not None else None
+    weights = target_tensors(target) if target is not None else None
     ref = (weights or {}).get(which)
     if ref is None:
         what = what or ("embedding" if which == "embed" else "output head")
@@ -199,5 +198,5 @@ def _target_tensor(target: Target | None, d: Drafter, which: str, why: str, what
 
 
 def _target_head(target: Target | None, d: Drafter, why: str) -> TensorSource:
-    tied = bool(target is not None and target.text_config().get("tie_word_embeddings", False))
+    tied = bool(target is not None and target.text_config.get("tie_word_embeddings", False))
     return _target_tensor(target, d, "embed" if tied else "head", why, "output head")

@@ -16,7 +16,9 @@ import numpy as np
 
 from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
 from ..errors import ConfigError, InputFileError
+from ..format.family import ZLAB_ARCHITECTURES
 from ..format.ggml import GGUF_MAX_ARRAY_ELEMENTS
+from ..format.keys import I32_MAX, U32_MAX
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, MAX_LAYERS
 from ..format.tensors import (
     CHECKED_NOT_WRITTEN,
@@ -38,7 +40,6 @@ from .checkpoint import Checkpoint, merged_text_config
 
 log = logging.getLogger("dflash_convert")
 
-ZLAB_ARCHITECTURES = ("DFlashDraftModel",)
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 CONTEXT_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
 ROPE_THETA_KEYS = ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base")
@@ -47,8 +48,6 @@ PARTIAL_ROTARY_KEYS = ("partial_rotary_factor", "rope_pct", "rope_percent")
 SUPPORTED_ACTIVATIONS = {"silu": None, "swish": None, "gelu": "gelu", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
 
 
-U32_MAX = (1 << 32) - 1
-I32_MAX = (1 << 31) - 1
 F32_MAX = float(np.finfo(np.float32).max)
 # a vocabulary is a GGUF array: llama.cpp reads at most this many elements
 MAX_VOCAB = GGUF_MAX_ARRAY_ELEMENTS

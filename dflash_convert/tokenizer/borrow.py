@@ -10,27 +10,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputFileError
+from ..format.keys import TOKENIZER_MODEL_BPE
 from ..metadata import Metadata
 from ..target import Target
 from .bpe import read_bpe_vocab
 from .from_gguf import copy_tokenizer_keys
+from .gemma4 import write_gemma4_vocab
 from .probe import Probe
 from .special import load_tokenizer_files, read_special_tokens
 
+BPE, GEMMA4 = TOKENIZER_MODEL_BPE, "gemma4"  # the two routes: byte-level BPE (tokenizer.json), Gemma-4's own
 # target architecture -> vocabulary route
 ROUTES: dict[str, str] = {
-    "Qwen2ForCausalLM": "gpt2",
-    "Qwen3ForCausalLM": "gpt2",
-    "Qwen3MoeForCausalLM": "gpt2",
-    "Qwen3NextForCausalLM": "gpt2",
-    "Qwen3_5ForCausalLM": "gpt2",
-    "Qwen3_5ForConditionalGeneration": "gpt2",
-    "Qwen3_5MoeForCausalLM": "gpt2",
-    "Qwen3_5MoeForConditionalGeneration": "gpt2",
-    "LlamaForCausalLM": "gpt2",  # Llama-3.x: byte-level BPE in tokenizer.json
-    "GptOssForCausalLM": "gpt2",
-    "Gemma4ForCausalLM": "gemma4",
-    "Gemma4ForConditionalGeneration": "gemma4",
+    "Qwen2ForCausalLM": BPE,
+    "Qwen3ForCausalLM": BPE,
+    "Qwen3MoeForCausalLM": BPE,
+    "Qwen3NextForCausalLM": BPE,
+    "Qwen3_5ForCausalLM": BPE,
+    "Qwen3_5ForConditionalGeneration": BPE,
+    "Qwen3_5MoeForCausalLM": BPE,
+    "Qwen3_5MoeForConditionalGeneration": BPE,
+    "LlamaForCausalLM": BPE,  # Llama-3.x: byte-level BPE in tokenizer.json
+    "GptOssForCausalLM": BPE,
+    "Gemma4ForCausalLM": GEMMA4,
+    "Gemma4ForConditionalGeneration": GEMMA4,
 }
 
 
@@ -42,7 +45,7 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
         raise InputFileError(
             f"no tokenizer route for target architecture {architecture!r}; convert the target with "
             "llama.cpp and pass --target-gguf TARGET.gguf to copy its tokenizer", target_dir / "config.json")
-    if route == "gpt2":
+    if route == BPE:
         if (target_dir / "tokenizer.model").is_file() and architecture.startswith(("Qwen", "Llama")):  # type: ignore[union-attr]
             raise InputFileError(
                 "target ships a SentencePiece tokenizer.model, which llama.cpp would convert as an SPM "
@@ -54,14 +57,12 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
         tj, tc = load_tokenizer_files(target_dir)
         assert tj is not None
         vocab = read_bpe_vocab(target_dir, tj, tc or {}, vocab_size, result, tokenizer_pre)
-        md.set("tok_model", "gpt2")
+        md.set("tok_model", TOKENIZER_MODEL_BPE)
         md.set("tok_pre", vocab.pre)
         md.set("tok_tokens", vocab.tokens)
         md.set("tok_token_type", vocab.token_types)
         read_special_tokens(target_dir, tj, tc).write(md)
         return len(vocab.tokens)
-    from .gemma4 import write_gemma4_vocab
-
     return write_gemma4_vocab(md, target_dir)
 
 

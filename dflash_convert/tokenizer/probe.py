@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputFileError
+from ..files import check_regular_file
 from .pre_hashes import PROBE_TEXT
 
 
@@ -30,7 +31,7 @@ class ProbeResult:
 
 
 def probe_in_process(tokenizer_json: Path) -> ProbeResult:
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # heavy (~200 MB for a large BPE): loaded only in the probe's own process
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     texts = [a.content for a in tok.get_added_tokens_decoder().values() if not a.normalized]
@@ -44,8 +45,6 @@ class Probe:
     """A running probe; call result() to collect it."""
 
     def __init__(self, tokenizer_json: Path) -> None:
-        from ..files import check_regular_file
-
         check_regular_file(tokenizer_json, "tokenizer.json")
         self.path = tokenizer_json
         self.proc = subprocess.Popen([sys.executable, "-m", "dflash_convert.tokenizer.probe", str(tokenizer_json)],

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputFileError
+from ..files import read_regular_bytes
 from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
 from ..metadata import Metadata
 from ..sources.checkpoint import read_json
@@ -186,8 +187,6 @@ def _from_post_processor(st: SpecialTokens, post: dict[str, Any], tc: dict[str, 
 
 def _text(path: Path) -> str:
     """A template file's text (never rendered), refusing FIFOs and devices."""
-    from ..files import read_regular_bytes
-
     try:
         return read_regular_bytes(path, path.name).decode("utf-8")
     except UnicodeDecodeError as e:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..files import FdCache
 from ..format.ggml import GGMLType
 from ..sources.gguf import GGUFFile, GGUFTensor
-from ..tensor_source import FdCache
 from .report import Check, check_from
 
 CHUNK_BYTES = 16 << 20
@@ -35,6 +35,7 @@ def _bad_float(words: np.ndarray, t: GGUFTensor) -> int:
 
 def _bad_quantized(raw: np.ndarray, t: GGUFTensor) -> int | None:
     try:
+        # gguf-py's dequantizers: only --deep on a quantized file needs them
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 

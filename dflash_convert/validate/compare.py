@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..files import FdCache
 from ..format.keys import GENERAL_PREFIX
 from ..sources.gguf import GGUFTensor, read_gguf
-from ..tensor_source import FdCache
 
 CHUNK_BYTES = 16 << 20
 

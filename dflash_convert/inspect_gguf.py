@@ -1,49 +1,56 @@
-"""inspect(): what a DFlash GGUF holds, and how to pair it with its target in llama.cpp."""
+"""inspect: what a DFlash GGUF holds, and how to pair it with its target in llama.cpp.
+
+The key and tensor listing shows the container as stored (that is what inspect is for); the
+summary lines read the Drafter the lenient reader makes of the file (``read_lenient``), the same
+reading validate judges.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
-from .format.keys import ARCH, ValueType, key
+from .format.keys import ValueType
 from .format.rules import DEFAULT_BLOCK_SIZE
-from .sources.gguf import GGUFFile, NumArray, read_gguf
+from .sources.gguf import GGUFFile, GGUFValue, NumArray, read_gguf
+from .sources.gguf_drafter import read_lenient
 
 
-def read_summary(path: str | Path) -> GGUFFile:
-    return read_gguf(path)
+def read_summary(path: str | Path) -> tuple[GGUFFile, Drafter]:
+    """The parsed file and the Drafter its lenient reading gives."""
+    g = read_gguf(path)
+    return g, read_lenient(g)[0]
 
 
-def type_name(g: GGUFFile, key: str) -> str:
-    v = g.metadata[key]
+def type_name(v: GGUFValue) -> str:
     return v.vtype.name if v.vtype != ValueType.ARRAY else f"ARRAY[{v.sub.name}]"  # type: ignore[union-attr]
 
 
-def block_size(g: GGUFFile) -> int:
-    return int(g.get(key("block_size", g.architecture or ARCH), DEFAULT_BLOCK_SIZE))
+def block_size(d: Drafter) -> int:
+    return d.block_size if d.block_size is not None else DEFAULT_BLOCK_SIZE
 
 
-def member(g: GGUFFile) -> tuple[str, str]:
+def member(d: Drafter) -> tuple[str, str]:
     """(DFlash, DFlash2 or DSpark; the --spec-type llama.cpp runs it with), from the file's tensors."""
-    m = member_of({t.name for t in g.tensors})
+    m = member_of({t.gguf_name for t in d.tensors})
     return m, SPEC_TYPES[m]
 
 
-def member_line(g: GGUFFile) -> str:
+def member_line(d: Drafter) -> str:
     """One line naming the family member and the speculative type, with the tensor that decides it."""
-    m, spec = member(g)
+    m, spec = member(d)
     why = {DSPARK: f"{MARKOV_W1} present", DFLASH2: f"{SELECTOR_HIDDEN} present"}.get(m, "no Markov head, no selector")
     return f"drafter: {m} (llama.cpp runs it as --spec-type {spec}: {why})"
 
 
-def pairing_hint(g: GGUFFile) -> str:
+def pairing_hint(d: Drafter) -> str:
     """The llama-server line that pairs this drafter with its target, with the member's speculative type;
     n-max is block_size - 1 (the anchor slot), or block_size for DSpark sampling from the anchor."""
-    m, spec = member(g)
-    sfa = g.metadata.get(key("sample_from_anchor", g.architecture or ARCH))
-    n_max = max(1, draft_tokens_per_block(m, block_size(g), None if sfa is None else bool(sfa.value)))
-    return f"llama-server -m TARGET.gguf -md {g.path} --spec-type {spec} --spec-draft-n-max {n_max} -fa on"
+    m, spec = member(d)
+    n_max = max(1, draft_tokens_per_block(m, block_size(d), d.sample_from_anchor))
+    return f"llama-server -m TARGET.gguf -md {d.origin.path} --spec-type {spec} --spec-draft-n-max {n_max} -fa on"
 
 
 def short(value: Any, limit: int = 8) -> str:

@@ -9,26 +9,27 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .drafter import Drafter
 from .errors import ConfigError, DFlashError, InputFileError
-from .files import Inputs, check_output_path, refuse_unless_valid
+from .files import open_regular
 from .format.family import VOCAB_ROW_TENSORS
-from .format.ggml import OUTTYPES, QUANTIZATION_VERSION, FileType
+from .format.ggml import QUANTIZATION_VERSION
 from .format.keys import ARCH, key
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
+from .outputs import Inputs, check_output_path
 from .pipeline import ChunkPipeline, PlannedTensor
-from .plan import choose_file_type, plan_tensors
+from .plan import OutType, append_file_type, plan_tensors, quantize_planned, resolve_outtype
 from .sources.checkpoint import read_checkpoint
-from .sources.family import is_family, read_family
-from .sources.speculators import is_speculators, read_speculators
-from .sources.vocabulary import resolve_vocabulary
-from .sources.zlab import read_zlab
-from .target import Target, read_target_dir, read_target_gguf
+from .sources.dispatch import read_checkpoint_drafter
+from .sources.target import read_target_dir, read_target_gguf
+from .target import Target
 from .tensor_source import source_path
 from .tokenizer import borrow_from_dir, borrow_from_gguf
+from .tokenizer.pre_hashes import KNOWN_PRE_NAMES
+from .validate.gate import ValidationGate
 from .write import string_array_item_offset, write_gguf
 
 log = logging.getLogger("dflash_convert")
@@ -70,14 +71,23 @@ class ConversionPlan:
     drafter: Drafter
     metadata: Metadata
     tensors: list[PlannedTensor]
-    file_type: FileType | int  # a FileType for f32/f16/bf16/q8_0, the LLAMA_FTYPE value for a quantize type
+    outtype: OutType  # --outtype, resolved
     output: Path
     target: Target
     n_tokens: int
     hasher: SourceHasher | None = None
     inputs: Inputs | None = None  # every file and model directory the conversion reads
-    type_name: str = ""  # F16, BF16, Q4_K_M, ...: what the file is called after
     fallbacks: int = 0
+
+    @property
+    def type_name(self) -> str:
+        """F16, BF16, Q4_K_M, ...: what the file is called after."""
+        return self.outtype.name
+
+    @property
+    def file_type(self) -> int:
+        """general.file_type (LLAMA_FTYPE_*)."""
+        return self.outtype.file_type.value
 
     @property
     def total_bytes(self) -> int:
@@ -85,8 +95,6 @@ class ConversionPlan:
 
 
 def _sha256_file(path: Path) -> str:
-    from .files import open_regular
-
     h = hashlib.sha256()
     buf = bytearray(8 << 20)
     view = memoryview(buf)
@@ -94,9 +102,6 @@ def _sha256_file(path: Path) -> str:
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
-
-
-_FILE_TYPE_NAMES = {FileType.ALL_F32: "F32", FileType.MOSTLY_F16: "F16", FileType.MOSTLY_BF16: "BF16", FileType.MOSTLY_Q8_0: "Q8_0"}
 
 
 def default_output(src: Path, type_name: str) -> Path:
@@ -113,26 +118,16 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     provenance keys write_plan fills in (pass False for a dry run).
     """
     src = Path(src_dir)
-    quant = None
-    if outtype != "auto" and outtype not in OUTTYPES:
-        from .quantize import QUANT_TYPES, parse_ftype
-
-        try:
-            quant = parse_ftype(outtype)
-        except DFlashError:
-            raise DFlashError(f"unknown --outtype {outtype!r} (choose from auto, {', '.join(OUTTYPES)}, "
-                              f"or a quantization type: {', '.join(QUANT_TYPES)})") from None
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     if outfile is not None and not os.fspath(outfile).strip():
         raise DFlashError("the output path is empty (-o \"\")")
-    if tokenizer_pre is not None:
-        from .tokenizer.pre_hashes import KNOWN_PRE_NAMES
-
-        if tokenizer_pre not in KNOWN_PRE_NAMES:
-            raise ConfigError(f"--tokenizer-pre {tokenizer_pre!r} is not a pre-tokenizer llama.cpp 0c1e57098 knows (it would "
-                              f"refuse to load the file); choose from: {', '.join(sorted(KNOWN_PRE_NAMES))}")
+    if tokenizer_pre is not None and tokenizer_pre not in KNOWN_PRE_NAMES:
+        raise ConfigError(f"--tokenizer-pre {tokenizer_pre!r} is not a pre-tokenizer llama.cpp 0c1e57098 knows (it would "
+                          f"refuse to load the file); choose from: {', '.join(sorted(KNOWN_PRE_NAMES))}")
     ckpt = read_checkpoint(src)
+    first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
+    out_type = resolve_outtype(outtype, first_matrix)
     hasher = SourceHasher(ckpt.files) if hash_sources else None
 
     tok_md = Metadata()
@@ -146,11 +141,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         n_tokens = -1
         vocab_where = str(target_model_dir)
 
-    if is_family(ckpt):  # DFlash2, DSpark, Gemma-4 DSpark (sources/family.py)
-        drafter = read_family(ckpt, target)
-    else:
-        drafter = read_speculators(ckpt, target) if is_speculators(ckpt.config) else read_zlab(ckpt, target)
-    resolve_vocabulary(drafter, ckpt, target, keep_embeddings=keep_embeddings)
+    drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=keep_embeddings)
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
                                    drafter.vocab_size, tokenizer_pre)
@@ -161,10 +152,6 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                 raise InputFileError(f"{t.hf_name} has {rows} rows but the vocabulary has {n_tokens} tokens",
                                      source_path(t.source))
 
-    first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
-    # a quantization type converts as auto would (bf16 for a bf16 checkpoint, else f16), then
-    # quantizes each tensor in the same pass: the bytes of `convert --outtype bf16` + `quantize`
-    file_type, matrix_type = choose_file_type("auto" if quant else outtype, first_matrix)
 
     md = Metadata()
     md.set("architecture", ARCH)
@@ -175,31 +162,31 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     md.set("source_config_sha256", _sha256_file(ckpt.config_path))
     md.set("source_files", [p.name for p in ckpt.files])
     md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
-    write_hparams(md, drafter, file_type)
-    md.set("quantization_version", QUANTIZATION_VERSION)
+    # general.file_type goes where upstream's converter puts it, or, when the same pass quantizes,
+    # last (after the quantization version), where llama-quantize puts it
+    write_hparams(md, drafter, None if out_type.quantize else out_type.file_type.value)
+    if not out_type.quantize:
+        md.set("quantization_version", QUANTIZATION_VERSION)
+    drafter.tokenizer = tok_md
     for kv in tok_md:
         md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
     write_mask_token_id(md, drafter, n_tokens, vocab_where)
 
-    planned = plan_tensors(drafter, matrix_type)
-    type_name = _FILE_TYPE_NAMES[file_type]
+    planned = plan_tensors(drafter, out_type.convert_to.matrix_type)
     fallbacks = 0
-    if quant is not None:
-        from .quantize import quantize_planned, quantized_metadata
-
-        file_type, planned, fallbacks = quantize_planned(planned, drafter, quant, where=ckpt.config_path)
-        md = quantized_metadata(md, file_type)
-        type_name = quant
-    output = Path(outfile) if outfile is not None else default_output(src, type_name)
+    if out_type.quantize:
+        _, planned, fallbacks = quantize_planned(planned, drafter, out_type.quantize, where=ckpt.config_path)
+        append_file_type(md, out_type.file_type.value)
+    output = Path(outfile) if outfile is not None else default_output(src, out_type.name)
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
-        output = output / default_output(src, type_name).name
+        output = output / default_output(src, out_type.name).name
     inputs = Inputs()
     inputs.add_directory(src)
     inputs.add_directory(target_model_dir)
     inputs.add_file(target_gguf)
     inputs.add_files([ckpt.config_path, *ckpt.files])
-    return ConversionPlan(drafter, md, planned, file_type, output, target, n_tokens, hasher=hasher,
-                          type_name=type_name, fallbacks=fallbacks, inputs=inputs)
+    return ConversionPlan(drafter, md, planned, out_type, output, target, n_tokens, hasher=hasher,
+                          fallbacks=fallbacks, inputs=inputs)
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:
@@ -220,7 +207,7 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
     try:
         with ChunkPipeline() as pipeline:
             write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, finish=finish,
-                       verify=refuse_unless_valid(plan.output))
+                       verify=ValidationGate(plan.output))
     finally:
         hasher.thread.join()
     return plan.output

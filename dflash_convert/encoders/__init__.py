@@ -71,6 +71,7 @@ def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]
     Only for --allow-requantize: a quantized tensor is widened back to float32 and quantized again,
     as llama-quantize does.
     """
+    # gguf-py's dequantizers: only requantizing needs them
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 

@@ -41,11 +41,10 @@ from ..format.family import (
     draft_tokens_per_block,
     member_of,
 )
-from ..format.keys import ValueType, key
+from ..format.keys import key
 from ..format.quant_types import n_dims
 from ..format.rules import DEFAULT_BLOCK_SIZE, VECTOR_TYPE, WEIGHT_SUFFIX
 from ..format.tensors import generic_name, layer_name, layer_of
-from ..sources.gguf_drafter import as_int
 from .report import Check, check_from
 
 
@@ -64,21 +63,24 @@ def family_member(names: set[str]) -> tuple[str, str]:
     return member, SPEC_TYPES[member]
 
 
-def check_family(f) -> Check:  # f: semantics.DrafterView (not imported: semantics imports this module)
-    g = f.g
-    md = g.metadata
-    names = {t.name for t in g.tensors}
+def _ne(t) -> tuple[int, ...]:
+    return tuple(reversed(t.shape))
+
+
+def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics imports this module)
+    d, f = r.d, r.f
+    names = r.names
     member, spec = family_member(names)
-    E, V, VD = f.dims.get("E"), f.dims.get("V"), f.dims.get("VD")
-    n_layer = f.n_layer or 0
+    E, V, VD = r.dims.get("E"), r.dims.get("V"), r.dims.get("VD")
+    n_layer = r.n_layer or 0
     problems: list[str] = []
     warnings: list[str] = []
-    block_v = md.get(key("block_size"))
-    block = as_int(block_v)
+    has_block = f.has("block_size")
+    block = d.block_size if has_block else None
 
     # --- DFlash2 -----------------------------------------------------------------------------
-    values = {s: as_int(md.get(key(s))) for s in CONV_SELECTOR_KEYS}
-    present = [s for s in CONV_SELECTOR_KEYS if key(s) in md]
+    values = {s: f.int_value(s) for s in CONV_SELECTOR_KEYS}
+    present = [s for s in CONV_SELECTOR_KEYS if f.has(s)]
     if present and len(present) != len(CONV_SELECTOR_KEYS):
         absent = [key(s) for s in CONV_SELECTOR_KEYS if s not in present]
         problems.append(f"{', '.join(absent)} missing next to {', '.join(key(s) for s in present)}: the DFlash2 conv/selector "
@@ -88,9 +90,9 @@ def check_family(f) -> Check:  # f: semantics.DrafterView (not imported: semanti
     SR, top_k = values["selector_rank"], values["selector_top_k"]
     if SELECTOR_HIDDEN in names:
         bad = [key(s) for s in CONV_SELECTOR_KEYS if not values[s] or values[s] <= 0]
-        if block_v is not None and (block is None or block <= 0):
+        if has_block and (block is None or block <= 0):
             bad.append(key("block_size"))
-        elif block_v is None:
+        elif not has_block:
             bad.append(f"{key('block_size')} (the loader reads 0 when it is missing)")
         if bad:
             problems.append(f"{', '.join(bad)} missing or not positive with {SELECTOR_HIDDEN}: llama.cpp refuses the file "
@@ -109,22 +111,20 @@ def check_family(f) -> Check:  # f: semantics.DrafterView (not imported: semanti
                         f"tensors only with {SELECTOR_HIDDEN} (\"wrong number of tensors\")")
 
     # --- DSpark ------------------------------------------------------------------------------
-    w1, w2, conf = g.tensor(MARKOV_W1), g.tensor(MARKOV_W2), g.tensor(CONF_PROJ)
-    R = w1.ne[0] if w1 is not None else None
-    has_conf_v = md.get(key("has_confidence_head"))
-    has_conf = bool(has_conf_v.value) if has_conf_v is not None and has_conf_v.vtype == ValueType.BOOL else None
-    sfa_v = md.get(key("sample_from_anchor"))
-    sfa = bool(sfa_v.value) if sfa_v is not None and sfa_v.vtype == ValueType.BOOL else None
+    w1, w2, conf = r.tensor(MARKOV_W1), r.tensor(MARKOV_W2), r.tensor(CONF_PROJ)
+    R = _ne(w1)[0] if w1 is not None else None
+    has_conf = d.has_confidence_head
+    sfa = d.sample_from_anchor
     if w1 is not None:
         if w2 is None:
             problems.append(f"{MARKOV_W2} is missing: llama.cpp requires it with {MARKOV_W1}")
-        elif w2.ne[0] != R:
-            problems.append(f"the Markov ranks disagree: {MARKOV_W1} has {R} columns, {MARKOV_W2} {w2.ne[0]} (llama.cpp "
+        elif _ne(w2)[0] != R:
+            problems.append(f"the Markov ranks disagree: {MARKOV_W1} has {R} columns, {MARKOV_W2} {_ne(w2)[0]} (llama.cpp "
                             "loads both with markov_w1's rank: \"tensor has wrong shape\")")
-        if conf is not None and E is not None and conf.ne[0] != E + R:  # type: ignore[operator]
-            problems.append(f"{CONF_PROJ} takes {conf.ne[0]} inputs, but hidden + Markov rank is {E} + {R} = {E + R} "  # type: ignore[operator]
+        if conf is not None and E is not None and _ne(conf)[0] != E + R:  # type: ignore[operator]
+            problems.append(f"{CONF_PROJ} takes {_ne(conf)[0]} inputs, but hidden + Markov rank is {E} + {R} = {E + R} "  # type: ignore[operator]
                             "(the Markov ranks of markov_w1 and conf_proj disagree)")
-        if block_v is None:
+        if not has_block:
             problems.append(f"{key('block_size')} is missing: the DSpark Markov head asserts it "
                             f"(\"DSpark draft requires '{key('block_size')}' in GGUF metadata\")")
         if has_conf is True and conf is None:
@@ -136,36 +136,37 @@ def check_family(f) -> Check:  # f: semantics.DrafterView (not imported: semanti
         elif has_conf is None and conf is None:
             warnings.append(f"no {key('has_confidence_head')} and no {CONF_PROJ}: the driver assumes a confidence head when "
                             "the key is missing, so --spec-draft-p-min > 0 reads one nothing computes")
-        if g.tensor(CONF_PROJ_BIAS) is not None and conf is None:
+        if r.tensor(CONF_PROJ_BIAS) is not None and conf is None:
             warnings.append(f"{CONF_PROJ_BIAS} without {CONF_PROJ}: loaded, never used")
     else:
         stray = [n for n in MARKOV_TENSORS if n in names]
         if stray:
             problems.append(f"{', '.join(stray)}: llama.cpp claims DSpark tensors only with {MARKOV_W1} (\"wrong number of "
                             "tensors\")")
-        extra = [key(s) for s, v in (("sample_from_anchor", sfa_v), ("has_confidence_head", has_conf_v)) if v is not None]
+        extra = [key(s) for s in ("sample_from_anchor", "has_confidence_head") if f.has(s)]
         if extra:
             warnings.append(f"{', '.join(extra)} without a Markov head: read only by draft-dspark, this file runs as {spec}")
 
     # --- shapes and types --------------------------------------------------------------------
     dims = {"E": E, "V": V, "VD": VD, "R": R, "ER": None if R is None or E is None else E + R, "SR": SR, "CK": K,
             "CP": 2 * K * (E // G) if K and G and E and G > 0 else None}
-    for t in g.tensors:
-        spec_shape = FAMILY_HF_SHAPES.get(generic_name(t.name))
-        if spec_shape is None or (layer_of(t.name) is not None and generic_name(t.name) not in CONV_TENSORS):
+    for t in d.tensors:
+        name, ne = t.gguf_name, _ne(t)
+        spec_shape = FAMILY_HF_SHAPES.get(generic_name(name))
+        if spec_shape is None or (layer_of(name) is not None and generic_name(name) not in CONV_TENSORS):
             continue
         want = tuple(int(s) if s.isdigit() else dims.get(s) for s in reversed(spec_shape))
-        rank_reported = (t.name == MARKOV_W2 and w1 is not None and t.ne[0] != R) or (
-            t.name == CONF_PROJ and dims["ER"] is not None and t.ne[0] != dims["ER"])  # said above, once
-        if None not in want and _trimmed(t.ne) != _trimmed(want) and not rank_reported:  # type: ignore[arg-type]
-            problems.append(f"{t.name} has shape {_shape(t.ne)}, llama.cpp expects {_shape(want)} (\"tensor has wrong shape\")")  # type: ignore[arg-type]
-        if generic_name(t.name) in CONV_BASES and t.ggml_type.name != CONV_BASE_TYPE:
-            problems.append(f"{t.name} is {t.ggml_type.name}, must be {CONV_BASE_TYPE} (the graph adds it to F32 "
+        rank_reported = (name == MARKOV_W2 and w1 is not None and ne[0] != R) or (
+            name == CONF_PROJ and dims["ER"] is not None and ne[0] != dims["ER"])  # said above, once
+        if None not in want and _trimmed(ne) != _trimmed(want) and not rank_reported:  # type: ignore[arg-type]
+            problems.append(f"{name} has shape {_shape(ne)}, llama.cpp expects {_shape(want)} (\"tensor has wrong shape\")")  # type: ignore[arg-type]
+        if generic_name(name) in CONV_BASES and t.dtype != CONV_BASE_TYPE:
+            problems.append(f"{name} is {t.dtype}, must be {CONV_BASE_TYPE} (the graph adds it to F32 "
                             "coefficients; upstream writes it F32 and llama-quantize keeps it)")
-        elif not t.name.endswith(WEIGHT_SUFFIX) and t.ggml_type.name != VECTOR_TYPE:  # conf_proj.bias, markov_w2.scale
-            problems.append(f"{t.name} is {t.ggml_type.name}, must be {VECTOR_TYPE}")
+        elif not name.endswith(WEIGHT_SUFFIX) and t.dtype != VECTOR_TYPE:  # conf_proj.bias, markov_w2.scale
+            problems.append(f"{name} is {t.dtype}, must be {VECTOR_TYPE}")
 
-    summary = _summary(member, spec, R, conf is not None, K, G, SR, top_k, block if block_v is not None else DEFAULT_BLOCK_SIZE, sfa)
+    summary = _summary(member, spec, R, conf is not None, K, G, SR, top_k, block if has_block else DEFAULT_BLOCK_SIZE, sfa)
     return check_from("family", problems, warnings, summary, f"{member} parts llama.cpp refuses or mis-runs", summary)
 
 

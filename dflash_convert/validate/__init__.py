@@ -2,7 +2,9 @@
 
 Layers of checks, each in its own module: the container (sources/gguf.py, the bounds-checked
 reader), the dialect (dialects.py), the semantics of an upstream dflash drafter (semantics.py),
-optionally a NaN/Inf scan (numerics.py), and optionally the pairing with a target (target.py).
+optionally a NaN/Inf scan (numerics.py), and optionally the pairing with a target (target.py). The
+file is parsed once, and read once leniently into a Drafter and the reader's findings
+(``sources.gguf_drafter.read_lenient``); every check reads those.
 Results are ``report.Check`` objects; ``report`` renders them for people and as JSON.
 """
 
@@ -12,10 +14,14 @@ import os
 from pathlib import Path
 
 from ..errors import InputFileError
+from ..format.keys import ARCH
 from ..sources.gguf import read_gguf
+from ..sources.gguf_drafter import read_lenient
 from .dialects import detect, dialect_check
+from .numerics import scan
 from .report import FAIL, PASS, SKIP, Check, Report
-from .semantics import semantic_checks, skipped_semantics
+from .semantics import Reading, semantic_checks, skipped_semantics
+from .target import target_checks
 
 __all__ = ["Check", "Report", "validate"]
 
@@ -33,7 +39,7 @@ def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *
                         f"data aligned to {g.alignment}, every bound checked")]
         match = detect(g)
         checks.append(dialect_check(match))
-        if g.architecture != "dflash":
+        if g.architecture != ARCH:
             reason = ("not a DFlash drafter" if not match.is_drafter
                       else f"the file is in the {match.name} dialect; run dflash-convert migrate first")
             checks += skipped_semantics(reason)
@@ -41,20 +47,16 @@ def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *
             if target_path is not None:
                 checks.append(Check("target", SKIP, reason))
             return Report(path, target_path, checks, match.name)
-        facts, sem = semantic_checks(g)
-        checks += sem
+        reading = Reading(*read_lenient(g))
+        checks += semantic_checks(reading)
         if deep:
-            from .numerics import scan
-
             checks.append(scan(g))
         else:
             checks.append(Check("numerics", SKIP, "NaN/Inf scan not run (pass --deep)"))
         if target_path is None:
             checks.append(Check("target", SKIP, "no --target: hidden size, tokenizer and layer range not checked against the target"))
         else:
-            from .target import target_checks
-
-            checks += target_checks(facts, target_path)
+            checks += target_checks(reading, target_path)
         return Report(path, target_path, checks, match.name)
     finally:
         g.close()

@@ -1,0 +1,125 @@
+"""Readers of a target model: its Hugging Face directory (config and tokenizer files; the weights
+only when a caller asks for the embedding or the head) or its converted GGUF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, InputFileError
+from ..files import check_regular_file
+from ..format.keys import TOKENIZER_PREFIX, key
+from ..format.rules import DRAFTER_ARCHS, EMBEDDING_TENSOR, OUTPUT_TENSOR
+from ..format.tensors import TARGET_WEIGHT_NAMES
+from ..metadata import Metadata
+from ..target import DIRECTORY, GGUF, Target, decoder_layers
+from ..tensor_source import TensorSource
+from .checkpoint import INDEX_NAME, merged_text_config, read_config, weight_files
+from .gguf import GGUFFile, read_gguf
+from .safetensors import TensorRef, read_header
+
+
+def read_target_dir(target_dir: str | Path) -> Target:
+    target_dir = Path(target_dir)
+    cfg, path = read_config(target_dir, "target model")
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    text = merged_text_config(cfg)
+    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    rope = inner.get("rope_parameters") or inner.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError("rope_parameters/rope_scaling must be an object", path)
+
+    def as_int(k: str) -> int | None:
+        v = text.get(k)
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ConfigError(f"target {k} must be a positive integer, got {v!r}", path)
+        return v
+
+    return Target(
+        source=target_dir,
+        kind=DIRECTORY,
+        architecture=arch,
+        hidden_size=as_int("hidden_size"),
+        n_layers=decoder_layers(as_int("num_hidden_layers"), 0),
+        vocab_size=as_int("vocab_size"),
+        uses_mrope="mrope_section" in rope,
+        config=cfg,
+        text_config=text,
+    )
+
+
+def target_from_gguf(g: GGUFFile) -> Target:
+    """A Target from a parsed GGUF (the caller decides whether a drafter architecture is an error).
+
+    Its tokenizer keys are kept as stored, and its embedding and head are the file's tensors.
+    """
+    arch = g.architecture
+    hidden = blocks = nextn = None
+    if arch:
+        hidden, blocks, nextn = (g.get(key(s, arch)) for s in ("embedding_length", "block_count", "nextn_predict_layers"))
+    tokens = g.get(key("tok_tokens"))
+
+    def as_int(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    tokenizer = Metadata()
+    for name, v in g.metadata.items():
+        if name.startswith(TOKENIZER_PREFIX):
+            tokenizer.set_as_read(name, v.vtype, v.value, v.sub)
+    weights: dict[str, TensorSource] = {}
+    for role, name in (("embed", EMBEDDING_TENSOR), ("head", OUTPUT_TENSOR)):
+        t = g.tensor(name)
+        if t is not None:
+            weights[role] = t
+    return Target(
+        source=g.path,
+        kind=GGUF,
+        architecture=arch,
+        hidden_size=as_int(hidden),
+        n_layers=decoder_layers(as_int(blocks), as_int(nextn)),
+        vocab_size=len(tokens) if isinstance(tokens, list) else None,
+        uses_mrope=False,  # as the converter always did for --target-gguf: the degenerate sections equal NeoX
+        tokenizer=tokenizer,
+        weights=weights,
+    )
+
+
+def read_target_gguf(path: str | Path) -> Target:
+    """A converted target model's GGUF; refuses drafters and files without an architecture."""
+    path = Path(path)
+    check_regular_file(path, "target GGUF")
+    g = read_gguf(path)
+    if g.architecture is None:
+        raise InputFileError(f"target GGUF has no {key('architecture')}", path)
+    if g.architecture in DRAFTER_ARCHS:
+        raise InputFileError(f"this is a {g.architecture} drafter, not a target model; pass the target's GGUF", path)
+    return target_from_gguf(g)
+
+
+def read_target(path: str | Path) -> Target:
+    """A target directory or a target GGUF, whichever ``path`` is."""
+    path = Path(path)
+    return read_target_dir(path) if path.is_dir() else read_target_gguf(path)
+
+
+def target_tensors(t: Target) -> dict[str, TensorSource] | None:
+    """The target's embedding and head as tensor sources (data read on demand), or None.
+
+    A directory's safetensors headers are read the first time this is asked, and kept on the Target.
+    """
+    if t.weights is None:
+        t.weights = {}
+        if t.kind == DIRECTORY and (any(t.source.glob("model*.safetensors"))
+                                    or (t.source / INDEX_NAME).is_file()):
+            found: dict[str, TensorRef] = {}
+            for path in weight_files(t.source)[0]:
+                refs, _ = read_header(path)
+                found.update({r.name: r for r in refs})
+            for role, names in TARGET_WEIGHT_NAMES.items():
+                ref = next((found[n] for n in names if n in found), None)
+                if ref is not None:
+                    t.weights[role] = ref
+    return t.weights or None
