@@ -95,7 +95,7 @@ from .outputs import Inputs, check_output_path
 from .runtime.capture import load_target_model, run_target
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
-from .runtime.reference import load_reference, reference_features, reference_forward, semantics_differ
+from .runtime.reference import load_reference, reference_features, reference_forwards, semantics_differ
 from .runtime.weights import load_weights
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
@@ -472,7 +472,11 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         ref_feats = feats
     weights = load_weights(d, target, device=dev)
     got = run_gguf(d, weights, feats, ids, pos)
-    want = reference_forward(model, ref_feats, ids, pos, semantics="llama.cpp")
+    # the trained semantics too where they can differ from llama.cpp's (else it is the same forward):
+    # both from one pass over the output head
+    semantics = ("llama.cpp", "reference") if semantics_differ(model) else ("llama.cpp",)
+    drafts = reference_forwards(model, ref_feats, ids, pos, semantics)
+    want = drafts["llama.cpp"]
     if want.logits.shape != got.logits.shape:
         raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
                              "different vocabulary or block size", checkpoint_dir)
@@ -495,9 +499,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         checkpoint_values=decoded_from_checkpoint(model.tensors, ckpt.files))]
 
     warnings = [f"embedding/head: {n}" for n in model.notes]
-    # the trained semantics, where they differ from llama.cpp's (else the same forward: not run twice)
-    trained = reference_forward(model, ref_feats, ids, pos, semantics="reference") if semantics_differ(model) else want
-    gap = compare(want, trained)
+    gap = compare(want, drafts.get("reference", want))
     gap["differs"] = gap["top1_agreement"] < 1.0 or gap["hidden_max_abs_err"] > SEMANTICS_HIDDEN_TOL
     if gap["differs"]:
         warnings.append(f"llama.cpp does not run this drafter as it was trained: top-1 agreement between llama.cpp's "

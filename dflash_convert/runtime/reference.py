@@ -328,8 +328,30 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
     positions: [ctx + n_block] absolute positions (a [4, N] M-RoPE tensor is read by its
     temporal row: the drafter ropes on that row only).
     """
-    if semantics not in SEMANTICS:
-        raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+    return reference_forwards(model, target_hidden, block_ids, positions, (semantics,))[semantics]
+
+
+@torch.no_grad()
+def reference_forwards(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
+                       positions: torch.Tensor, semantics: tuple[str, ...]) -> dict[str, ForwardResult]:
+    """The same draft under several semantics; the layers run once per semantics, the output head once
+    for all of them (a target head too large to keep decoded is streamed once, not once per semantics)."""
+    for s in semantics:
+        if s not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {SEMANTICS}, got {s!r}")
+    hidden = {s: _trunk(model, target_hidden, block_ids, positions, s) for s in semantics}
+    rows = [h.shape[0] - 1 for h in hidden.values()]
+    logits_all = model.head.project(torch.cat([h[1:] for h in hidden.values()]))
+    out = {}
+    for (s, h), logits in zip(hidden.items(), torch.split(logits_all, rows), strict=True):
+        logits = _finish_logits(model, logits, s)
+        out[s] = ForwardResult(hidden=h, logits=logits, tokens=logits.argmax(dim=-1))
+    return out
+
+
+def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor, positions: torch.Tensor,
+           semantics: str) -> torch.Tensor:
+    """The final-norm hidden states of every block slot under ``semantics``."""
     d, dev, dt = model.drafter, model.device, model.dtype
     eps, H, KV, D = d.rms_eps, d.n_head, d.n_head_kv, d.head_dim
     pos = (positions[0] if positions.dim() == 2 else positions).to(dev)
@@ -380,8 +402,12 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
         mlp = _act(model, semantics, h2 @ model.layer(i, "gate").T) * (h2 @ model.layer(i, "up").T)
         x = x + mlp @ model.layer(i, "down").T
 
-    hidden = _rms(x, model.tensors[OUTPUT_NORM_HF], eps)
-    logits = model.head.project(hidden[1:])
+    return _rms(x, model.tensors[OUTPUT_NORM_HF], eps)
+
+
+def _finish_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) -> torch.Tensor:
+    """The trained model's logit scale and softcap (llama.cpp applies neither), and the d2t scatter."""
+    d, dev = model.drafter, model.device
     if semantics == "reference":
         if d.logit_scale:
             logits = logits * d.logit_scale
@@ -391,7 +417,8 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
         full = torch.full((logits.shape[0], d.vocab_size), float("-inf"), dtype=logits.dtype, device=dev)
         full[:, model.d2t_ids] = logits
         logits = full
-    return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
+    return logits
 
 
-__all__ = ["SEMANTICS", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_forward"]
+__all__ = ["SEMANTICS", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_forward",
+           "reference_forwards", "semantics_differ"]
