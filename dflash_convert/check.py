@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +90,7 @@ from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import GGMLType
-from .outputs import Inputs, check_output_path
+from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
 from .runtime.capture import load_target_model, run_target
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
@@ -393,19 +392,19 @@ def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gg
             "tokens_gguf": i64(gguf.tokens), "tokens_ref": i64(ref.tokens)}
 
 
-def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a temporary file in the same folder, then rename: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # a file object: numpy appends no suffix
-        os.replace(tmp, out)
-    except BaseException:
+def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> list[str]:
+    """Write through a temporary file beside ``out`` (``outputs.TemporaryOutput``), then rename: a reader
+    never sees half a file, and nobody can aim the write elsewhere. An existing dump is replaced (a
+    dump, not a result); temporary files a killed run left are reported. Returns those notes."""
+    notes = clear_stale_partials(out, force=False)
+    with TemporaryOutput(out) as tmp:
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(os.dup(tmp.fd), "wb") as f:
+                np.savez(f, **arrays)  # a file object: numpy appends no suffix
+        except OSError as e:
+            raise DFlashError(f"cannot write: {e.strerror or e}", out) from e
+        tmp.commit(replace=True)
+    return notes
 
 
 # --- the check ---------------------------------------------------------------------------------
@@ -529,7 +528,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                                                  "found_by_name": found_by_name, **q}
 
     if out is not None:
-        write_npz_atomic(out, save_io_arrays(feats, ids, pos, got, want))
+        warnings += write_npz_atomic(out, save_io_arrays(feats, ids, pos, got, want))
     return CheckReport(file=str(draft_gguf), checkpoint=str(checkpoint_dir), device=str(dev), file_type=ft_name,
                        precision_class=cls, metrics=metrics, thresholds=limits, failures=failures, warnings=warnings,
                        semantics_gap=gap)

@@ -36,6 +36,14 @@ def _show_version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_show_version,
                                        is_eager=True, metavar="")) -> None:
     """Convert, inspect and check DFlash drafter GGUF files for llama.cpp."""
+    # every command's warnings (a fallback type, a temporary file a killed run left) in one form
+    logging.basicConfig(level=logging.WARNING, format="dflash-convert: warning: %(message)s", force=True)
+
+
+def _quiet(quiet: bool) -> None:
+    """-q: no warnings (errors still print)."""
+    if quiet:
+        logging.getLogger().setLevel(logging.ERROR)
 
 
 EXIT_REFUSED = 1  # the request was refused, or a check failed
@@ -76,7 +84,7 @@ def convert(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
 ) -> None:
     """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
-    logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING, format="dflash-convert: warning: %(message)s")
+    _quiet(quiet)
     try:
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                                outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
@@ -222,9 +230,10 @@ def quantize(
                                         help="Give tensors matching a glob this type, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers).", metavar=""),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.", metavar=""),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no notes, no warnings.", metavar=""),
 ) -> None:
     """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
+    _quiet(quiet)
     try:
         plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
         if dry_run:

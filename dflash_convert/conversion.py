@@ -207,7 +207,7 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
     try:
         with ChunkPipeline() as pipeline:
             write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, finish=finish,
-                       verify=ValidationGate(plan.output))
+                       verify=ValidationGate(plan.output), replace=force)
     finally:
         hasher.thread.join()
     return plan.output

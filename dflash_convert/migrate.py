@@ -253,19 +253,19 @@ def _check_fc(g: GGUFFile, d: Dialect, hparams: Metadata, ids: list[int], seen: 
 def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> tuple[Path, Report]:
     """Write the migrated file (validated before it is renamed into place); returns it and its validate report."""
     out = check_output_path(out, _inputs(plan.source, plan.target_gguf), force=force)
-    return _write(plan, out)
+    return _write(plan, out, force=force)
 
 
 def _inputs(src: str | os.PathLike, target_gguf: str | os.PathLike | None) -> list[str | os.PathLike]:
     return [src, *([target_gguf] if target_gguf is not None else [])]
 
 
-def _write(plan: MigrationPlan, out: Path) -> tuple[Path, Report]:
+def _write(plan: MigrationPlan, out: Path, *, force: bool) -> tuple[Path, Report]:
     # the one streaming pipeline, with GGUF tensors as sources and bytes copied unchanged
     planned = [plan_tensor(DrafterTensor(new, gguf_to_hf(new) or new, t), t.ggml_type, copy=True) for t, new in plan.tensors]
     gate = ValidationGate(out)
     with ChunkPipeline() as pipeline:
-        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False, verify=gate)
+        write_gguf(out, plan.metadata, pipeline.out_tensors(planned), progress=False, verify=gate, replace=force)
     assert gate.report is not None
     return out, gate.report
 
@@ -278,5 +278,5 @@ def migrate(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
     out = check_output_path(out, _inputs(src, target_gguf), force=force)  # before anything is read
     plan = plan_migration(src, target_layers_offset=target_layers_offset, target_layers=target_layers,
                           target_gguf=target_gguf, mask_token_id=mask_token_id)
-    written, report = _write(plan, out)
+    written, report = _write(plan, out, force=force)
     return MigrationResult(plan, written, report)

@@ -1,15 +1,24 @@
-"""Where a command may write: never over an input, never over an existing file without --force.
+"""Where a command may write, and how: never over an input, never over an existing file without --force.
 
 An output may never be a file the command reads (compared by resolved path *and* by device and
 inode, so hard links and symlinks count), nor a file inside a directory the command reads whose
 name that directory's reader would pick up (``config.json``, ``model*.safetensors``, tokenizer
 files, ...). Neither ``--force`` nor anything else lifts this.
+
+Every file is written as a ``TemporaryOutput`` beside its destination: created exclusively
+(O_CREAT | O_EXCL | O_NOFOLLOW) under a random name, so a symbolic link planted where a predictable
+name would be is never followed; written through its descriptor only; renamed into place at the end
+without replacing a file that appeared meanwhile (renameat2 RENAME_NOREPLACE, else link then unlink),
+unless --force. Temporary files a killed run left behind are reported, and removed with --force.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fnmatch
 import os
+import secrets
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -100,3 +109,182 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DFlashError("output folder is not writable", out)
     return out
+
+
+# --- temporary outputs: unaimable, written through their descriptor, committed without clobbering ---
+
+NAME_MAX = 255  # bytes of one path component on Linux filesystems
+PARTIAL_SUFFIX = ".dflash-partial"
+_LEGACY_PARTIAL = ".partial-"  # what earlier versions left behind: .<name>.partial-<pid>
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def temporary_name(out: Path, pid: int, token: str) -> str:
+    """``.<output name>.<pid>-<random>.dflash-partial``, the output's name cut so the whole stays a
+    legal file name: a legal output name never becomes one too long to write."""
+    tail = f".{pid}-{token}{PARTIAL_SUFFIX}"
+    budget = NAME_MAX - 1 - len(tail.encode())
+    stem = out.name.encode(errors="surrogateescape")[:budget].decode(errors="ignore")
+    return f".{stem}{tail}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_partials(out: Path) -> list[Path]:
+    """Temporary files of ours for ``out`` whose writing process is gone (killed, or the machine went down)."""
+    folder = out.parent if str(out.parent) else Path(".")
+    stem = temporary_name(out, 0, "")[: -len(f".0-{PARTIAL_SUFFIX}")]
+    found = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        pid_text = None
+        if name.startswith(stem + ".") and name.endswith(PARTIAL_SUFFIX):
+            pid_text = name[len(stem) + 1:-len(PARTIAL_SUFFIX)].split("-", 1)[0]
+        elif name.startswith(f".{out.name}{_LEGACY_PARTIAL}"):
+            pid_text = name[len(f".{out.name}{_LEGACY_PARTIAL}"):]
+        if pid_text is not None and pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            found.append(folder / name)
+    return sorted(found)
+
+
+def _renameat2_no_replace(src: Path, dst: Path) -> bool:
+    """rename(2) that fails with EEXIST when ``dst`` exists; False where the platform has no renameat2."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # no such call, or a filesystem without the flag
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(dst))
+
+
+def rename_no_replace(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` only if nothing is at ``dst``: renameat2(RENAME_NOREPLACE), else link then
+    unlink (link fails when the name exists). Raises FileExistsError when ``dst`` appeared."""
+    if _renameat2_no_replace(src, dst):
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # a filesystem with neither (some FUSE mounts): the best left is to look, then rename
+        if os.path.lexists(dst):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst)) from None
+        os.rename(src, dst)
+        return
+    os.unlink(src)
+
+
+class TemporaryOutput:
+    """A new file beside ``out`` that becomes ``out`` only when complete.
+
+    Created with O_CREAT | O_EXCL | O_NOFOLLOW under a name with 64 random bits (so nobody can plant a
+    symbolic link or a file where it will be opened), mode 0o666 less the umask; written, patched and
+    verified through its descriptor, never reopened by name; ``commit`` renames it into place without
+    replacing anything that appeared at ``out`` meanwhile (unless ``replace``), after checking that the
+    name still holds this file. ``discard`` removes it. A context manager discards on any exception.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+        folder = self.out.parent if str(self.out.parent) else Path(".")
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(16):
+            self.path = folder / temporary_name(self.out, os.getpid(), secrets.token_hex(8))
+            try:
+                self.fd = os.open(self.path, flags, 0o666)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise DFlashError(f"cannot write the output: {e.strerror or e}", self.out) from e
+            break
+        else:
+            raise DFlashError("cannot create a temporary file beside the output (every random name was taken)", self.out)
+        st = os.fstat(self.fd)
+        self._ident = (st.st_dev, st.st_ino)
+        self.done = False
+
+    @property
+    def verify_path(self) -> Path:
+        """A path that reads this very file (its descriptor's /proc entry where there is one)."""
+        proc = Path(f"/proc/self/fd/{self.fd}")
+        return proc if proc.exists() else self.path
+
+    def commit(self, *, replace: bool = False) -> Path:
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._ident:
+            raise DFlashError(f"the temporary file {self.path.name} was moved or replaced while it was written; "
+                              "nothing was written", self.out)
+        try:
+            if replace:
+                os.replace(self.path, self.out)
+            else:
+                rename_no_replace(self.path, self.out)
+        except FileExistsError:
+            raise DFlashError("output appeared while this run was writing it (another run?); it was not replaced: "
+                              "pass --force to replace it", self.out) from None
+        except OSError as e:
+            raise DFlashError(f"cannot write the output: {e.strerror or e}", self.out) from e
+        self.done = True
+        self.close()
+        return self.out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def discard(self) -> None:
+        if not self.done:
+            try:
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._ident:
+                    os.unlink(self.path)
+            except OSError:
+                pass
+        self.close()
+
+    def __enter__(self) -> TemporaryOutput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.done:
+            self.discard()
+
+
+def clear_stale_partials(out: Path, *, force: bool) -> list[str]:
+    """Report (and with ``force`` remove) temporary files a dead run left beside ``out``; the notes to print."""
+    notes = []
+    for p in stale_partials(out):
+        if force:
+            try:
+                p.unlink()
+                notes.append(f"removed {p.name}, left in {p.parent} by a run that did not finish")
+            except OSError as e:
+                notes.append(f"cannot remove {p}, left by a run that did not finish: {e.strerror or e}")
+        else:
+            notes.append(f"{p} was left by a run that did not finish; remove it, or pass --force to have it removed")
+    return notes

@@ -74,7 +74,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
 def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = True, threads: int | None = None) -> Path:
     check_output_path(plan.output, [plan.source], force=force)
     with ChunkPipeline(workers=threads) as pipeline:
-        write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress)
+        write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, replace=force)
     return plan.output
 
 

@@ -2,14 +2,18 @@
 
 The header (metadata and tensor table) is computed up front from shapes and types alone; tensor
 data is then produced chunk by chunk and written in order, so memory does not grow with model
-size. Everything goes to a temporary file in the destination folder, renamed over the output
-only when complete; on any error the temporary file is removed. Late values (source file hashes
-computed while converting) are fixed-size strings patched into the header at the end.
+size. Everything goes to a ``outputs.TemporaryOutput`` in the destination folder (an exclusive,
+unpredictable name), written, patched and verified through its descriptor, and renamed into place
+only when complete, never over a file that appeared meanwhile unless ``replace``; on any error or
+signal the temporary file is removed. Late values (source file hashes computed while converting)
+are fixed-size strings patched into the header at the end.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import logging
 import mmap
 import os
 import signal
@@ -24,6 +28,9 @@ from .errors import DFlashError
 from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLType
 from .format.keys import VALUE_TYPES, ValueType
 from .metadata import Metadata
+from .outputs import TemporaryOutput, clear_stale_partials
+
+log = logging.getLogger("dflash_convert")
 
 
 @dataclass
@@ -95,16 +102,10 @@ class _OutputFile:
 
     STAGE = 8 << 20  # bytes per direct write; a multiple of any logical block size
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, fd: int) -> None:
+        self.fd = fd  # owned by the caller (a TemporaryOutput): never reopened by name
         self.size = 0
-        self.direct = hasattr(os, "O_DIRECT")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        try:
-            self.fd = os.open(path, flags | (os.O_DIRECT if self.direct else 0), 0o644)
-        except OSError:
-            self.direct = False
-            self.fd = os.open(path, flags, 0o644)
+        self.direct = _set_direct(fd, True)
         self.stage = mmap.mmap(-1, self.STAGE) if self.direct else None
         self.fill = 0  # bytes waiting in the stage
         self.flushed = 0  # bytes already in the file
@@ -131,11 +132,9 @@ class _OutputFile:
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-            # the filesystem took O_DIRECT at open but refuses the write: go on buffered
-            os.close(self.fd)
-            self.fd = os.open(self.path, os.O_WRONLY)
+            # the filesystem took O_DIRECT but refuses the write: go on buffered, on the same descriptor
+            self.direct = _set_direct(self.fd, False)
             os.lseek(self.fd, self.flushed, os.SEEK_SET)
-            self.direct = False
             self._write_all(memoryview(self.stage)[:self.fill])
         self.flushed += self.fill
         self.fill = 0
@@ -146,6 +145,7 @@ class _OutputFile:
             data = data[n:]
 
     def close(self) -> None:
+        """Flush what is staged and cut the file to its true length; the descriptor stays open (buffered)."""
         try:
             if self.direct and self.fill:
                 padded = (self.fill + 4095) // 4096 * 4096
@@ -154,12 +154,26 @@ class _OutputFile:
                 self._flush_stage(padded)
             os.ftruncate(self.fd, self.size)
         finally:
-            os.close(self.fd)
+            if self.direct:
+                self.direct = _set_direct(self.fd, False)  # later patches are small, unaligned writes
             if self.stage is not None:
                 try:
                     self.stage.close()
                 except BufferError:  # a view of it is still referenced by an exception in flight
                     pass
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Switch O_DIRECT on or off for an open descriptor; whether it is on afterwards."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | flag) if on else (flags & ~flag))
+    except OSError:
+        return False
+    return on
 
 
 # Fault injection for the signal tests: DFLASH_CONVERT_FAULT="<phase>:<signal>" makes the writer
@@ -174,21 +188,21 @@ def fault_point(phase: str) -> None:
         os.kill(os.getpid(), getattr(signal, spec.partition(":")[2] or "SIGINT"))
 
 
-def temp_path_for(out: Path) -> Path:
-    return out.with_name(f".{out.name}.partial-{os.getpid()}")
-
-
 def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: bool = True,
                finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None,
-               verify: Callable[[Path], None] | None = None) -> int:
+               verify: Callable[[Path], None] | None = None, replace: bool = False) -> int:
     """Write a GGUF file atomically.
 
     ``finish`` returns (header offset, bytes) patches applied last; ``verify`` inspects the
-    complete temporary file and raises to refuse it, so nothing that fails it is ever renamed
-    into place. On any error or signal the temporary file is removed.
+    complete temporary file (through a path to its descriptor) and raises to refuse it, so nothing
+    that fails it is ever renamed into place. ``replace`` (--force) lets the rename replace an
+    existing output, and removes temporary files a killed run left beside it (without it they are
+    reported). On any error or signal the temporary file is removed.
     """
+    out = Path(out)
     header, value_at = serialize_header(md, tensors)
-    tmp = temp_path_for(out)
+    for note in clear_stale_partials(out, force=replace):
+        log.warning("%s", note)
     total = sum(t.nbytes for t in tensors)
     bar = None
     if progress:
@@ -196,41 +210,39 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
 
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}", disable=None, leave=False)
     try:
+        tmp = TemporaryOutput(out)
         try:
-            f = _OutputFile(tmp)
+            f = _OutputFile(tmp.fd)
+            try:
+                fault_point("header")
+                f.write(memoryview(header))
+                fault_point("data")
+                for t in tensors:
+                    written = 0
+                    for chunk in t.chunks():
+                        mv = memoryview(chunk).cast("B") if isinstance(chunk, np.ndarray) else memoryview(chunk)
+                        f.write(mv)
+                        written += mv.nbytes
+                        if bar is not None:
+                            bar.update(mv.nbytes)
+                    if written != t.nbytes:
+                        raise DFlashError(f"internal error: tensor {t.name} produced {written} bytes, expected {t.nbytes}")
+                    f.write(memoryview(bytes(_pad(written) - written)))
+            finally:
+                f.close()
+            fault_point("finish")
+            if finish is not None:
+                for offset, data in finish(value_at):
+                    os.pwrite(tmp.fd, data, offset)
+            fault_point("verify")
+            if verify is not None:
+                verify(tmp.verify_path)
+            tmp.commit(replace=replace)
+            fault_point("renamed")
         except OSError as e:
             raise DFlashError(f"cannot write the output: {e.strerror or e}", out) from e
-        try:
-            fault_point("header")
-            f.write(memoryview(header))
-            fault_point("data")
-            for t in tensors:
-                written = 0
-                for chunk in t.chunks():
-                    mv = memoryview(chunk).cast("B") if isinstance(chunk, np.ndarray) else memoryview(chunk)
-                    f.write(mv)
-                    written += mv.nbytes
-                    if bar is not None:
-                        bar.update(mv.nbytes)
-                if written != t.nbytes:
-                    raise DFlashError(f"internal error: tensor {t.name} produced {written} bytes, expected {t.nbytes}")
-                f.write(memoryview(bytes(_pad(written) - written)))
         finally:
-            f.close()
-        fault_point("finish")
-        if finish is not None:
-            with open(tmp, "r+b") as g:
-                for offset, data in finish(value_at):
-                    g.seek(offset)
-                    g.write(data)
-        fault_point("verify")
-        if verify is not None:
-            verify(tmp)
-        os.replace(tmp, out)
-        fault_point("renamed")
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+            tmp.discard()  # removes the temporary file unless it became the output
     finally:
         if bar is not None:
             bar.close()

@@ -103,7 +103,7 @@ def write_parts(path: Path, parts: Parts) -> Path:
     for k in kvs:
         md.set_raw(k.key, k.vtype, k.value, k.sub)
     out = [OutTensor(t.name, t.ne, t.gtype, len(t.data), chunks=lambda t=t: [t.data]) for t in ts]
-    write_gguf(path, md, out, progress=False)
+    write_gguf(path, md, out, progress=False, replace=True)  # test fixtures rewrite their files
     return path
 
 

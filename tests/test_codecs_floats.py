@@ -90,10 +90,12 @@ def test_output_file_direct_and_buffered(tmp_path, where):
     rng = np.random.default_rng(1)
     parts = [rng.integers(0, 255, n, dtype=np.uint8).tobytes() for n in (1, 4095, 4097, _OutputFile.STAGE + 3, 17)]
     try:
-        f = _OutputFile(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        f = _OutputFile(fd)
         for p in parts:
             f.write(memoryview(p))
         f.close()
+        os.close(fd)
         assert path.read_bytes() == b"".join(parts)
     finally:
         path.unlink(missing_ok=True)

@@ -69,7 +69,7 @@ def _drafter_like(path: Path) -> Path:
         else:
             raw = rng.standard_normal(n).astype(np.float32 if gtype == GGMLType.F32 else np.float16).tobytes()
         tensors.append(OutTensor(name, ne, gtype, len(raw), chunks=lambda raw=raw: [raw]))
-    write_gguf(path, md, tensors, progress=False)
+    write_gguf(path, md, tensors, progress=False, replace=True)  # test fixtures rewrite their files
     assert validate(path).exit_code == 0
     return path
 

@@ -219,7 +219,7 @@ def test_agrees_with_gguf_py_on_a_written_file(tmp_path):
     arrays = {"fc.weight": rng.standard_normal((8, 16), dtype=np.float32), "n.weight": np.ones(8, np.float32)}
     tensors = [OutTensor(n, tuple(reversed(a.shape)), 0, a.nbytes, chunks=lambda a=a: [a]) for n, a in arrays.items()]
     path = tmp_path / "w.gguf"
-    write_gguf(path, md, tensors, progress=False)
+    write_gguf(path, md, tensors, progress=False, replace=True)  # test fixtures rewrite their files
     ours, theirs = read_gguf(path), GGUFReader(path)
     assert list(ours.metadata) == [f.name for f in theirs.fields.values() if not f.name.startswith("GGUF.")]
     assert ours.get("dflash.target_layers") == [int(x) for x in theirs.fields["dflash.target_layers"].contents()]

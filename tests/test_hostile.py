@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from dflash_convert import convert
 from dflash_convert.errors import DFlashError
+from dflash_convert.outputs import PARTIAL_SUFFIX
 from dflash_convert.validate import validate
 from fixtures.drafters import edit_config, make_zlab_drafter
 
@@ -45,7 +46,8 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+    """Temporary files of ours (today's .dflash-partial names and earlier versions' .partial-<pid>)."""
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(PARTIAL_SUFFIX) or ".partial-" in p.name)
 
 
 @pytest.fixture(scope="module")
@@ -381,3 +383,174 @@ def test_fuzz_config_through_convert(tmp_path_factory, drafter, qwen3_target, op
     report = validate(out)
     assert report.exit_code == 0, [c for c in report.checks if c.status == "fail"]
 
+
+
+# --- round 3, 1: temporary files nobody can aim ------------------------------------------------------
+
+def test_a_planted_symlink_never_redirects_a_write(tmp_path, drafter, qwen3_target, monkeypatch):
+    """Links planted at the old predictable names, and at the very names the writer draws (its random
+    source pinned), are never followed: the input they point at is untouched and the output is right."""
+    import dflash_convert.outputs as outputs
+
+    d = tmp_path / "draft"
+    shutil.copytree(drafter, d)
+    victim = d / "model.safetensors"
+    before = victim.read_bytes()
+    out = tmp_path / "o.gguf"
+    for pid in range(1, 200):  # the old scheme: .<name>.partial-<pid>
+        (tmp_path / f".o.gguf.partial-{pid}").symlink_to(victim)
+    tokens = iter(["a" * 16, "a" * 16, "b" * 16])  # the first draw collides with a planted link, the second too
+    monkeypatch.setattr(outputs.secrets, "token_hex", lambda n: next(tokens))
+    planted = tmp_path / outputs.temporary_name(out, os.getpid(), "a" * 16)
+    planted.symlink_to(victim)
+    convert(d, qwen3_target, outfile=out, outtype="f16")
+    assert victim.read_bytes() == before
+    assert planted.is_symlink() and os.readlink(planted) == str(victim)
+    assert validate(out).exit_code == 0 and not out.is_symlink()
+    # the run wrote under the third name it drew, and left nothing; the planted links stay (no --force)
+    assert outputs.temporary_name(out, os.getpid(), "b" * 16) not in leftovers(tmp_path)
+    assert all((tmp_path / n).is_symlink() for n in leftovers(tmp_path)) and len(leftovers(tmp_path)) == 200
+
+
+def test_temporary_file_mode_comes_from_the_umask(tmp_path, drafter, qwen3_target):
+    old = os.umask(0o027)
+    try:
+        out = convert(drafter, qwen3_target, outfile=tmp_path / "u.gguf", outtype="f16").output
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+def test_commit_never_replaces_a_file_that_appeared(tmp_path):
+    from dflash_convert.outputs import TemporaryOutput
+
+    out = tmp_path / "x.gguf"
+    with TemporaryOutput(out) as tmp:
+        os.write(tmp.fd, b"ours")
+        out.write_bytes(b"theirs")  # another run finished first
+        with pytest.raises(DFlashError, match="appeared while this run was writing it"):
+            tmp.commit()
+    assert out.read_bytes() == b"theirs" and leftovers(tmp_path) == []
+    with TemporaryOutput(out) as tmp:  # with --force the later run replaces it
+        os.write(tmp.fd, b"ours")
+        tmp.commit(replace=True)
+    assert out.read_bytes() == b"ours" and leftovers(tmp_path) == []
+
+
+def test_commit_refuses_a_temporary_file_swapped_under_it(tmp_path):
+    from dflash_convert.outputs import TemporaryOutput
+
+    victim = tmp_path / "input.bin"
+    victim.write_bytes(b"input")
+    out = tmp_path / "x.gguf"
+    with TemporaryOutput(out) as tmp:
+        os.write(tmp.fd, b"ours")
+        os.unlink(tmp.path)
+        tmp.path.symlink_to(victim)  # someone replaced our file by a link while we wrote
+        with pytest.raises(DFlashError, match="moved or replaced while it was written"):
+            tmp.commit()
+    assert victim.read_bytes() == b"input" and not out.exists()
+
+
+def test_temporary_name_keeps_a_legal_output_name_legal(tmp_path, drafter, qwen3_target):
+    from dflash_convert.outputs import NAME_MAX, temporary_name
+
+    name = "d" * (NAME_MAX - len(".gguf")) + ".gguf"  # 255 bytes: the longest legal name
+    assert len(temporary_name(Path(name), 4194304, "f" * 16).encode()) <= NAME_MAX
+    out = convert(drafter, qwen3_target, outfile=tmp_path / name, outtype="f16").output
+    assert out.name == name and validate(out).exit_code == 0
+
+
+def test_two_runs_on_one_output_never_replace_each_other(tmp_path, drafter, qwen3_target):
+    """A run stopped just before its rename, while another writes the same output: the stopped run,
+    resumed, refuses to replace the finished file (one line, exit 1) and leaves nothing behind."""
+    import signal
+    import time
+
+    out = tmp_path / "race.gguf"
+    env = dict(os.environ, DFLASH_CONVERT_FAULT="verify:SIGSTOP")
+    slow = subprocess.Popen([sys.executable, "-m", "dflash_convert.cli", "convert", str(drafter), "--target-model-dir",
+                             str(qwen3_target), "-o", str(out), "-q"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any(p.name.endswith(PARTIAL_SUFFIX) for p in tmp_path.iterdir()) or \
+                Path(f"/proc/{slow.pid}/stat").read_text().split()[2] != "T":
+            assert time.monotonic() < deadline and slow.poll() is None, "the first run never reached its rename"
+            time.sleep(0.05)
+        r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out, "-q")
+        assert r.returncode == 0 and out.is_file()
+        first = out.read_bytes()
+    finally:
+        slow.send_signal(signal.SIGCONT)
+    _, err = slow.communicate(timeout=TIMEOUT)
+    assert slow.returncode == 1
+    assert err.strip().splitlines() == [f"dflash-convert: error: {out}: output appeared while this run was writing it "
+                                        "(another run?); it was not replaced: pass --force to replace it"]
+    assert out.read_bytes() == first and leftovers(tmp_path) == []
+
+
+def test_a_killed_run_is_reported_then_cleared_with_force(tmp_path, drafter, qwen3_target):
+    out = tmp_path / "k.gguf"
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out, env={"DFLASH_CONVERT_FAULT": "data:SIGKILL"})
+    assert r.returncode == -9 and not out.exists()
+    (stale,) = leftovers(tmp_path)
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out)
+    assert r.returncode == 0 and out.is_file()
+    assert r.stderr.strip() == (f"dflash-convert: warning: {tmp_path / stale} was left by a run that did not finish; remove it, "
+                                "or pass --force to have it removed")
+    assert leftovers(tmp_path) == [stale]
+    r = cli("quantize", out, tmp_path / "q.gguf", "Q8_0", "-q")  # another output: its own stale files only
+    assert r.returncode == 0 and r.stderr == ""
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out, "--force")
+    assert r.returncode == 0 and f"removed {stale}" in r.stderr and leftovers(tmp_path) == []
+
+
+def test_save_io_writes_through_an_unaimable_temporary_file():
+    """check --save-io uses the same TemporaryOutput (tested with check itself in test_check.py)."""
+    import inspect as std_inspect
+
+    from dflash_convert import check as check_module
+
+    assert "TemporaryOutput" in std_inspect.getsource(check_module.write_npz_atomic)
+
+
+# --- round 3, 2: no code from the working directory or the inputs -------------------------------------
+
+def _imported_roots() -> set[str]:
+    """Every top-level module the package imports (standard library and third party), read from its source."""
+    import ast
+
+    roots = set()
+    pkg = Path(__file__).resolve().parent.parent / "dflash_convert"
+    for path in pkg.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots.add(node.module.split(".")[0])
+    return roots - {"dflash_convert", "__future__"}
+
+
+def test_no_code_runs_from_the_working_directory_or_the_inputs(tmp_path, drafter, qwen3_target):
+    """Modules named after everything the package imports, planted in the working directory and in the
+    checkpoint and target directories: the console command converts and validates, and none of them runs."""
+    roots = _imported_roots()
+    assert {"json", "numpy", "tokenizers", "typer", "torch"} <= roots
+    marker = tmp_path / "RAN"
+    d, t, cwd = tmp_path / "draft", tmp_path / "target", tmp_path / "cwd"
+    shutil.copytree(drafter, d)
+    shutil.copytree(qwen3_target, t)
+    cwd.mkdir()
+    for folder in (cwd, d, t):
+        for name in roots:
+            (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    command = Path(sys.executable).with_name("dflash-convert")  # the installed entry point, as a user runs it
+    assert command.is_file()
+    runs = [[str(command), "convert", str(d), "--target-model-dir", str(t), "-o", str(tmp_path / "o.gguf"), "-q"],
+            [str(command), "validate", str(tmp_path / "o.gguf"), "--target", str(t)],
+            [str(command), "convert", ".", "--target-model-dir", str(t), "-o", str(tmp_path / "o2.gguf"), "-q"]]
+    for i, args in enumerate(runs):
+        r = subprocess.run(args, capture_output=True, text=True, cwd=d if i == 2 else cwd, timeout=TIMEOUT)
+        assert r.returncode == 0, (args, r.stderr)
+    assert not marker.exists(), marker.read_text()

@@ -7,13 +7,16 @@
 Loading a 250k-token BPE takes ~200 MB; doing it in a short-lived child, finished before the
 parent parses tokenizer.json itself, keeps the peak memory of the whole process tree low (the
 source files are hashed on the other core meanwhile). The child only reads the file; it runs no
-code from it.
+code from it, nor from anywhere else a user controls: it starts isolated (``python -I``: no
+current directory or script directory on its path, no PYTHON* variables, no user site), in the
+root directory, and finds this package by its installed location only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -41,14 +44,25 @@ def probe_in_process(tokenizer_json: Path) -> ProbeResult:
     return ProbeResult(h, rt)
 
 
+# where this package is installed (or checked out): the one directory the isolated child adds to its path
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+# the child's program: isolated, it imports this package from PACKAGE_PARENT and probes one file
+CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+         "from dflash_convert.tokenizer.probe import main; sys.exit(main(sys.argv[2:]))")
+
+
+def child_command(tokenizer_json: Path) -> list[str]:
+    return [sys.executable, "-I", "-c", CHILD, str(PACKAGE_PARENT), str(Path(tokenizer_json).resolve())]
+
+
 class Probe:
     """A running probe; call result() to collect it."""
 
     def __init__(self, tokenizer_json: Path) -> None:
         check_regular_file(tokenizer_json, "tokenizer.json")
         self.path = tokenizer_json
-        self.proc = subprocess.Popen([sys.executable, "-m", "dflash_convert.tokenizer.probe", str(tokenizer_json)],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(child_command(tokenizer_json), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, cwd=os.sep)
 
     def kill(self) -> None:
         self.proc.kill()
@@ -63,8 +77,8 @@ class Probe:
         return ProbeResult(data["hash"], data["roundtrip"])
 
 
-def main() -> int:
-    r = probe_in_process(Path(sys.argv[1]))
+def main(argv: list[str] | None = None) -> int:
+    r = probe_in_process(Path((sys.argv[1:] if argv is None else argv)[0]))
     sys.stdout.write(json.dumps({"hash": r.probe_hash, "roundtrip": r.roundtrip}))
     return 0
 
