@@ -92,6 +92,7 @@ from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import GGMLType
 from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
 from .runtime.capture import load_target_model, run_target
+from .runtime.device import resolve_device
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
 from .runtime.reference import load_reference, reference_features, reference_forwards, semantics_differ
@@ -299,19 +300,6 @@ def precision_class(d: Drafter) -> tuple[str, str]:
 
 
 # --- inputs and outputs ------------------------------------------------------------------------
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``auto``: CUDA when torch sees a device, else the CPU."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise DFlashError(f"unknown device {device!r}: {e}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DFlashError(f"device {device!r} requested but torch sees no CUDA device")
-    return dev
 
 
 def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -291,6 +291,60 @@ def check(
 
 
 @app.command()
+def capture(
+    target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target's Hugging Face directory, with its safetensors."),
+    prompts: Path = typer.Option(..., "--prompts", help="One prompt per line, or JSONL (a string or {\"prompt\": ...} per line)."),
+    out: Path = typer.Option(..., "-o", "--output", help="The features file to write (.safetensors)."),
+    new_tokens: int = typer.Option(64, "--new-tokens", min=1, help="N: each continuation is what llama-speculative-simple -n N decodes."),
+    layers: str = typer.Option("all", "--layers", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
+    for_draft: Path | None = typer.Option(None, "--for", help="Store only the layers this drafter GGUF taps."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    dtype: str = typer.Option("f32", "--dtype", help="f32, f16 or bf16: how the layer inputs are stored."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
+) -> None:
+    """Run the target once over the prompts; keep its greedy continuations and the layer inputs drafters read."""
+    from .capture import capture as run_capture  # imports torch and transformers: only this command pays for them
+
+    _quiet(quiet)
+    try:
+        res = run_capture(target_model_dir, prompts, out, new_tokens=new_tokens, layers=layers, for_draft=for_draft,
+                          device=device, dtype=dtype, progress=not quiet)
+    except DFlashError as e:
+        _fail(e)
+    except BrokenPipeError:
+        raise  # the reader went away (| head): main() exits quietly
+    except OSError as e:
+        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+    for note in res.notes:
+        typer.echo(f"note: {note}", err=True)
+    if not quiet:
+        typer.echo(f"wrote {res.output}: {res.sequences} sequences, {res.tokens} tokens, layer inputs {res.layers}")
+
+
+@app.command()
+def accept(
+    drafts: list[Path] = typer.Argument(..., metavar="DRAFT.gguf...", help="Drafter GGUF files (any type)."),
+    features: Path = typer.Option(..., "--features", help="The features file capture wrote."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Also run this checkpoint (reference forward) as the baseline."),
+    n_max: int | None = typer.Option(None, "--n-max", min=1, help="--spec-draft-n-max (default: block size - 1)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir for the shared embedding and head "
+                                                 "(default: the one the features were captured from)."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
+) -> None:
+    """How many drafted tokens each file gets accepted on the captured sequences, as llama-speculative-simple counts."""
+    from .accept import accept as run_accept  # imports torch: only this command pays for it
+
+    try:
+        report = run_accept(drafts, features, checkpoint=checkpoint, n_max=n_max, target_model_dir=target_model_dir,
+                            target_gguf=target_gguf, device=device)
+    except DFlashError as e:
+        _fail(e)
+    typer.echo(report.to_json() if json_out else report.render_text())
+
+
+@app.command()
 def version() -> None:
     """Print the version."""
     typer.echo(f"dflash-convert {__version__}")

@@ -25,9 +25,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("primitives", ("files", "metadata", "encoders")),
     ("model", ("drafter", "tensor_source", "target")),
     ("readers", ("sources", "tokenizer")),
-    ("writers", ("write", "outputs", "hparams", "pipeline", "plan")),
+    ("writers", ("write", "write_features", "outputs", "hparams", "pipeline", "plan")),
     ("engines", ("validate", "runtime")),
-    ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf")),
+    ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf", "capture", "accept")),
     ("interface", ("cli", "__init__")),
 )
 INDEPENDENT_FLOORS = ("commands",)  # no command imports another command

@@ -18,6 +18,7 @@ is refused (``trust_remote_code=False``) and only safetensors weights are read
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -83,10 +84,14 @@ def load_target_model(target: Target, device: torch.device | str = "cpu",
 
 
 @torch.no_grad()
-def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList,
-               token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass."""
+def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList, token_ids: torch.Tensor,
+               keep: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass.
+
+    ``keep``: only these layer-input indices (in this order), to hold one sequence's stored layers only.
+    """
     streams: list[torch.Tensor | None] = [None] * (len(layers) + 1)
+    wanted = set(range(len(layers) + 1)) if keep is None else set(keep)
 
     def stream_of(args: tuple, kwargs: dict) -> torch.Tensor:
         x = args[0] if args else kwargs.get("hidden_states")
@@ -97,12 +102,12 @@ def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList,
     hooks = []
     for i, layer in enumerate(layers):
         def pre(_m, args, kwargs, i=i):
-            streams[i] = stream_of(args, kwargs)[0].detach().float()
+            streams[i] = stream_of(args, kwargs)[0].detach().float() if i in wanted else stream_of(args, kwargs)[:0]
         hooks.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
 
     def post(_m, _args, out):
         x = out[0] if isinstance(out, (tuple, list)) else out
-        streams[-1] = x[0].detach().float()
+        streams[-1] = x[0].detach().float() if len(layers) in wanted else x[:0]
     hooks.append(layers[-1].register_forward_hook(post))
     try:
         dev = next(model.parameters()).device
@@ -115,7 +120,8 @@ def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList,
     missing = [i for i, s in enumerate(streams) if s is None]
     if missing:
         raise DFlashError(f"decoder layer {missing[0]} of {type(model).__name__} did not run")
-    return torch.stack([s for s in streams if s is not None]), out.logits[0].detach().float()
+    order = list(range(len(layers) + 1)) if keep is None else list(keep)
+    return torch.stack([streams[i] for i in order]), out.logits[0].detach().float()
 
 
 def capture_layer_inputs(target: Target, token_ids: torch.Tensor, *, device: torch.device | str = "cpu",
@@ -125,4 +131,31 @@ def capture_layer_inputs(target: Target, token_ids: torch.Tensor, *, device: tor
     return run_target(model, layers, token_ids)[0]
 
 
-__all__ = ["capture_layer_inputs", "load_target_model", "run_target"]
+
+
+@torch.no_grad()
+def greedy_continuation(model: torch.nn.Module, prompt: list[int], n_new: int, eos_ids: set[int]) -> list[int]:
+    """The prompt then the target's greedy continuation: ``n_new`` tokens, or fewer when one of
+    ``eos_ids`` comes (it is kept). Decoded one token at a time with the model's own KV cache, as a
+    live target decodes; the features come from one pass over the finished sequence (``run_target``)."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prompt], dtype=torch.int64, device=dev)
+    out = list(prompt)
+    past = None
+    # the KV cache argument is ``cache`` in transformers 5.x, ``past_key_values`` before
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    try:
+        for _ in range(n_new):
+            res = model(input_ids=ids, use_cache=True, **({name: past} if past is not None else {}))
+            past = getattr(res, name)
+            nxt = int(res.logits[0, -1].argmax())
+            out.append(nxt)
+            if nxt in eos_ids:
+                break
+            ids = torch.tensor([[nxt]], dtype=torch.int64, device=dev)
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise DFlashError(f"the target model failed to run: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return out
+
+
+__all__ = ["capture_layer_inputs", "greedy_continuation", "load_target_model", "run_target"]

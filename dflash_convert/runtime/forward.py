@@ -317,11 +317,11 @@ def _ffn(h: torch.Tensor, lw: LayerWeights, act: str, gelu_fp16_table: bool, cpu
 
 def _kv(lw: LayerWeights, x: torch.Tensor, D: int, eps: float, cpu_matmul: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """K (normed, not yet roped) and V of ``x`` for one layer; shared KV when attn_v is absent."""
-    k_raw = _layer_mm(lw, "wk", x, cpu_matmul).reshape(x.shape[0], -1, D)
+    k_raw = _layer_mm(lw, "wk", x, cpu_matmul).reshape(x.shape[0], lw.wk.shape[0] // D, D)  # no -1: an empty context is fine
     k = rms_norm(k_raw, eps, lw.k_norm)
     if lw.wv is None:
         return k, rms_norm(k_raw, eps)
-    return k, _layer_mm(lw, "wv", x, cpu_matmul).reshape(x.shape[0], -1, D)
+    return k, _layer_mm(lw, "wv", x, cpu_matmul).reshape(x.shape[0], lw.wv.shape[0] // D, D)
 
 
 def check_inputs(d: Drafter, target_hidden: torch.Tensor, block_ids: torch.Tensor, positions: torch.Tensor) -> int:

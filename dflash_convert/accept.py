@@ -1,0 +1,199 @@
+"""``dflash-convert accept``: how many drafted tokens each drafter file gets accepted, as llama.cpp counts.
+
+Only the drafters run (the target ran once, in ``capture``): for each file, along each captured
+sequence, the drafts from every anchor (``runtime.accept.anchor_drafts``, batched, context K/V
+computed once per sequence), then
+
+* the live loop of ``llama-speculative-simple`` (greedy, ``--spec-draft-n-max n_max``, ``-n`` the
+  captured ``new_tokens``): ``n_drafted``, ``n_accept``, ``accept`` with its definitions, and the
+  drafted tokens accepted per step;
+* every anchor: the accepted prefix from every position of the continuation, and the per-slot
+  acceptance curve (the probability that slot k is accepted given the slots before it were).
+
+Several files at once give a table with each file's size, type and acceptance, and its difference
+to the first file (or to ``--checkpoint``, run through the reference forward, llama.cpp semantics).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .drafter import Drafter
+from .errors import DFlashError, InputFileError
+from .format.file_types import FILE_TYPE_NAMES
+from .runtime.accept import AnchorStats, LoopCount, anchor_drafts, anchor_lengths, loop_anchors
+from .runtime.device import resolve_device
+from .runtime.forward import block_tokens, contiguous_positions
+from .runtime.reference import load_reference, reference_forward
+from .runtime.weights import load_weights
+from .sources.checkpoint import read_checkpoint
+from .sources.dispatch import read_checkpoint_drafter
+from .sources.features import FeaturesFile, read_features
+from .sources.gguf_drafter import read_drafter
+from .sources.target import read_target
+from .target import Target
+
+SCHEMA = "dflash-convert/accept/v1"
+
+
+@dataclass
+class FileAcceptance:
+    name: str  # the file (or "checkpoint DIR")
+    file_type: str
+    size: int  # bytes (0 for a checkpoint)
+    loop: LoopCount
+    anchors: AnchorStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.name, "file_type": self.file_type, "bytes": self.size, "n_drafted": self.loop.n_drafted,
+                "n_accept": self.loop.n_accept, "accept": self.loop.accept, "steps": self.loop.steps,
+                "mean_accepted_per_step": self.loop.mean_accepted, "n_predict": self.loop.n_predict,
+                "every_anchor_mean_length": self.anchors.mean_length, "every_anchor_count": len(self.anchors.lengths),
+                "slot_curve": self.anchors.slot_curve()}
+
+
+@dataclass
+class AcceptReport:
+    features: str
+    n_max: int
+    new_tokens: int
+    sequences: int
+    device: str
+    results: list[FileAcceptance] = field(default_factory=list)
+    baseline: FileAcceptance | None = None  # what differences are taken against
+
+    def to_dict(self) -> dict[str, Any]:
+        base = self.baseline or (self.results[0] if self.results else None)
+        rows = []
+        for r in self.results:
+            row = r.to_dict()
+            row["accept_minus_baseline"] = None if base is None or r is base else r.loop.accept - base.loop.accept
+            rows.append(row)
+        return {"schema": SCHEMA, "features": self.features, "n_max": self.n_max, "new_tokens": self.new_tokens,
+                "sequences": self.sequences, "device": self.device,
+                "baseline": None if base is None else base.name,
+                "checkpoint": None if self.baseline is None else self.baseline.to_dict(), "files": rows}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def render_text(self) -> str:
+        base = self.baseline or (self.results[0] if self.results else None)
+        lines = [f"accept: {self.sequences} sequences of {self.features}, llama-speculative-simple's greedy loop with "
+                 f"--spec-draft-n-max {self.n_max} -n {self.new_tokens}, on {self.device}",
+                 f"  {'file':<40} {'type':<7} {'MiB':>8} {'drafted':>8} {'accepted':>8} {'accept':>8} {'per step':>8} "
+                 f"{'anchors':>8} {'vs base':>8}"]
+        shown = ([self.baseline] if self.baseline is not None else []) + self.results
+        for r in shown:
+            diff = "" if base is None or r is base else f"{(r.loop.accept - base.loop.accept) * 100:+.1f}pp"
+            lines.append(f"  {r.name[-40:]:<40} {r.file_type:<7} {r.size / 2**20:>8.2f} {r.loop.n_drafted:>8} "
+                         f"{r.loop.n_accept:>8} {r.loop.accept * 100:>7.2f}% {r.loop.mean_accepted:>8.2f} "
+                         f"{r.anchors.mean_length:>8.2f} {diff:>8}")
+        lines.append("  accept = n_accept / n_drafted of the live loop; per step = drafted tokens accepted per "
+                     "verification; anchors = mean accepted prefix from every anchor")
+        for r in shown:
+            curve = " ".join(f"{p:.2f}" for p in r.anchors.slot_curve())
+            lines.append(f"  slot curve {r.name[-30:]}: {curve}")
+        return "\n".join(lines)
+
+
+def _sequence_inputs(feats: FeaturesFile, i: int, slots: list[int]) -> tuple[torch.Tensor, list[int], int]:
+    seq = feats.sequences[i]
+    tokens, prompt_length = seq.read_tokens()
+    layers = [torch.from_numpy(seq.read_layer(s)) for s in slots]
+    return torch.cat(layers, dim=-1), tokens.tolist(), prompt_length
+
+
+def measure(drafts_of: Any, feats: FeaturesFile, slots: list[int], n_max: int) -> tuple[LoopCount, AnchorStats]:
+    """Both counts over every sequence; ``drafts_of(features, tokens, anchors)`` -> [A, n_max] tokens."""
+    n_predict = int(feats.metadata.get("new_tokens", "0"))
+    loop, stats = LoopCount(), AnchorStats(n_max=n_max)
+    eos = set(feats.eos_ids)
+    for i in range(len(feats.sequences)):
+        features, tokens, prompt_length = _sequence_inputs(feats, i, slots)
+        anchors = list(range(prompt_length - 1, len(tokens) - 1))
+        drafted = drafts_of(features, torch.tensor(tokens), anchors).tolist()
+        by_anchor = dict(zip(anchors, drafted, strict=True))
+        loop.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, by_anchor.__getitem__))
+        stats.add(anchor_lengths(tokens, anchors, by_anchor, n_max))
+    return loop, stats
+
+
+def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | Path | None = None, n_max: int | None = None,
+           target_model_dir: str | Path | None = None, target_gguf: str | Path | None = None, device: str = "auto",
+           batch: int = 16) -> AcceptReport:
+    """Measure each drafter file's acceptance on the captured sequences of ``features``."""
+    if not drafts:
+        raise DFlashError("name at least one drafter GGUF")
+    feats = read_features(features)
+    target = _target(feats, target_model_dir, target_gguf)
+    dev = resolve_device(device)
+    files = [read_drafter(p) for p in drafts]
+    block = {d.block_size for d in files}
+    n = n_max if n_max is not None else min(block) - 1
+    if not 1 <= n <= min(block) - 1:
+        raise DFlashError(f"--n-max {n} must be in 1..{min(block) - 1} (the block size minus the anchor slot)")
+    if int(feats.metadata.get("new_tokens", "0")) < 1:
+        raise InputFileError("metadata 'new_tokens' must be a positive integer", feats.path)
+    report = AcceptReport(str(features), n, int(feats.metadata["new_tokens"]), len(feats.sequences), str(dev))
+    for path, d in zip(drafts, files, strict=True):
+        _check_fits(d, feats, path)
+        slots = feats.slots_for(d.target_layers, f"{path}")
+        w = load_weights(d, target, device=dev)
+        loop, stats = measure(lambda f, t, a, d=d, w=w: anchor_drafts(d, w, f, t, a, n, batch=batch), feats, slots, n)
+        report.results.append(FileAcceptance(str(path), file_type_name(d), Path(path).stat().st_size, loop, stats))
+        del w
+    if checkpoint is not None:
+        report.baseline = _checkpoint_acceptance(checkpoint, target, feats, n, dev)
+    return report
+
+
+def file_type_name(d: Drafter) -> str:
+    """general.file_type's name, else the type of the first matrix."""
+    name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
+    return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
+
+
+def _target(feats: FeaturesFile, target_model_dir: str | Path | None, target_gguf: str | Path | None) -> Target | None:
+    """The target whose embedding and head the drafters share: given, or the one the features were captured from."""
+    if target_model_dir is not None:
+        return read_target(target_model_dir)
+    if target_gguf is not None:
+        return read_target(target_gguf)
+    recorded = feats.metadata.get("target")
+    if recorded and Path(recorded).is_dir():
+        return read_target(recorded)
+    return None
+
+
+def _check_fits(d: Drafter, feats: FeaturesFile, where: str | Path) -> None:
+    if d.hidden_size != feats.hidden_size:
+        raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {feats.hidden_size}: "
+                             "features of another target", where)
+
+
+def _checkpoint_acceptance(checkpoint: str | Path, target: Target | None, feats: FeaturesFile, n_max: int,
+                           dev: torch.device) -> FileAcceptance:
+    ckpt = read_checkpoint(checkpoint)
+    drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)
+    model = load_reference(ckpt, target, drafter=drafter, device=dev)
+    slots = feats.slots_for(drafter.target_layers, f"the checkpoint {checkpoint}")
+
+    def drafts_of(features: torch.Tensor, tokens: torch.Tensor, anchors: list[int]) -> torch.Tensor:
+        out = []
+        for c in anchors:
+            ids = block_tokens(drafter, int(tokens[c]))
+            r = reference_forward(model, features[:c].double(), ids, contiguous_positions(c, len(ids)))
+            out.append(r.tokens[:n_max].cpu())
+        return torch.stack(out) if out else torch.empty(0, n_max, dtype=torch.int64)
+
+    loop, stats = measure(drafts_of, feats, slots, n_max)
+    return FileAcceptance(f"checkpoint {checkpoint}", "ckpt", 0, loop, stats)
+
+
+__all__ = ["AcceptReport", "FileAcceptance", "accept", "measure"]

@@ -1,0 +1,164 @@
+"""``dflash-convert capture``: run the target once, keep what every drafter will read.
+
+Why: acceptance needs the target's own greedy continuation and its hidden states at every position,
+and a user's target (4B to 35B) is too big to run beside each drafter file. ``capture`` runs it once
+(transformers' own class, safetensors only, remote code never executed, as ``check --features
+target`` does): for each prompt (as given, one per line or JSONL; no chat template is rendered) the
+greedy continuation of ``new_tokens`` (+1, the token llama-speculative-simple samples last), then one
+pass over the finished sequence keeping the residual stream entering each stored layer. Everything
+goes to one safetensors file (``format/features.py``), written sequence by sequence: memory holds
+the target and one sequence's features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import DFlashError, InputFileError
+from .files import read_regular_bytes
+from .format.features import FEATURE_DTYPES, SCHEMA
+from .outputs import Inputs, check_output_path
+from .runtime.capture import greedy_continuation, load_target_model, run_target
+from .runtime.device import resolve_device
+from .sources.gguf_drafter import read_drafter
+from .sources.target import read_target_dir
+from .tokenizer.text import load_text_tokenizer
+from .write_features import FeatureWriter
+
+MAX_PROMPTS_BYTES = 64 << 20
+ALL = "all"
+
+
+@dataclass
+class CaptureResult:
+    output: Path
+    sequences: int
+    tokens: int
+    layers: list[int]
+    notes: list[str]
+
+
+def read_prompts(path: Path) -> list[str]:
+    """One prompt per line, or JSONL (a string, or an object with "prompt" or "text", per line); blank lines skipped."""
+    raw = read_regular_bytes(path, "prompts file", MAX_PROMPTS_BYTES)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputFileError("prompts file is not UTF-8 text", path) from None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    jsonl = bool(lines) and all(ln.lstrip().startswith(("{", '"')) for ln in lines)
+    prompts = []
+    for n, ln in enumerate(lines, 1):
+        if not jsonl:
+            prompts.append(ln)
+            continue
+        try:
+            v = json.loads(ln)
+        except ValueError as e:
+            raise InputFileError(f"line {n} is not JSON: {e}", path) from None
+        if isinstance(v, dict):
+            v = v.get("prompt", v.get("text"))
+        if not isinstance(v, str) or not v:
+            raise InputFileError(f"line {n}: expected a string, or an object with a \"prompt\" string", path)
+        prompts.append(v)
+    if not prompts:
+        raise InputFileError("prompts file holds no prompt", path)
+    return prompts
+
+
+def parse_layers(spec: str, n_layers: int, for_draft: str | Path | None) -> list[int]:
+    """--layers all | L1,L2,... | (--for DRAFT.gguf: that drafter's target_layers); indices 0..n_layers."""
+    if for_draft is not None:
+        layers = list(read_drafter(for_draft).target_layers)
+    elif spec == ALL:
+        layers = list(range(n_layers + 1))
+    else:
+        try:
+            layers = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise DFlashError(f"--layers must be 'all' or comma-separated layer indices, got {spec!r}") from None
+    bad = [x for x in layers if not 0 <= x <= n_layers]
+    if not layers or bad:
+        raise DFlashError(f"--layers: layer input {bad[0] if bad else '?'} does not exist: the target has {n_layers} layers "
+                          f"(inputs 0..{n_layers}, {n_layers} being the last layer's output)")
+    return sorted(set(layers))
+
+
+def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | Path, *, new_tokens: int = 64,
+            layers: str = ALL, for_draft: str | Path | None = None, device: str = "auto", dtype: str = "f32",
+            force: bool = True, progress: bool = False) -> CaptureResult:
+    """Capture the features of every prompt's greedy continuation into ``out``."""
+    if dtype not in FEATURE_DTYPES:
+        raise DFlashError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
+    if new_tokens < 1:
+        raise DFlashError(f"--new-tokens must be at least 1, got {new_tokens}")
+    prompts_path, target_dir = Path(prompts_file), Path(target_model_dir)
+    inputs = Inputs()
+    inputs.add_file(prompts_path)
+    inputs.add_file(for_draft)
+    inputs.add_directory(target_dir)
+    out = check_output_path(out, inputs, force=force)
+    target = read_target_dir(target_dir)
+    if target.n_layers is None:
+        raise InputFileError("target config has no num_hidden_layers", target_dir / "config.json")
+    stored = parse_layers(layers, target.n_layers, for_draft)
+    prompts = read_prompts(prompts_path)
+    tokenizer = load_text_tokenizer(target_dir)
+    encoded = [tokenizer(p) for p in prompts]
+    if any(not e for e in encoded):
+        raise InputFileError("a prompt encodes to no tokens", prompts_path)
+    dev = resolve_device(device)
+    model, decoder = load_target_model(target, dev)
+    eos = eos_ids(target.config)
+    bar = None
+    if progress:
+        from tqdm import tqdm  # only a progress bar on a terminal needs it
+
+        bar = tqdm(total=len(prompts), unit="prompt", desc="capture", disable=None, leave=False)
+    # the continuations first (their lengths fix the file's header), then one pass per sequence
+    sequences = []
+    for e in encoded:
+        sequences.append(greedy_continuation(model, e, new_tokens + 1, eos))
+        if bar is not None:
+            bar.update(0.5)
+    meta = {"schema": SCHEMA, "target": str(target_dir), "target_config_sha256": _sha256(target_dir / "config.json"),
+            "target_architecture": target.architecture or "", "layers": json.dumps(stored), "dtype": FEATURE_DTYPES[dtype],
+            "prompts_sha256": _sha256(prompts_path), "sequences": str(len(sequences)), "new_tokens": str(new_tokens),
+            "eos_ids": json.dumps(sorted(eos))}
+    writer = FeatureWriter(out, [len(s) for s in sequences], len(stored), int(target.hidden_size or 0), FEATURE_DTYPES[dtype],
+                           meta, replace=force)
+    try:
+        for i, (seq, e) in enumerate(zip(sequences, encoded, strict=True)):
+            streams, _ = run_target(model, decoder, torch.tensor(seq, dtype=torch.int64), keep=stored)
+            if streams.shape[-1] != writer.shape[1]:
+                raise InputFileError(f"the target's hidden states are {streams.shape[-1]} wide, its config says "
+                                     f"{writer.shape[1]}", target_dir)
+            writer.write(i, np.asarray(seq, dtype=np.int64), len(e), streams.cpu().numpy())
+            if bar is not None:
+                bar.update(0.5)
+        written = writer.commit()
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return CaptureResult(written, len(sequences), sum(len(s) for s in sequences), stored, writer.notes)
+
+
+def eos_ids(config: dict) -> set[int]:
+    """The target's end-of-generation ids from its config (``eos_token_id``: an int or a list)."""
+    v = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
+    vals = v if isinstance(v, list) else [v]
+    return {x for x in vals if type(x) is int and x >= 0}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(read_regular_bytes(path, path.name, MAX_PROMPTS_BYTES << 4)).hexdigest() if os.path.exists(path) else ""

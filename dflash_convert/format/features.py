@@ -1,0 +1,38 @@
+"""The features file ``capture`` writes and ``accept`` reads, as data: one safetensors file.
+
+Per captured sequence ``i`` (``SEQUENCE.format(i=i)`` prefixes each name):
+
+* ``tokens``: I64 [L], the prompt's token ids then the target's greedy continuation;
+* ``prompt_length``: I64 [1], how many of ``tokens`` are the prompt;
+* ``layer_inputs``: F32, F16 or BF16 [S, L, E], for each stored layer index the residual stream
+  entering that target layer at every position, in llama.cpp's layer-input convention (0 = the
+  token embeddings; ``n_layers`` = the last layer's output, before the final norm): what llama.cpp
+  hands a DFlash drafter for its ``dflash.target_layers``.
+
+``__metadata__`` (strings, as safetensors requires) holds the keys of ``METADATA``; ``layers`` and
+``eos_ids`` are JSON lists.
+"""
+
+from __future__ import annotations
+
+SCHEMA = "dflash-convert/features/v1"
+SEQUENCE = "seq.{i:05d}."
+TOKENS, PROMPT_LENGTH, LAYER_INPUTS = "tokens", "prompt_length", "layer_inputs"
+SEQUENCE_TENSORS = (TOKENS, PROMPT_LENGTH, LAYER_INPUTS)
+
+# metadata key -> what it says
+METADATA: dict[str, str] = {
+    "schema": f"always {SCHEMA!r}",
+    "target": "the target directory (or repository) the features were captured from",
+    "target_config_sha256": "SHA-256 of that target's config.json",
+    "target_architecture": "the target's architectures[0]",
+    "layers": "JSON list: the stored layer-input indices, in the order of layer_inputs' first dimension",
+    "dtype": "the layer_inputs element type: F32, F16 or BF16",
+    "prompts_sha256": "SHA-256 of the prompts file as read",
+    "sequences": "how many sequences the file holds",
+    "new_tokens": "N: each continuation is what llama-speculative-simple -n N decodes (N + 1 tokens, fewer at an end-of-generation token)",
+    "eos_ids": "JSON list: the token ids that end a generation",
+}
+
+# --dtype name -> safetensors dtype of layer_inputs
+FEATURE_DTYPES: dict[str, str] = {"f32": "F32", "f16": "F16", "bf16": "BF16"}

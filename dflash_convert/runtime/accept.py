@@ -1,0 +1,264 @@
+"""Drafts from many anchors of one captured sequence at once, and llama.cpp's acceptance count over them.
+
+Why: a drafter's users choose by acceptance, and measuring it live needs the target beside every
+drafter file. A captured sequence (``capture``: the target's greedy continuation and the layer
+inputs at every position) is all a DFlash draft reads: the draft from an anchor at position ``c``
+sees the target features of positions ``0 .. c-1`` and the block ``[t[c], mask, ...]`` at positions
+``c .. c+B-1``. So every draft the live loop would make is computed here without the target, and
+what the target would accept is the longest prefix equal to its own greedy tokens.
+
+``anchor_drafts`` computes the same draft as ``runtime.forward.run_gguf`` for each anchor, batched:
+the fc + hidden norm of the context and each layer's context K/V are computed once for the whole
+sequence (a block attends to them, never changes them), and blocks from many anchors go through the
+layers together, each attending to its own context prefix through the mask. ``live_loop`` replays
+``llama-speculative-simple``'s greedy loop (examples/speculative-simple/speculative-simple.cpp,
+llama.cpp 0c1e57098) along the sequence with its exact counting; ``anchor_stats`` is the acceptance
+length from every anchor (lower variance) and the per-slot acceptance curve.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafter import Drafter
+from ..errors import DFlashError
+from .forward import (
+    _ffn,
+    _kv,
+    _layer_mm,
+    _mm,
+    apply_rope_neox,
+    position_rows,
+    rms_norm,
+    rope_cos_sin,
+    rope_spec,
+    scatter_d2t,
+)
+from .weights import DrafterWeights
+
+DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
+
+
+@torch.no_grad()
+def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens: torch.Tensor, anchors: list[int],
+                  n_max: int, *, batch: int = DEFAULT_BATCH,
+                  keep_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor position.
+
+    ``features``: [L, T*E] the sequence's target features (taps in ``d.target_layers`` order);
+    ``tokens``: [L] its token ids. An anchor ``c`` drafts from the features of ``0..c-1`` and the block
+    ``[tokens[c], mask * (B-1)]`` at positions ``c..c+B-1``; slots ``1..n_max`` are its draft.
+    ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only).
+    """
+    B = d.block_size
+    if not 1 <= n_max <= B - 1:
+        raise DFlashError(f"n_max {n_max} must be in 1..{B - 1} (block size {B} minus the anchor slot)")
+    dev, dt = w.device, w.dtype
+    L = features.shape[0]
+    if any(not 0 <= c < L for c in anchors):
+        raise DFlashError(f"anchors must lie in 0..{L - 1}")
+    D, eps = d.head_dim, d.rms_eps
+    causal = bool(d.causal)
+    spec = rope_spec(d, w.rope_freqs)
+    mrope = spec.sections is not None
+    kq_scale = w.attention_scale or 1.0 / math.sqrt(D)
+    pattern = d.swa_pattern or []
+    window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
+
+    # the context, once: g = enc_norm(fc(features)); per layer its K (roped at 0..L-1) and V
+    feats = features.to(dev, dt)
+    g = rms_norm(_mm(feats, w.fc, w.fc_scale), eps, w.enc_norm)
+    ctx_pos = torch.arange(L, device=dev)
+    cos_c, sin_c = rope_cos_sin(spec, position_rows(torch.cat([ctx_pos, ctx_pos[:1]]), L, mrope), dt)
+    cos_c, sin_c = cos_c[:L], sin_c[:L]
+    ctx_kv = []
+    for lw in w.layers:
+        k, v = _kv(lw, g, D, eps, False)
+        ctx_kv.append((apply_rope_neox(k, cos_c, sin_c), v))
+
+    out, kept = [], []
+    for at in range(0, len(anchors), batch):
+        part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
+        logits = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max)
+        out.append(logits.argmax(dim=-1).cpu())
+        if keep_logits:
+            kept.append(logits.cpu())
+    drafts = torch.cat(out) if out else torch.empty(0, n_max, dtype=torch.int64)
+    if keep_logits:
+        return drafts, (torch.cat(kept) if kept else torch.empty(0, n_max, d.vocab_size))
+    return drafts
+
+
+def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
+            causal: bool, spec, mrope: bool, kq_scale: float, n_max: int) -> torch.Tensor:
+    dev, dt = w.device, w.dtype
+    A, B = anchors.shape[0], d.block_size
+    H, D, eps = d.n_head, d.head_dim, d.rms_eps
+    L = ctx_kv[0][0].shape[0]
+    ids = torch.full((A, B), d.mask_token_id, dtype=torch.int64, device=dev)
+    ids[:, 0] = tokens[anchors]
+    q_pos = anchors[:, None] + torch.arange(B, device=dev)[None, :]  # [A, B]
+    # a block token broadcasts its one position to every M-RoPE section (as llama.cpp's token batch does)
+    rows = q_pos.reshape(1, -1).repeat(4 if mrope else 1, 1)
+    cos_b, sin_b = rope_cos_sin(spec, rows, dt)  # [A*B, n_rot/2]
+    k_pos = torch.arange(L, device=dev)
+    # which context cells each block query sees: only its own prefix (c < anchor), and the window
+    diff_ctx = q_pos[:, :, None] - k_pos[None, None, :]  # [A, B, L]
+    base_ctx = k_pos[None, None, :] < anchors[:, None, None]
+    diff_blk = q_pos[:, :, None] - q_pos[:, None, :]  # [A, B, B]
+    x = w.embed.rows(ids.reshape(-1))
+    if d.embedding_scale:
+        x = x * d.embedding_scale
+    for il, lw in enumerate(w.layers):
+        win = window_of[il]
+        vis_ctx = base_ctx & ((diff_ctx < win) if win is not None else True)
+        vis_blk = torch.ones_like(diff_blk, dtype=torch.bool)
+        if causal:
+            vis_blk &= diff_blk >= 0
+        if win is not None:
+            vis_blk &= diff_blk < win
+        h = rms_norm(x, eps, lw.attn_norm)
+        q = rms_norm(_layer_mm(lw, "wq", h, False).reshape(-1, H, D), eps, lw.q_norm)
+        k_blk, v_blk = _kv(lw, h, D, eps, False)
+        q = apply_rope_neox(q, cos_b, sin_b).reshape(A, B, H, D)
+        k_blk = apply_rope_neox(k_blk, cos_b, sin_b).reshape(A, B, -1, D)
+        v_blk = v_blk.reshape(A, B, -1, D)
+        k_ctx, v_ctx = ctx_kv[il]
+        group = H // k_ctx.shape[1]
+        kc = k_ctx.repeat_interleave(group, dim=1)  # [L, H, D]
+        vc = v_ctx.repeat_interleave(group, dim=1)
+        kb = k_blk.repeat_interleave(group, dim=2)  # [A, B, H, D]
+        vb = v_blk.repeat_interleave(group, dim=2)
+        s_ctx = torch.einsum("abhd,lhd->ahbl", q, kc) * kq_scale
+        s_blk = torch.einsum("abhd,akhd->ahbk", q, kb) * kq_scale
+        s_ctx = s_ctx.masked_fill(~vis_ctx[:, None], float("-inf"))
+        s_blk = s_blk.masked_fill(~vis_blk[:, None], float("-inf"))
+        scores = torch.cat([s_ctx, s_blk], dim=-1)  # [A, H, B, L + B]
+        if lw.sinks is not None:
+            col = lw.sinks.to(scores.dtype)[None, :, None, None].expand(A, H, B, 1)
+            probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
+                + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
+        o = _layer_mm(lw, "wo", attn, False)
+        if d.value_scale:
+            o = o * d.value_scale
+        if lw.post_attn_norm is not None:
+            o = rms_norm(o, eps, lw.post_attn_norm)
+        x = x + o
+        y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, False, False)
+        if lw.post_ffw_norm is not None:
+            y = rms_norm(y, eps, lw.post_ffw_norm)
+        x = x + y
+        if lw.out_scale is not None:
+            x = x * lw.out_scale
+    hidden = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1].reshape(A * n_max, -1)
+    return scatter_d2t(w.head.project(hidden), w.d2t, d.vocab_size).reshape(A, n_max, -1)
+
+
+# --- llama.cpp's count -------------------------------------------------------------------------------
+
+
+@dataclass
+class LoopCount:
+    """llama-speculative-simple's statistics for one sequence (or summed over several)."""
+
+    n_drafted: int = 0
+    n_accept: int = 0
+    n_predict: int = 0
+    steps: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def accept(self) -> float:
+        """n_accept / n_drafted, as llama-speculative-simple prints it (as a fraction)."""
+        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafted tokens accepted per verification step."""
+        return self.n_accept / self.steps if self.steps else 0.0
+
+    def add(self, other: LoopCount) -> None:
+        self.n_drafted += other.n_drafted
+        self.n_accept += other.n_accept
+        self.n_predict += other.n_predict
+        self.steps += other.steps
+        self.accepted_per_step += other.accepted_per_step
+
+
+def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
+                 draft_at: Callable[[int], list[int]]) -> LoopCount:
+    """Replay llama-speculative-simple's greedy loop along a captured sequence.
+
+    The first anchor is the prompt's last token (the driver keeps it out of the prompt batch); each
+    step drafts ``min(n_max, n_predict - predicted - 1)`` tokens from the anchor, the target accepts
+    the longest prefix equal to its own greedy tokens and adds one token of its own, the last of which
+    is the next anchor. The loop ends once more than ``n_predict`` tokens were predicted or an
+    end-of-generation token was accepted. ``draft_at(c)`` is the drafter's draft from anchor ``c``.
+    """
+    count = LoopCount()
+    c = prompt_length - 1
+    while True:
+        budget = max(0, n_predict - count.n_predict - 1)
+        draft = draft_at(c)[:min(n_max, budget)] if budget else []
+        k = 0
+        while k < len(draft) and c + 1 + k < len(tokens) and draft[k] == tokens[c + 1 + k]:
+            k += 1
+        if c + 1 + k >= len(tokens):
+            raise DFlashError(f"the captured continuation ends at position {len(tokens)}, before the loop's last step "
+                              f"(position {c + 1 + k}); capture with --new-tokens >= {n_predict}")
+        ids = tokens[c + 1:c + 2 + k]
+        count.n_drafted += len(draft)
+        count.n_accept += k
+        count.n_predict += len(ids)
+        count.steps += 1
+        count.accepted_per_step.append(k)
+        c += k + 1
+        if count.n_predict > n_predict or any(t in eos for t in ids):
+            return count
+
+
+@dataclass
+class AnchorStats:
+    """Acceptance from every anchor of the continuation: how long an accepted prefix each drafts."""
+
+    lengths: list[int] = field(default_factory=list)  # accepted prefix per anchor
+    n_max: int = 0
+
+    @property
+    def mean_length(self) -> float:
+        return sum(self.lengths) / len(self.lengths) if self.lengths else 0.0
+
+    def slot_curve(self) -> list[float]:
+        """P(slot k accepted | slots before it were), k = 1..n_max."""
+        out = []
+        for k in range(1, self.n_max + 1):
+            reached = sum(1 for a in self.lengths if a >= k - 1)
+            out.append(sum(1 for a in self.lengths if a >= k) / reached if reached else 0.0)
+        return out
+
+    def add(self, other: AnchorStats) -> None:
+        self.lengths += other.lengths
+        self.n_max = max(self.n_max, other.n_max)
+
+
+def anchor_lengths(tokens: list[int], anchors: list[int], drafts: dict[int, list[int]], n_max: int) -> AnchorStats:
+    """Accepted prefix length from each anchor (anchors with fewer than n_max tokens after them are left out)."""
+    stats = AnchorStats(n_max=n_max)
+    for c in anchors:
+        if c + n_max >= len(tokens):
+            continue
+        draft, k = drafts[c], 0
+        while k < n_max and draft[k] == tokens[c + 1 + k]:
+            k += 1
+        stats.lengths.append(k)
+    return stats
+
+
+__all__ = ["AnchorStats", "LoopCount", "anchor_drafts", "anchor_lengths", "loop_anchors"]

@@ -1,0 +1,278 @@
+"""capture and accept: features captured once from the target, acceptance counted as llama.cpp counts it.
+
+* ``anchor_drafts`` (many anchors batched, context K/V once per sequence) drafts what
+  ``run_gguf`` drafts from each anchor alone: the same tokens, logits to float32 rounding, for a
+  full-attention and a sliding-window drafter and for an M-RoPE (Qwen3.5) one;
+* ``loop_anchors`` replays llama-speculative-simple's loop with its exact counting (the first
+  anchor is the prompt's last token, drafts shrink to the remaining budget, the loop stops past
+  ``-n`` or at an end-of-generation token), checked on hand-made drafts;
+* ``capture`` on a tiny real target (transformers' Qwen3 class) writes the documented schema: the
+  greedy continuation transformers itself generates, and the layer inputs of one full pass;
+* ``accept`` runs a GGUF and its checkpoint (reference forward) on those features with the same
+  counts, and names a layer the file did not store; a hostile features file is one error line.
+
+Agreement with llama-speculative-simple's own numbers on a trained pair is the runtime tier's
+(tests/test_trained_pair.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+from dflash_convert import convert
+from dflash_convert.accept import accept
+from dflash_convert.capture import capture
+from dflash_convert.errors import DFlashError, InputFileError
+from dflash_convert.format.features import SCHEMA
+from dflash_convert.runtime.accept import AnchorStats, anchor_drafts, anchor_lengths, loop_anchors
+from dflash_convert.runtime.capture import load_target_model, run_target
+from dflash_convert.runtime.forward import block_tokens, contiguous_positions, gather_features, run_gguf
+from dflash_convert.runtime.weights import load_weights
+from dflash_convert.sources.features import read_features
+from dflash_convert.sources.gguf_drafter import read_drafter
+from dflash_convert.sources.target import read_target
+from fixtures.drafters import make_zlab_drafter
+from fixtures.targets import make_target_dir
+
+TAPS = [0, 2]  # z-lab target_layer_ids: llama.cpp target_layers [1, 3]
+PROMPTS = ["The quick brown fox jumps over", "Speculative decoding drafts a block of tokens", "In 1901 the"]
+
+
+def run_cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(root, qwen3 target with weights, drafter checkpoints, their F32 GGUFs, features file)."""
+    root = tmp_path_factory.mktemp("acceptance")
+    target = make_target_dir(root / "target", "qwen3", with_weights=True, seed=5)
+    drafters = {
+        "full": make_zlab_drafter(root / "full", target_layer_ids=TAPS, seed=1),
+        "swa": make_zlab_drafter(root / "swa", target_layer_ids=TAPS, swa_layers=[True, False], sliding_window=5, seed=2),
+    }
+    ggufs = {k: convert(v, target, outfile=root / f"{k}-f32.gguf", outtype="f32").output for k, v in drafters.items()}
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    feats = capture(target, prompts, root / "features.safetensors", new_tokens=12, device="cpu").output
+    return root, target, drafters, ggufs, feats
+
+
+# --- the batched drafts are run_gguf's ------------------------------------------------------------------
+
+
+def _compare_with_run_gguf(d, w, states: torch.Tensor, tokens: torch.Tensor, anchors: list[int]) -> None:
+    n_max = d.block_size - 1
+    feats = gather_features(d, states)
+    drafts, logits = anchor_drafts(d, w, feats, tokens, anchors, n_max, batch=3, keep_logits=True)
+    for row, c in enumerate(anchors):
+        ids = block_tokens(d, int(tokens[c]))
+        one = run_gguf(d, w, feats[:c], ids, contiguous_positions(c, len(ids)))
+        assert torch.equal(drafts[row], one.tokens[:n_max]), c
+        err = (logits[row] - one.logits[:n_max]).abs().max() / one.logits.abs().max()
+        assert err < 1e-5, (c, float(err))
+
+
+@pytest.mark.parametrize("which", ["full", "swa"])
+def test_batched_anchor_drafts_equal_one_forward_per_anchor(world, which):
+    _, target, _, ggufs, _ = world
+    d = read_drafter(ggufs[which])
+    w = load_weights(d, read_target(target))
+    g = torch.Generator().manual_seed(3)
+    L = 20
+    states = torch.randn(5, L, d.hidden_size, generator=g)
+    tokens = torch.randint(0, 1000, (L,), generator=g)
+    _compare_with_run_gguf(d, w, states, tokens, [0, 1, 4, 9, 13, 19])
+
+
+def test_batched_anchor_drafts_with_mrope(tmp_path):
+    """A Qwen3.5 drafter: M-RoPE sections, the degenerate ones an M-RoPE target gets."""
+    target = make_target_dir(tmp_path / "target", "qwen35", with_weights=True, seed=3)
+    src = make_zlab_drafter(tmp_path / "draft", hidden=64, target_layer_ids=[0, 1], vocab_size=248320,
+                            mask_token_id=248070, schema="nested", seed=4)
+    out = convert(src, target, outfile=tmp_path / "d.gguf", outtype="f32").output
+    d = read_drafter(out)
+    assert d.rope_sections and any(d.rope_sections)
+    w = load_weights(d, read_target(target))
+    g = torch.Generator().manual_seed(5)
+    states = torch.randn(5, 11, d.hidden_size, generator=g)
+    _compare_with_run_gguf(d, w, states, torch.randint(0, 1000, (11,), generator=g), [2, 7, 10])
+
+
+def test_anchor_drafts_refuse_a_bad_n_max(world):
+    _, target, _, ggufs, _ = world
+    d = read_drafter(ggufs["full"])
+    w = load_weights(d, read_target(target))
+    with pytest.raises(DFlashError, match="n_max 16 must be in 1..15"):
+        anchor_drafts(d, w, torch.zeros(4, 2 * d.hidden_size), torch.zeros(4, dtype=torch.int64), [1], 16)
+
+
+# --- llama-speculative-simple's count ---------------------------------------------------------------------
+
+
+def test_loop_counts_as_llama_speculative_simple():
+    """tokens 0..29, prompt of 5: the first anchor is position 4. A drafter right on the first 3 slots
+    of every draft: each step accepts 3 and the target adds its own token, so anchors 4, 8, 12, ...
+    With -n 10 the draft is cut to the budget n_predict - predicted - 1: 7 (of 9), then 5 (10 - 4 - 1),
+    then 1 (10 - 8 - 1, accepted: 10 predicted), then none (a step the target alone makes: 11 > 10,
+    the loop ends). n_drafted 7 + 5 + 1 + 0 = 13, n_accept 3 + 3 + 1 + 0 = 7."""
+    tokens = list(range(30))
+
+    def draft_at(c: int) -> list[int]:
+        return [c + 1, c + 2, c + 3, 999, 999, 999, 999]
+
+    n = loop_anchors(tokens, 5, 10, 7, set(), draft_at)
+    assert (n.n_drafted, n.n_accept, n.n_predict, n.steps) == (13, 7, 11, 4)
+    assert n.accepted_per_step == [3, 3, 1, 0] and abs(n.accept - 7 / 13) < 1e-12
+    # an end-of-generation token among the accepted ones ends the loop after that step
+    n = loop_anchors(tokens, 5, 100, 7, {10}, draft_at)
+    assert n.steps == 2 and n.n_predict == 8
+    # a continuation shorter than -n needs: one line saying how to capture it
+    with pytest.raises(DFlashError, match="capture with --new-tokens >= 40"):
+        loop_anchors(tokens, 5, 40, 7, set(), draft_at)
+
+
+def test_anchor_lengths_and_slot_curve():
+    tokens = list(range(12))
+    drafts = {0: [1, 2, 9], 1: [2, 9, 9], 2: [3, 4, 5], 3: [9, 9, 9], 9: [10, 11, 12]}
+    s = anchor_lengths(tokens, [0, 1, 2, 3, 9], drafts, 3)
+    assert s.lengths == [2, 1, 3, 0]  # anchor 9 has fewer than 3 tokens after it: left out
+    assert s.mean_length == 1.5
+    assert s.slot_curve() == [3 / 4, 2 / 3, 1 / 2]
+    total = AnchorStats(n_max=3)
+    total.add(s)
+    total.add(s)
+    assert total.lengths == s.lengths * 2
+
+
+# --- capture ----------------------------------------------------------------------------------------------
+
+
+def test_capture_writes_the_documented_schema(world):
+    root, target, _, _, path = world
+    f = read_features(path)
+    assert f.metadata["schema"] == SCHEMA and json.loads(f.metadata["layers"]) == list(range(5)) == f.layers
+    assert f.metadata["new_tokens"] == "12" and f.metadata["dtype"] == "F32" and len(f.sequences) == len(PROMPTS)
+    raw = load_file(str(path))
+    assert sorted(raw) == sorted(f"seq.{i:05d}.{n}" for i in range(3) for n in ("tokens", "prompt_length", "layer_inputs"))
+    model, layers = load_target_model(read_target(target))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    for i, prompt in enumerate(PROMPTS):
+        tokens, n_prompt = f.sequences[i].read_tokens()
+        ids = tok.encode(prompt).ids
+        assert n_prompt == len(ids) and tokens[:n_prompt].tolist() == ids
+        # the continuation is the target's greedy one (13 = --new-tokens 12, plus the one the loop samples last)
+        want = model.generate(torch.tensor([ids]), max_new_tokens=13, do_sample=False)[0].tolist()
+        assert tokens.tolist() == want
+        streams, _ = run_target(model, layers, torch.tensor(tokens))
+        got = np.stack([f.sequences[i].read_layer(s) for s in range(5)])
+        assert np.array_equal(got, streams.numpy())
+
+
+def test_capture_stores_only_what_a_drafter_reads(world, tmp_path):
+    root, target, _, ggufs, _ = world
+    prompts = root / "prompts.txt"
+    out = capture(target, prompts, tmp_path / "f.safetensors", new_tokens=3, for_draft=ggufs["full"], dtype="bf16",
+                  device="cpu")
+    f = read_features(out.output)
+    assert f.layers == [1, 3] and f.dtype == "BF16"
+    r = run_cli("capture", "--target-model-dir", target, "--prompts", prompts, "-o", tmp_path / "g.safetensors",
+                "--layers", "1,9", "--device", "cpu")
+    assert r.returncode == 1 and r.stderr.strip() == ("dflash-convert: error: --layers: layer input 9 does not exist: the "
+                                                      "target has 4 layers (inputs 0..4, 4 being the last layer's output)")
+    r = run_cli("capture", "--target-model-dir", target, "--prompts", prompts, "-o", prompts, "--device", "cpu")
+    assert r.returncode == 1 and "output would overwrite an input file" in r.stderr
+
+
+def test_capture_prompts_as_jsonl(world, tmp_path):
+    root, target, _, _, _ = world
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n" + json.dumps(PROMPTS[1]) + "\n")
+    f = read_features(capture(target, p, tmp_path / "f.safetensors", new_tokens=2, layers="1,3", device="cpu").output)
+    assert len(f.sequences) == 2 and f.layers == [1, 3]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 3}\n')
+    with pytest.raises(InputFileError, match="line 1: expected a string"):
+        capture(target, bad, tmp_path / "x.safetensors", new_tokens=2, device="cpu")
+
+
+# --- accept -----------------------------------------------------------------------------------------------
+
+
+def test_accept_counts_a_file_and_its_checkpoint_alike(world):
+    root, target, drafters, ggufs, feats = world
+    rep = accept([ggufs["full"], ggufs["swa"]], feats, checkpoint=drafters["full"], device="cpu")
+    full, swa = rep.results
+    base = rep.baseline
+    assert base is not None and base.name.startswith("checkpoint")
+    # the F32 file drafts what its checkpoint drafts: the same live loop, step by step
+    assert full.loop.accepted_per_step == base.loop.accepted_per_step and full.loop.n_drafted == base.loop.n_drafted
+    assert full.anchors.lengths == base.anchors.lengths
+    for r in (full, swa):
+        assert r.loop.n_predict > 0 and r.loop.n_drafted >= r.loop.n_accept >= 0 and r.file_type == "F32"
+    doc = rep.to_dict()
+    assert doc["schema"] == "dflash-convert/accept/v1" and doc["n_max"] == 15 and doc["new_tokens"] == 12
+    assert [x["file"] for x in doc["files"]] == [str(ggufs["full"]), str(ggufs["swa"])]
+    assert doc["files"][0]["accept_minus_baseline"] == full.loop.accept - base.loop.accept
+    text = rep.render_text()
+    assert "accept = n_accept / n_drafted" in text and "slot curve" in text
+
+
+def test_accept_command_line(world):
+    root, target, _, ggufs, feats = world
+    r = run_cli("accept", ggufs["full"], ggufs["swa"], "--features", feats, "--n-max", "7", "--json", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["n_max"] == 7 and len(doc["files"]) == 2 and all(len(x["slot_curve"]) == 7 for x in doc["files"])
+    r = run_cli("accept", ggufs["full"], "--features", feats, "--device", "cpu")
+    assert r.returncode == 0 and "accept = n_accept / n_drafted" in r.stdout
+
+
+def test_accept_names_a_layer_the_file_did_not_store(world, tmp_path):
+    root, target, _, ggufs, _ = world
+    f = capture(target, root / "prompts.txt", tmp_path / "f.safetensors", new_tokens=2, layers="0,1", device="cpu").output
+    r = run_cli("accept", ggufs["full"], "--features", f, "--device", "cpu")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"dflash-convert: error: {f}: {ggufs['full']} taps target layer 3, which this features "
+                                "file does not store (it stores [0, 1]); capture again with --layers all or --for that drafter")
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    tensors = load_file(str(src))
+    from safetensors import safe_open
+
+    with safe_open(str(src), "np") as fh:
+        meta = dict(fh.metadata())
+    tensors, meta = edit(tensors, meta)
+    save_file(tensors, str(dst), metadata=meta)
+    return dst
+
+
+@pytest.mark.parametrize("name,edit,message", [
+    ("schema", lambda t, m: (t, {**m, "schema": "x"}), "not a features file"),
+    ("layers", lambda t, m: (t, {**m, "layers": "[1, 1]"}), "distinct layer indices"),
+    ("layers_json", lambda t, m: (t, {**m, "layers": "nope"}), "JSON list of non-negative integers"),
+    ("sequences", lambda t, m: (t, {**m, "sequences": "9"}), "sequence 3 has no seq.00003.tokens"),
+    ("missing", lambda t, m: ({k: v for k, v in t.items() if k != "seq.00001.prompt_length"}, m),
+     "sequence 1 has no seq.00001.prompt_length"),
+    ("shape", lambda t, m: ({**t, "seq.00000.layer_inputs": t["seq.00000.layer_inputs"][:2]}, m), "must be [5 layers"),
+    ("extra", lambda t, m: ({**t, "stray": np.zeros(2, np.float32)}, m), "unexpected tensor 'stray'"),
+    ("prompt", lambda t, m: ({**t, "seq.00000.prompt_length": np.array([0], np.int64)}, m), "prompt_length 0 is not in"),
+])
+def test_hostile_features_files_are_one_error_line(world, tmp_path, name, edit, message):
+    root, _, _, ggufs, feats = world
+    bad = _rewrite(feats, tmp_path / f"{name}.safetensors", edit)
+    r = run_cli("accept", ggufs["full"], "--features", bad, "--device", "cpu")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
