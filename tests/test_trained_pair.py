@@ -2,7 +2,7 @@
 
 The pair of ``fixtures.trained`` (a tiny Qwen3 target that memorised a corpus, and two DFlash
 drafters trained for it: full attention, and a sliding window on the first layer) is built once
-and cached (about two minutes cold on one core). The target is converted with llama.cpp's own
+and cached (about 2.5 minutes cold on one core). The target is converted with llama.cpp's own
 ``convert_hf_to_gguf.py`` (F16), each drafter with our command line (F16, then our quantizer), and
 ``llama-speculative-simple --spec-type draft-dflash`` runs greedily on the fixture's prompts:
 
