@@ -39,6 +39,9 @@ from .sources.target import read_target
 from .target import Target
 
 SCHEMA = "dflash-convert/accept/v1"
+# how the drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
+# activations rounded to the weight type's vec_dot type), "exact" the graph in float32
+NUMERICS = ("cpu", "exact")
 
 
 @dataclass
@@ -64,6 +67,7 @@ class AcceptReport:
     new_tokens: int
     sequences: int
     device: str
+    numerics: str = "cpu"
     results: list[FileAcceptance] = field(default_factory=list)
     baseline: FileAcceptance | None = None  # what differences are taken against
 
@@ -75,7 +79,7 @@ class AcceptReport:
             row["accept_minus_baseline"] = None if base is None or r is base else r.loop.accept - base.loop.accept
             rows.append(row)
         return {"schema": SCHEMA, "features": self.features, "n_max": self.n_max, "new_tokens": self.new_tokens,
-                "sequences": self.sequences, "device": self.device,
+                "sequences": self.sequences, "device": self.device, "numerics": self.numerics,
                 "baseline": None if base is None else base.name,
                 "checkpoint": None if self.baseline is None else self.baseline.to_dict(), "files": rows}
 
@@ -85,7 +89,7 @@ class AcceptReport:
     def render_text(self) -> str:
         base = self.baseline or (self.results[0] if self.results else None)
         lines = [f"accept: {self.sequences} sequences of {self.features}, llama-speculative-simple's greedy loop with "
-                 f"--spec-draft-n-max {self.n_max} -n {self.new_tokens}, on {self.device}",
+                 f"--spec-draft-n-max {self.n_max} -n {self.new_tokens}, on {self.device} ({self.numerics} numerics)",
                  f"  {'file':<40} {'type':<7} {'MiB':>8} {'drafted':>8} {'accepted':>8} {'accept':>8} {'per step':>8} "
                  f"{'anchors':>8} {'vs base':>8}"]
         shown = ([self.baseline] if self.baseline is not None else []) + self.results
@@ -126,10 +130,17 @@ def measure(drafts_of: Any, feats: FeaturesFile, slots: list[int], n_max: int) -
 
 def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | Path | None = None, n_max: int | None = None,
            target_model_dir: str | Path | None = None, target_gguf: str | Path | None = None, device: str = "auto",
-           batch: int = 16) -> AcceptReport:
-    """Measure each drafter file's acceptance on the captured sequences of ``features``."""
+           batch: int = 16, numerics: str = "cpu") -> AcceptReport:
+    """Measure each drafter file's acceptance on the captured sequences of ``features``.
+
+    ``numerics``: ``cpu`` (default) rounds as llama.cpp's CPU backend does, so the rare slot whose two
+    best tokens are nearly tied flips as it does there; ``exact`` computes the graph in float32.
+    """
     if not drafts:
         raise DFlashError("name at least one drafter GGUF")
+    if numerics not in NUMERICS:
+        raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+    like_cpu = numerics == "cpu"
     feats = read_features(features)
     target = _target(feats, target_model_dir, target_gguf)
     dev = resolve_device(device)
@@ -140,12 +151,14 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
         raise DFlashError(f"--n-max {n} must be in 1..{min(block) - 1} (the block size minus the anchor slot)")
     if int(feats.metadata.get("new_tokens", "0")) < 1:
         raise InputFileError("metadata 'new_tokens' must be a positive integer", feats.path)
-    report = AcceptReport(str(features), n, int(feats.metadata["new_tokens"]), len(feats.sequences), str(dev))
+    report = AcceptReport(str(features), n, int(feats.metadata["new_tokens"]), len(feats.sequences), str(dev), numerics)
     for path, d in zip(drafts, files, strict=True):
         _check_fits(d, feats, path)
         slots = feats.slots_for(d.target_layers, f"{path}")
         w = load_weights(d, target, device=dev)
-        loop, stats = measure(lambda f, t, a, d=d, w=w: anchor_drafts(d, w, f, t, a, n, batch=batch), feats, slots, n)
+        loop, stats = measure(lambda f, t, a, d=d, w=w: anchor_drafts(
+            d, w, f, t, a, n, batch=batch, cpu_matmul=like_cpu, kv_cache_dtype=torch.float16 if like_cpu else None),
+            feats, slots, n)
         report.results.append(FileAcceptance(str(path), file_type_name(d), Path(path).stat().st_size, loop, stats))
         del w
     if checkpoint is not None:

@@ -4,7 +4,8 @@ Why: acceptance needs the target's own greedy continuation and its hidden states
 and a user's target (4B to 35B) is too big to run beside each drafter file. ``capture`` runs it once
 (transformers' own class, safetensors only, remote code never executed, as ``check --features
 target`` does): for each prompt (as given, one per line or JSONL; no chat template is rendered) the
-greedy continuation of ``new_tokens`` (+1, the token llama-speculative-simple samples last), then one
+greedy continuation of ``new_tokens`` + ``LOOKAHEAD`` (what llama-speculative-simple -n N verifies:
+N + 1 tokens, and the full block its last step drafts), then one
 pass over the finished sequence keeping the residual stream entering each stored layer. Everything
 goes to one safetensors file (``format/features.py``), written sequence by sequence: memory holds
 the target and one sequence's features.
@@ -34,6 +35,9 @@ from .write_features import FeatureWriter
 
 MAX_PROMPTS_BYTES = 64 << 20
 ALL = "all"
+# tokens captured past --new-tokens N: llama-speculative-simple -n N decodes N + 1, and once its budget
+# is spent its last step still drafts a full block (up to 16 tokens) that the target verifies
+LOOKAHEAD = 1 + 32
 
 
 @dataclass
@@ -125,7 +129,7 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
     # the continuations first (their lengths fix the file's header), then one pass per sequence
     sequences = []
     for e in encoded:
-        sequences.append(greedy_continuation(model, e, new_tokens + 1, eos))
+        sequences.append(greedy_continuation(model, e, new_tokens + LOOKAHEAD, eos))
         if bar is not None:
             bar.update(0.5)
     meta = {"schema": SCHEMA, "target": str(target_dir), "target_config_sha256": _sha256(target_dir / "config.json"),

@@ -331,6 +331,8 @@ def accept(
                                                  "(default: the one the features were captured from)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    numerics: str = typer.Option("cpu", "--numerics", help="cpu: round as llama.cpp's CPU backend (F16 KV cache, "
+                                 "quantized activations); exact: the graph in float32."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
 ) -> None:
     """How many drafted tokens each file gets accepted on the captured sequences, as llama-speculative-simple counts."""
@@ -338,7 +340,7 @@ def accept(
 
     try:
         report = run_accept(drafts, features, checkpoint=checkpoint, n_max=n_max, target_model_dir=target_model_dir,
-                            target_gguf=target_gguf, device=device)
+                            target_gguf=target_gguf, device=device, numerics=numerics)
     except DFlashError as e:
         _fail(e)
     typer.echo(report.to_json() if json_out else report.render_text())

@@ -30,7 +30,7 @@ METADATA: dict[str, str] = {
     "dtype": "the layer_inputs element type: F32, F16 or BF16",
     "prompts_sha256": "SHA-256 of the prompts file as read",
     "sequences": "how many sequences the file holds",
-    "new_tokens": "N: each continuation is what llama-speculative-simple -n N decodes (N + 1 tokens, fewer at an end-of-generation token)",
+    "new_tokens": "N: each continuation covers what llama-speculative-simple -n N verifies (N + 33 tokens, fewer at an end-of-generation token)",
     "eos_ids": "JSON list: the token ids that end a generation",
 }
 

@@ -32,6 +32,7 @@ from .forward import (
     _layer_mm,
     _mm,
     apply_rope_neox,
+    cpu_matmul_input,
     position_rows,
     rms_norm,
     rope_cos_sin,
@@ -45,14 +46,18 @@ DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary 
 
 @torch.no_grad()
 def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens: torch.Tensor, anchors: list[int],
-                  n_max: int, *, batch: int = DEFAULT_BATCH,
-                  keep_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                  n_max: int, *, batch: int = DEFAULT_BATCH, keep_logits: bool = False,
+                  cpu_matmul: bool = False,
+                  kv_cache_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor position.
 
     ``features``: [L, T*E] the sequence's target features (taps in ``d.target_layers`` order);
     ``tokens``: [L] its token ids. An anchor ``c`` drafts from the features of ``0..c-1`` and the block
     ``[tokens[c], mask * (B-1)]`` at positions ``c..c+B-1``; slots ``1..n_max`` are its draft.
     ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only).
+    ``cpu_matmul``: round each matmul's activations as ggml's CPU backend does; ``kv_cache_dtype``
+    (torch.float16: llama.cpp's default cache, flash attention off) rounds K, V, Q and the attention
+    weights as that cache does (both ``run_gguf``'s options, off by default).
     """
     B = d.block_size
     if not 1 <= n_max <= B - 1:
@@ -71,19 +76,20 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
 
     # the context, once: g = enc_norm(fc(features)); per layer its K (roped at 0..L-1) and V
     feats = features.to(dev, dt)
-    g = rms_norm(_mm(feats, w.fc, w.fc_scale), eps, w.enc_norm)
+    g = rms_norm(_mm(feats, w.fc, w.fc_scale, w.fc_type if cpu_matmul else None), eps, w.enc_norm)
     ctx_pos = torch.arange(L, device=dev)
     cos_c, sin_c = rope_cos_sin(spec, position_rows(torch.cat([ctx_pos, ctx_pos[:1]]), L, mrope), dt)
     cos_c, sin_c = cos_c[:L], sin_c[:L]
     ctx_kv = []
     for lw in w.layers:
-        k, v = _kv(lw, g, D, eps, False)
+        k, v = _kv(lw, g, D, eps, cpu_matmul)
         ctx_kv.append((apply_rope_neox(k, cos_c, sin_c), v))
 
     out, kept = [], []
     for at in range(0, len(anchors), batch):
         part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
-        logits = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max)
+        logits = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max, cpu_matmul,
+                         kv_cache_dtype)
         out.append(logits.argmax(dim=-1).cpu())
         if keep_logits:
             kept.append(logits.cpu())
@@ -94,7 +100,8 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
 
 
 def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
-            causal: bool, spec, mrope: bool, kq_scale: float, n_max: int) -> torch.Tensor:
+            causal: bool, spec, mrope: bool, kq_scale: float, n_max: int, cpu_matmul: bool,
+            cache_dtype: torch.dtype | None) -> torch.Tensor:
     dev, dt = w.device, w.dtype
     A, B = anchors.shape[0], d.block_size
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
@@ -122,12 +129,14 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
         if win is not None:
             vis_blk &= diff_blk < win
         h = rms_norm(x, eps, lw.attn_norm)
-        q = rms_norm(_layer_mm(lw, "wq", h, False).reshape(-1, H, D), eps, lw.q_norm)
-        k_blk, v_blk = _kv(lw, h, D, eps, False)
+        q = rms_norm(_layer_mm(lw, "wq", h, cpu_matmul).reshape(-1, H, D), eps, lw.q_norm)
+        k_blk, v_blk = _kv(lw, h, D, eps, cpu_matmul)
         q = apply_rope_neox(q, cos_b, sin_b).reshape(A, B, H, D)
         k_blk = apply_rope_neox(k_blk, cos_b, sin_b).reshape(A, B, -1, D)
         v_blk = v_blk.reshape(A, B, -1, D)
         k_ctx, v_ctx = ctx_kv[il]
+        if cache_dtype is not None:  # as runtime.forward.attend: the cache stores K and V rounded, matmuls round q
+            q, k_blk, v_blk, k_ctx, v_ctx = (t.to(cache_dtype).to(dt) for t in (q, k_blk, v_blk, k_ctx, v_ctx))
         group = H // k_ctx.shape[1]
         kc = k_ctx.repeat_interleave(group, dim=1)  # [L, H, D]
         vc = v_ctx.repeat_interleave(group, dim=1)
@@ -143,21 +152,25 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
             probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
         else:
             probs = torch.softmax(scores, dim=-1)
+        if cache_dtype is not None:
+            probs = probs.to(cache_dtype).to(dt)
         attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
                 + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
-        o = _layer_mm(lw, "wo", attn, False)
+        o = _layer_mm(lw, "wo", attn, cpu_matmul)
         if d.value_scale:
             o = o * d.value_scale
         if lw.post_attn_norm is not None:
             o = rms_norm(o, eps, lw.post_attn_norm)
         x = x + o
-        y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, False, False)
+        y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, False, cpu_matmul)
         if lw.post_ffw_norm is not None:
             y = rms_norm(y, eps, lw.post_ffw_norm)
         x = x + y
         if lw.out_scale is not None:
             x = x * lw.out_scale
     hidden = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1].reshape(A * n_max, -1)
+    if cpu_matmul:
+        hidden = cpu_matmul_input(hidden, w.head.source.dtype)
     return scatter_d2t(w.head.project(hidden), w.d2t, d.vocab_size).reshape(A, n_max, -1)
 
 
@@ -197,16 +210,20 @@ def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: i
     """Replay llama-speculative-simple's greedy loop along a captured sequence.
 
     The first anchor is the prompt's last token (the driver keeps it out of the prompt batch); each
-    step drafts ``min(n_max, n_predict - predicted - 1)`` tokens from the anchor, the target accepts
-    the longest prefix equal to its own greedy tokens and adds one token of its own, the last of which
-    is the next anchor. The loop ends once more than ``n_predict`` tokens were predicted or an
-    end-of-generation token was accepted. ``draft_at(c)`` is the drafter's draft from anchor ``c``.
+    step drafts ``n_max`` tokens from the anchor, cut to ``n_predict - predicted - 1`` when that is
+    positive (``common_speculative_draft`` truncates only for a positive limit: once the budget is
+    spent, the last step drafts a full block), the target accepts the longest prefix equal to its own
+    greedy tokens and adds one token of its own, the last of which is the next anchor. The loop ends
+    once more than ``n_predict`` tokens were predicted or an end-of-generation token was accepted.
+    ``draft_at(c)`` is the drafter's draft from anchor ``c``.
     """
     count = LoopCount()
     c = prompt_length - 1
     while True:
-        budget = max(0, n_predict - count.n_predict - 1)
-        draft = draft_at(c)[:min(n_max, budget)] if budget else []
+        budget = n_predict - count.n_predict - 1
+        draft = draft_at(c)[:n_max]
+        if budget > 0:
+            draft = draft[:budget]
         k = 0
         while k < len(draft) and c + 1 + k < len(tokens) and draft[k] == tokens[c + 1 + k]:
             k += 1
