@@ -26,10 +26,9 @@ import torch
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.file_types import FILE_TYPE_NAMES
-from .runtime.accept import AnchorStats, LoopCount, anchor_drafts, anchor_lengths, loop_anchors
+from .runtime.accept import AnchorStats, LoopCount, gguf_drafts, measure, reference_drafts
 from .runtime.device import resolve_device
-from .runtime.forward import block_tokens, contiguous_positions
-from .runtime.reference import load_reference, reference_forward
+from .runtime.reference import load_reference
 from .runtime.weights import load_weights
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
@@ -106,28 +105,6 @@ class AcceptReport:
         return "\n".join(lines)
 
 
-def _sequence_inputs(feats: FeaturesFile, i: int, slots: list[int]) -> tuple[torch.Tensor, list[int], int]:
-    seq = feats.sequences[i]
-    tokens, prompt_length = seq.read_tokens()
-    layers = [torch.from_numpy(seq.read_layer(s)) for s in slots]
-    return torch.cat(layers, dim=-1), tokens.tolist(), prompt_length
-
-
-def measure(drafts_of: Any, feats: FeaturesFile, slots: list[int], n_max: int) -> tuple[LoopCount, AnchorStats]:
-    """Both counts over every sequence; ``drafts_of(features, tokens, anchors)`` -> [A, n_max] tokens."""
-    n_predict = int(feats.metadata.get("new_tokens", "0"))
-    loop, stats = LoopCount(), AnchorStats(n_max=n_max)
-    eos = set(feats.eos_ids)
-    for i in range(len(feats.sequences)):
-        features, tokens, prompt_length = _sequence_inputs(feats, i, slots)
-        anchors = list(range(prompt_length - 1, len(tokens) - 1))
-        drafted = drafts_of(features, torch.tensor(tokens), anchors).tolist()
-        by_anchor = dict(zip(anchors, drafted, strict=True))
-        loop.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, by_anchor.__getitem__))
-        stats.add(anchor_lengths(tokens, anchors, by_anchor, n_max))
-    return loop, stats
-
-
 def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | Path | None = None, n_max: int | None = None,
            target_model_dir: str | Path | None = None, target_gguf: str | Path | None = None, device: str = "auto",
            batch: int = 16, numerics: str = "cpu") -> AcceptReport:
@@ -156,9 +133,7 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
         _check_fits(d, feats, path)
         slots = feats.slots_for(d.target_layers, f"{path}")
         w = load_weights(d, target, device=dev)
-        loop, stats = measure(lambda f, t, a, d=d, w=w: anchor_drafts(
-            d, w, f, t, a, n, batch=batch, cpu_matmul=like_cpu, kv_cache_dtype=torch.float16 if like_cpu else None),
-            feats, slots, n)
+        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=like_cpu, batch=batch), feats, slots, n)
         report.results.append(FileAcceptance(str(path), file_type_name(d), Path(path).stat().st_size, loop, stats))
         del w
     if checkpoint is not None:
@@ -196,17 +171,8 @@ def _checkpoint_acceptance(checkpoint: str | Path, target: Target | None, feats:
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)
     model = load_reference(ckpt, target, drafter=drafter, device=dev)
     slots = feats.slots_for(drafter.target_layers, f"the checkpoint {checkpoint}")
-
-    def drafts_of(features: torch.Tensor, tokens: torch.Tensor, anchors: list[int]) -> torch.Tensor:
-        out = []
-        for c in anchors:
-            ids = block_tokens(drafter, int(tokens[c]))
-            r = reference_forward(model, features[:c].double(), ids, contiguous_positions(c, len(ids)))
-            out.append(r.tokens[:n_max].cpu())
-        return torch.stack(out) if out else torch.empty(0, n_max, dtype=torch.int64)
-
-    loop, stats = measure(drafts_of, feats, slots, n_max)
+    loop, stats = measure(reference_drafts(model, n_max), feats, slots, n_max)
     return FileAcceptance(f"checkpoint {checkpoint}", "ckpt", 0, loop, stats)
 
 
-__all__ = ["AcceptReport", "FileAcceptance", "accept", "measure"]
+__all__ = ["AcceptReport", "FileAcceptance", "accept"]

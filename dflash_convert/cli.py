@@ -271,8 +271,9 @@ def check(
     context: int = typer.Option(64, "--context", min=1, help="Context tokens before the drafted block."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthetic target features (or of the context tokens)."),
     features: str = typer.Option("synthetic", "--features",
-                                 help="synthetic (from the seed) or target (run the model in --target-model-dir; "
-                                      "each side taps its own target layers; needs transformers)."),
+                                 help="synthetic (from the seed), target (run the model in --target-model-dir; "
+                                      "each side taps its own target layers; needs transformers), or a features file "
+                                      "from capture (also measures acceptance against the checkpoint's)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
     save_io: Path | None = typer.Option(None, "--save-io", help="Write inputs and outputs of both forwards to this .npz."),
     reference_gguf: Path | None = typer.Option(None, "--reference-gguf", help="A full-precision sibling: also report agreement with it."),

@@ -281,3 +281,21 @@ def test_hostile_features_files_are_one_error_line(world, tmp_path, name, edit, 
     r = run_cli("accept", ggufs["full"], "--features", bad, "--device", "cpu")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+# --- check learns acceptance ------------------------------------------------------------------------------
+
+
+def test_check_with_a_features_file_reports_acceptance(world):
+    from dflash_convert.check import check
+
+    root, target, drafters, ggufs, feats = world
+    rep = check(ggufs["full"], drafters["full"], target_model_dir=target, features=str(feats), device="cpu", context=6)
+    a = rep.metrics["acceptance"]
+    assert rep.passed, rep.failures
+    assert a["file"]["n_drafted"] == a["checkpoint"]["n_drafted"] and a["lost"] == 0.0 and a["allowance"] == 0.005
+    assert a["sequences"] == 3 and a["new_tokens"] == 12
+    assert "acceptance" in rep.render_text() and rep.to_dict()["metrics"]["acceptance"]["file"]["n_accept"] >= 0
+    r = run_cli("check", ggufs["full"], "--checkpoint", drafters["full"], "--target-model-dir", target, "--features",
+                root / "missing.safetensors", "--device", "cpu")
+    assert r.returncode == 1 and "or a features file (dflash-convert capture)" in r.stderr

@@ -153,3 +153,19 @@ def test_accept_agrees_with_llama_cpp(pair, target, gguf_dir, features):
                 assert seen == _last_target_tokens(s.output), (i, seen, _last_target_tokens(s.output))
     print("\n" + "\n".join(lines))
     assert worst <= AGREEMENT, "\n".join(lines)
+
+
+def test_check_judges_a_file_by_its_acceptance(pair, gguf_dir, features, monkeypatch):
+    """check --features FILE: a file's acceptance next to its checkpoint's, failing past its class's allowance."""
+    import dflash_convert.check as check_module
+
+    q2 = drafter_gguf(pair, "full", gguf_dir, "Q2_K")
+    rep = check_module.check(q2, pair.drafters["full"], target_model_dir=pair.target_dir, features=str(features),
+                             device="cpu", context=32)
+    a = rep.metrics["acceptance"]
+    print(f"\n{rep.render_text()}")
+    assert rep.passed and 0 < a["lost"] <= a["allowance"] == check_module.ACCEPT_ALLOWANCE["Q2_K"], rep.failures
+    monkeypatch.setitem(check_module.ACCEPT_ALLOWANCE, "Q2_K", 0.01)  # a stricter allowance than Q2_K earns
+    rep = check_module.check(q2, pair.drafters["full"], target_model_dir=pair.target_dir, features=str(features),
+                             device="cpu", context=32)
+    assert not rep.passed and any(f.startswith("accepted tokens lost: the file accepts 0.601") for f in rep.failures), rep.failures

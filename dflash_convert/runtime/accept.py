@@ -26,12 +26,15 @@ import torch
 
 from ..drafter import Drafter
 from ..errors import DFlashError
+from ..sources.features import FeaturesFile
 from .forward import (
     _ffn,
     _kv,
     _layer_mm,
     _mm,
     apply_rope_neox,
+    block_tokens,
+    contiguous_positions,
     cpu_matmul_input,
     position_rows,
     rms_norm,
@@ -39,6 +42,7 @@ from .forward import (
     rope_spec,
     scatter_d2t,
 )
+from .reference import ReferenceModel, reference_forward
 from .weights import DrafterWeights
 
 DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
@@ -278,4 +282,54 @@ def anchor_lengths(tokens: list[int], anchors: list[int], drafts: dict[int, list
     return stats
 
 
-__all__ = ["AnchorStats", "LoopCount", "anchor_drafts", "anchor_lengths", "loop_anchors"]
+# --- over a features file -------------------------------------------------------------------------------
+
+Drafts = Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]  # (features, tokens, anchors) -> [A, n_max]
+
+
+def sequence_inputs(feats: FeaturesFile, i: int, slots: list[int]) -> tuple[torch.Tensor, list[int], int]:
+    """(features [L, T*E] of the stored layers at ``slots``, token ids, prompt length) of sequence ``i``."""
+    seq = feats.sequences[i]
+    tokens, prompt_length = seq.read_tokens()
+    return torch.cat([torch.from_numpy(seq.read_layer(s)) for s in slots], dim=-1), tokens.tolist(), prompt_length
+
+
+def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int) -> tuple[LoopCount, AnchorStats]:
+    """The live loop (``-n`` the file's ``new_tokens``) and every anchor's acceptance, over every sequence."""
+    n_predict = int(feats.metadata.get("new_tokens", "0"))
+    loop, stats = LoopCount(), AnchorStats(n_max=n_max)
+    eos = set(feats.eos_ids)
+    for i in range(len(feats.sequences)):
+        features, tokens, prompt_length = sequence_inputs(feats, i, slots)
+        anchors = list(range(prompt_length - 1, len(tokens) - 1))
+        drafted = drafts_of(features, torch.tensor(tokens), anchors).tolist()
+        by_anchor = dict(zip(anchors, drafted, strict=True))
+        loop.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, by_anchor.__getitem__))
+        stats.add(anchor_lengths(tokens, anchors, by_anchor, n_max))
+    return loop, stats
+
+
+def gguf_drafts(d: Drafter, w: DrafterWeights, n_max: int, *, like_cpu: bool = True, batch: int = DEFAULT_BATCH) -> Drafts:
+    """A drafter file's drafts, batched; ``like_cpu`` rounds as llama.cpp's CPU backend (F16 KV cache,
+    activations at each weight type's vec_dot type)."""
+    return lambda f, t, a: anchor_drafts(d, w, f, t, a, n_max, batch=batch, cpu_matmul=like_cpu,
+                                         kv_cache_dtype=torch.float16 if like_cpu else None)
+
+
+def reference_drafts(model: ReferenceModel, n_max: int) -> Drafts:
+    """The checkpoint's drafts (the reference forward, llama.cpp semantics), one anchor at a time."""
+    d = model.drafter
+
+    def drafts_of(features: torch.Tensor, tokens: torch.Tensor, anchors: list[int]) -> torch.Tensor:
+        out = []
+        for c in anchors:
+            ids = block_tokens(d, int(tokens[c]))
+            r = reference_forward(model, features[:c].double(), ids, contiguous_positions(c, len(ids)))
+            out.append(r.tokens[:n_max].cpu())
+        return torch.stack(out) if out else torch.empty(0, n_max, dtype=torch.int64)
+
+    return drafts_of
+
+
+__all__ = ["AnchorStats", "LoopCount", "anchor_drafts", "anchor_lengths", "gguf_drafts", "loop_anchors", "measure",
+           "reference_drafts", "sequence_inputs"]
