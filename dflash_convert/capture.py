@@ -97,7 +97,7 @@ def parse_layers(spec: str, n_layers: int, for_draft: str | Path | None) -> list
 
 def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | Path, *, new_tokens: int = 64,
             layers: str = ALL, for_draft: str | Path | None = None, device: str = "auto", dtype: str = "f32",
-            force: bool = True, progress: bool = False) -> CaptureResult:
+            force: bool = False, progress: bool = False) -> CaptureResult:
     """Capture the features of every prompt's greedy continuation into ``out``."""
     if dtype not in FEATURE_DTYPES:
         raise DFlashError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")

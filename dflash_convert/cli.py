@@ -301,6 +301,7 @@ def capture(
     for_draft: Path | None = typer.Option(None, "--for", help="Store only the layers this drafter GGUF taps."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     dtype: str = typer.Option("f32", "--dtype", help="f32, f16 or bf16: how the layer inputs are stored."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
 ) -> None:
     """Run the target once over the prompts; keep its greedy continuations and the layer inputs drafters read."""
@@ -309,7 +310,7 @@ def capture(
     _quiet(quiet)
     try:
         res = run_capture(target_model_dir, prompts, out, new_tokens=new_tokens, layers=layers, for_draft=for_draft,
-                          device=device, dtype=dtype, progress=not quiet)
+                          device=device, dtype=dtype, force=force, progress=not quiet)
     except DFlashError as e:
         _fail(e)
     except BrokenPipeError:

@@ -299,3 +299,30 @@ def test_check_with_a_features_file_reports_acceptance(world):
     r = run_cli("check", ggufs["full"], "--checkpoint", drafters["full"], "--target-model-dir", target, "--features",
                 root / "missing.safetensors", "--device", "cpu")
     assert r.returncode == 1 and "or a features file (dflash-convert capture)" in r.stderr
+
+
+def test_accept_an_own_vocabulary_drafter(world, tmp_path):
+    """A speculators drafter with its own vocabulary (d2t): drafts scattered to target ids, the same as its checkpoint."""
+    from fixtures.drafters import make_speculators_drafter
+
+    root, target, _, _, feats = world
+    src = make_speculators_drafter(tmp_path / "spec", hidden=64, draft_vocab_size=2048, aux_layer_ids=[1, 3], block_size=8,
+                                   seed=7)
+    out = convert(src, target, outfile=tmp_path / "spec-f32.gguf", outtype="f32").output
+    assert read_drafter(out).draft_vocab_size == 2048
+    rep = accept([out], feats, checkpoint=src, device="cpu", numerics="exact")
+    (r,) = rep.results
+    assert rep.n_max == 7 and r.loop.accepted_per_step == rep.baseline.loop.accepted_per_step
+    assert r.anchors.lengths == rep.baseline.anchors.lengths and r.loop.n_drafted > 0
+
+
+def test_capture_never_replaces_an_existing_file_without_force(world, tmp_path):
+    root, target, _, _, _ = world
+    out = tmp_path / "f.safetensors"
+    out.write_bytes(b"mine")
+    r = run_cli("capture", "--target-model-dir", target, "--prompts", root / "prompts.txt", "-o", out, "--new-tokens", "2",
+                "--device", "cpu")
+    assert r.returncode == 1 and "output exists; pass --force to replace it" in r.stderr and out.read_bytes() == b"mine"
+    r = run_cli("capture", "--target-model-dir", target, "--prompts", root / "prompts.txt", "-o", out, "--new-tokens", "2",
+                "--device", "cpu", "--force", "-q")
+    assert r.returncode == 0 and read_features(out).metadata["new_tokens"] == "2"
