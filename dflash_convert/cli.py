@@ -17,7 +17,7 @@ from .errors import DFlashError, InputFileError
 from .format.keys import ARCH, key
 from .inspect_gguf import block_size, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
-from .quantize import plan_quantize, write_quantize
+from .quantize import plan_quantize, quantize_options, write_quantize
 from .sources.gguf_drafter import describe, read_drafter
 from .validate import validate as run_validate
 from .validate.report import render_json, render_text
@@ -227,7 +227,20 @@ def quantize(
     threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-tensor plan and write nothing.", metavar=""),
     keep_type: list[str] = typer.Option([], "--keep-type", metavar="PATTERN=TYPE",
-                                        help="Give tensors matching a glob this type, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
+                                        help="Our glob shorthand: quantized tensors matching the glob get TYPE after "
+                                             "llama-quantize's choice, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
+    tensor_type: list[str] = typer.Option([], "--tensor-type", metavar="PATTERN=TYPE",
+                                          help="llama-quantize's: a regular expression searched in the tensor name; the "
+                                               "first that matches gives the type (repeatable, in order)."),
+    tensor_type_file: Path | None = typer.Option(None, "--tensor-type-file", help="PATTERN=TYPE items, whitespace-separated."),
+    output_tensor_type: str | None = typer.Option(None, "--output-tensor-type", metavar="TYPE", help="The type of output.weight."),
+    token_embedding_type: str | None = typer.Option(None, "--token-embedding-type", metavar="TYPE",
+                                                    help="The type of token_embd.weight."),
+    leave_output_tensor: bool = typer.Option(False, "--leave-output-tensor", help="Do not quantize output.weight.", metavar=""),
+    pure: bool = typer.Option(False, "--pure", help="No mix rules: every quantized tensor takes the type's default.", metavar=""),
+    override_kv: list[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
+                                          help="Set a key in the output (int, float, bool, str), as llama-quantize does."),
+    prune_layers: str | None = typer.Option(None, "--prune-layers", metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers).", metavar=""),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no notes, no warnings.", metavar=""),
@@ -235,7 +248,12 @@ def quantize(
     """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
     _quiet(quiet)
     try:
-        plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
+        options = quantize_options(keep_types=keep_type, allow_requantize=allow_requantize, tensor_types=tensor_type,
+                                   tensor_type_file=tensor_type_file, output_tensor_type=output_tensor_type,
+                                   token_embedding_type=token_embedding_type, leave_output_tensor=leave_output_tensor,
+                                   pure=pure, override_kv=override_kv, prune_layers=prune_layers,
+                                   file_position=_tensor_types_before_file(sys.argv))
+        plan = plan_quantize(src, out, qtype, options=options)
         if dry_run:
             typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}
@@ -243,7 +261,7 @@ def quantize(
                 src_type = by_name[p.tensor.gguf_name].dtype
                 shape = "x".join(map(str, p.ne))
                 typer.echo(f"  {p.tensor.gguf_name:<32} {shape:<14} {src_type:<5} -> {p.ggml_type.name:<6} {_human(p.nbytes):>10}"
-                           + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--keep-type")) else ""))
+                           + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--")) else ""))
             for note in plan.notes:
                 typer.echo(f"  {note}")
             typer.echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
@@ -364,6 +382,18 @@ class Interrupted(BaseException):
 
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
+
+
+def _tensor_types_before_file(argv: list[str]) -> int | None:
+    """How many --tensor-type items precede --tensor-type-file on the command line (llama-quantize
+    applies them in that order); None when the file is not named there (the API's default order)."""
+    seen = 0
+    for arg in argv[1:]:
+        if arg == "--tensor-type-file" or arg.startswith("--tensor-type-file="):
+            return seen
+        if arg == "--tensor-type" or arg.startswith("--tensor-type="):
+            seen += 1
+    return None
 
 
 def main() -> None:

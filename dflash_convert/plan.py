@@ -13,17 +13,30 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .drafter import Drafter, DrafterTensor
 from .encoders import COPY, QUANTIZERS, encoder
-from .errors import DFlashError
+from .errors import DFlashError, InputFileError
+from .files import read_regular_bytes
 from .format.file_types import FILE_TYPES, FTYPE_ALIASES, OUTTYPES, QUANT_TYPES, FileType
 from .format.ggml import BLOCK_GEOMETRY, QUANTIZATION_VERSION, GGMLType, tensor_nbytes
-from .format.keys import SPLIT_PREFIX, ValueType, key
-from .format.quant_types import KEEP, NOTE_FALLBACK, NOTE_KEPT, choose_quant_types, loader_order, n_dims, resolve_ftype
+from .format.keys import SPLIT_PREFIX, VALUE_TYPES, ValueType, key
+from .format.quant_types import (
+    KEEP,
+    NO_OVERRIDES,
+    NOTE_FALLBACK,
+    NOTE_KEPT,
+    TypeOverrides,
+    choose_quant_types,
+    loader_order,
+    n_dims,
+    resolve_ftype,
+)
 from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storage_type
+from .format.tensors import LAYER_PREFIX, layer_name, layer_of
 from .metadata import Metadata
 from .pipeline import PlannedTensor
 
@@ -79,6 +92,162 @@ def resolve_outtype(outtype: str, first_matrix_dtype: str | None) -> OutType:
         raise DFlashError(f"unknown --outtype {outtype!r} (choose from {AUTO}, {', '.join(OUTTYPES)}, "
                           f"or a quantization type: {', '.join(QUANT_TYPES)})") from None
     return OutType(FILE_TYPES[quant], auto, quant)
+
+
+def writable_types() -> list[str]:
+    """ggml types a tensor can be written as here: the plain floats and every quantizer's type."""
+    return [t.name for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)] + [t.name for t in QUANTIZERS]
+
+
+def parse_ggml_type(name: str, flag: str) -> GGMLType:
+    """A ggml type name as llama-quantize's parse_ggml_type takes it (case-insensitive), among those we write."""
+    t = name.strip().upper()
+    if t not in writable_types():
+        raise DFlashError(f"{flag} {name!r}: unknown or unsupported tensor type (choose from {', '.join(writable_types())})")
+    return GGMLType[t]
+
+
+def parse_tensor_types(specs: list[str], where: str = "--tensor-type") -> list[tuple[str, GGMLType]]:
+    """--tensor-type PATTERN=TYPE items (parse_tensor_type): split at the first '=', the pattern lower-cased,
+    each a regular expression searched in the tensor name; the order is kept (the first match wins)."""
+    out = []
+    for spec in specs:
+        pattern, sep, type_name = spec.partition("=")
+        if not sep or not pattern or not type_name:
+            raise DFlashError(f"{where} {spec!r}: expected PATTERN=TYPE, for example 'attn_v=q8_0'")
+        try:
+            re.compile(pattern.lower())
+        except re.error as e:
+            raise DFlashError(f"{where} {spec!r}: the pattern is not a regular expression: {e}") from None
+        out.append((pattern.lower(), parse_ggml_type(type_name, where)))
+    return out
+
+
+def read_tensor_type_file(path: str | Path) -> list[tuple[str, GGMLType]]:
+    """--tensor-type-file: PATTERN=TYPE items separated by whitespace, as llama-quantize reads them."""
+    raw = read_regular_bytes(path, "tensor type file", 1 << 20)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputFileError("tensor type file is not UTF-8 text", path) from None
+    return parse_tensor_types(text.split(), f"--tensor-type-file {path}:")
+
+
+# string_parse_kv_override's value types, and the GGUF type llama-quantize writes each as
+KV_OVERRIDE_TYPES: dict[str, ValueType] = {"int": ValueType.UINT32, "float": ValueType.FLOAT32, "bool": ValueType.BOOL,
+                                           "str": ValueType.STRING}
+KV_KEY_MAX = 127  # llama_model_kv_override.key is char[128]
+KV_STR_MAX = 127
+
+
+def parse_kv_override(spec: str) -> tuple[str, ValueType, object]:
+    """--override-kv KEY=TYPE:VALUE (int, float, bool, str) -> (key, the type written, value). An int is
+    written as UINT32 of its absolute value, as llama-quantize does; malformed values are refused."""
+    key_name, sep, rest = spec.partition("=")
+    kind, colon, text = rest.partition(":")
+    if not sep or not key_name or not colon or kind not in KV_OVERRIDE_TYPES:
+        raise DFlashError(f"--override-kv {spec!r}: expected KEY=TYPE:VALUE with TYPE one of {', '.join(KV_OVERRIDE_TYPES)}")
+    if len(key_name.encode()) > KV_KEY_MAX:
+        raise DFlashError(f"--override-kv {spec[:40]!r}...: the key is longer than {KV_KEY_MAX} bytes")
+    vtype = KV_OVERRIDE_TYPES[kind]
+    try:
+        if kind == "int":
+            value: object = abs(int(text))
+            if value > VALUE_TYPES[ValueType.UINT32].highest:  # type: ignore[operator]
+                raise ValueError("out of range")
+        elif kind == "float":
+            value = float(text)
+        elif kind == "bool":
+            if text not in ("true", "false"):
+                raise ValueError("not true or false")
+            value = text == "true"
+        else:
+            if len(text.encode()) > KV_STR_MAX:
+                raise ValueError(f"longer than {KV_STR_MAX} bytes")
+            value = text
+    except ValueError as e:
+        raise DFlashError(f"--override-kv {spec!r}: {kind} value {text!r}: {e}") from None
+    return key_name, vtype, value
+
+
+def parse_prune_layers(spec: str) -> list[int]:
+    """--prune-layers L0,L1,... (parse_layer_prune): non-negative layer ids, sorted, without repeats."""
+    try:
+        ids = [int(x) for x in spec.split(",")]
+    except ValueError:
+        ids = [-1]
+    if not ids or any(i < 0 for i in ids):
+        raise DFlashError(f"--prune-layers {spec!r}: expected comma-separated layer numbers")
+    return sorted(set(ids))
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """llama-quantize's options beyond the type, parsed (see ``format.quant_types.TypeOverrides``)."""
+
+    types: TypeOverrides = NO_OVERRIDES
+    keep_types: tuple[tuple[str, GGMLType], ...] = ()  # our --keep-type globs (applied after llama-quantize's choice)
+    kv_overrides: tuple[tuple[str, ValueType, object], ...] = ()
+    prune_layers: tuple[int, ...] = ()
+    allow_requantize: bool = False
+
+    @property
+    def rewrites_file(self) -> bool:
+        """Options that change keys or layers, so the output is validated before it is renamed into place."""
+        return bool(self.kv_overrides or self.prune_layers)
+
+
+def remap_layers(names: list[str], prune: list[int]) -> dict[str, str | None]:
+    """llama-quantize's remap_layer: a tensor of a pruned layer maps to None, the others are renumbered
+    in order (layers below the first pruned one keep their number). ``names`` in loader order."""
+    out: dict[str, str | None] = {}
+    mapped: dict[int, int | None] = {}
+    next_id = 0
+    for name in names:
+        bid = layer_of(name)
+        if bid is None or not prune:
+            out[name] = name
+            continue
+        if bid not in mapped:
+            if bid in prune:
+                mapped[bid] = None
+            elif bid < prune[0]:
+                mapped[bid], next_id = bid, bid + 1
+            else:
+                mapped[bid], next_id = next_id, next_id + 1
+        new = mapped[bid]
+        out[name] = None if new is None else layer_name(new, name[len(f"{LAYER_PREFIX}{bid}."):])
+    return out
+
+
+def remaining_layers(n_layers: int, prune: list[int]) -> int:
+    """block_count after --prune-layers (llama-quantize sets it to the next id its remap would give)."""
+    kept = [i for i in range(n_layers) if i not in prune]
+    return len(kept)
+
+
+# Per-layer arrays llama.cpp reads for n_layer entries. llama-quantize's --prune-layers leaves them
+# as they were: sliding_window_pattern (get_arr takes any length) then gives the remaining layers
+# the flags of the pruned ones, and the others (get_key_or_arr) fail to load ("wrong array length").
+# We drop the pruned layers' entries instead, the one place our output differs from llama-quantize's.
+PER_LAYER_ARRAYS: tuple[str, ...] = ("sliding_window_pattern", "feed_forward_length", "head_count", "head_count_kv")
+
+
+def apply_kv_overrides(md: Metadata, options: QuantizeOptions, n_layers: int) -> Metadata:
+    """The overridden keys, then a pruned block_count: each removed from where it was and appended, as
+    gguf_set_val does; a pruned file's per-layer arrays lose the pruned layers' entries (in place)."""
+    for k, vtype, value in options.kv_overrides:
+        md.remove(k)
+        md.set_raw(k, vtype, value)
+    if options.prune_layers:
+        prune = set(options.prune_layers)
+        for short in PER_LAYER_ARRAYS:
+            kv = md.kv(key(short))
+            if kv is not None and kv.vtype == ValueType.ARRAY and len(kv.value) == n_layers:
+                md.set_raw(kv.key, kv.vtype, [v for i, v in enumerate(kv.value) if i not in prune], kv.sub)
+        md.remove(key("block_count"))
+        md.set_raw(key("block_count"), ValueType.UINT32, remaining_layers(n_layers, list(options.prune_layers)))
+    return md
 
 
 def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
@@ -145,21 +314,30 @@ def quantized_metadata(source: Metadata, file_type: int) -> Metadata:
 
 
 def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, keep_types: list[tuple[str, GGMLType]] = (),
-                     allow_requantize: bool = False, where: Path | None = None) -> tuple[int, list[PlannedTensor], int]:
+                     allow_requantize: bool = False, where: Path | None = None,
+                     options: QuantizeOptions | None = None) -> tuple[int, list[PlannedTensor], int]:
     """Re-plan tensors (as an F32/F16/BF16 file would hold them) for ``ftype``: types, order, encoders.
 
     Each PlannedTensor's current ggml type is what llama-quantize would read; its encoder is
     extended to produce the new type from the same source (so a conversion and a quantization
     run in one pass). Returns (general.file_type, planned tensors in llama-quantize's order,
-    number of fallbacks).
+    number of fallbacks). ``options``: llama-quantize's per-tensor flags and --prune-layers (the
+    tensors of pruned layers dropped, the others renumbered, as its remap_layer does).
     """
+    options = options or QuantizeOptions()
+    if options.prune_layers:
+        order = loader_order([p.tensor.gguf_name for p in planned])
+        renamed = remap_layers([planned[i].tensor.gguf_name for i in order], list(options.prune_layers))
+        planned = [p if renamed[p.tensor.gguf_name] == p.tensor.gguf_name
+                   else replace(p, tensor=replace(p.tensor, gguf_name=renamed[p.tensor.gguf_name]))
+                   for p in planned if renamed[p.tensor.gguf_name] is not None]
     tensors = [(p.tensor.gguf_name, p.ne) for p in planned]
     in_types = [p.ggml_type.name for p in planned]
     requant = [n for (n, _), t in zip(tensors, in_types, strict=True) if t not in FLOAT_INPUTS and BLOCK_GEOMETRY[GGMLType[t]][0] > 1]
     try:
         file_type, choices = choose_quant_types(
             tensors, ftype, input_types=None if allow_requantize else in_types,
-            n_layer=d.n_layers, n_head=d.n_head, n_head_kv=d.n_head_kv)
+            n_layer=d.n_layers, n_head=d.n_head, n_head_kv=d.n_head_kv, overrides=options.types)
     except ValueError as e:
         raise DFlashError(f"{e}; the input is already quantized: quantize from the F16/BF16 file, or pass "
                           "--allow-requantize (quality suffers)", where) from None

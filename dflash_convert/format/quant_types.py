@@ -84,6 +84,7 @@ QUANTIZED_SUFFIX = "weight"
 # --- tensor categories (tensor_get_category) ---------------------------------------------------
 
 OUTPUT_NAMES: frozenset[str] = frozenset({"output.weight"})
+PER_LAYER_TOKEN_EMBD = "per_layer_token_embd.weight"  # follows --token-embedding-type unless a --tensor-type names it
 TOKEN_EMBD_NAMES: frozenset[str] = frozenset({"token_embd.weight", "per_layer_token_embd.weight"})
 # (substring, category), tried in this order after the exact names above; first hit wins
 CATEGORY_SUBSTRINGS: tuple[tuple[str, str], ...] = (
@@ -285,8 +286,32 @@ def _infer_n_gqa(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> int:
     return q[1] // k[1]
 
 
+@dataclass(frozen=True)
+class TypeOverrides:
+    """llama-quantize's per-tensor options (tools/quantize/quantize.cpp -> llama_model_quantize_params).
+
+    ``tensor_types``: ``--tensor-type PATTERN=TYPE`` in the order given; a pattern is a regular
+    expression searched anywhere in the tensor name (std::regex_search; the pattern lower-cased), the
+    first that matches wins, only for a quantized file type, and the block-size fallback still applies.
+    ``output_tensor_type`` / ``token_embedding_type``: the type of output.weight / token_embd.weight,
+    as given (no mix rule, no fallback). ``leave_output_tensor``: output.weight is not quantized.
+    ``pure``: no mix rule at all (every quantized tensor takes the file type's default, output too).
+    """
+
+    tensor_types: tuple[tuple[str, GGMLType], ...] = ()
+    output_tensor_type: GGMLType | None = None
+    token_embedding_type: GGMLType | None = None
+    leave_output_tensor: bool = False
+    pure: bool = False
+
+
+NO_OVERRIDES = TypeOverrides()
+NOTE_MANUAL = "--tensor-type"
+
+
 def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
-                       n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None) -> tuple[int, list[tuple[str, str]]]:
+                       n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None,
+                       overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
     """tensors: (GGUF name, ggml ne, i.e. ne[0] first) in file order, as in the input F16/BF16/F32 file.
     Returns (general.file_type value, [(ggml type name for each tensor, note)]).
 
@@ -298,7 +323,9 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     the metadata values, n_head_kv None when the key is absent); when n_layer / n_head are omitted
     they are read off the tensors (highest ``blk.N`` + 1; attn_q rows // attn_k rows of layer 0).
     The notes of fallback choices start with ``"fallback"``: their count is what llama-quantize
-    prints as ``<n> of <all> tensor(s) required fallback quantization``.
+    prints as ``<n> of <all> tensor(s) required fallback quantization``. ``overrides`` are its
+    per-tensor options (``TypeOverrides``), applied in llama_tensor_get_type's order; the running
+    counters of the mix rules advance only for tensors the mix decides, as there.
     """
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]
@@ -318,20 +345,39 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     seen = {"attn_v": 0, "ffn_down": 0}
     totals = {"attn_v": n_attn_v, "ffn_down": nl}
 
+    patterns = [(re.compile(p.lower()), t) for p, t in overrides.tensor_types]
     out: list[tuple[str, str]] = [("", "")] * len(tensors)
     for idx in loader_order(names):
         name, ne = tensors[idx]
         src = input_types[idx] if input_types is not None else None
         reason = not_quantized_reason(name, ne)
+        if reason is None and overrides.leave_output_tensor and name in OUTPUT_NAMES:
+            reason = "--leave-output-tensor"
         if reason is not None:
             out[idx] = (src or KEEP, f"{NOTE_KEPT}: {reason}")
             continue
         cat = cats[idx]
         note = f"{name_ft} default"
         new = default
-        if default not in FLOAT_TYPES:
-            if cat == "output" or (tied and cat == "token_embd"):
-                if ne[0] % _block(default) != 0:
+        manual = None
+        given = None  # a type given for the tensor outright: llama_tensor_get_type returns it as is
+        if overrides.token_embedding_type is not None and cat == "token_embd" and not (
+                name == PER_LAYER_TOKEN_EMBD and any(p.search(name) for p, _ in patterns)):
+            new = given = overrides.token_embedding_type
+            note = "--token-embedding-type"
+        elif overrides.output_tensor_type is not None and cat == "output":
+            new = given = overrides.output_tensor_type
+            note = "--output-tensor-type"
+        elif default not in FLOAT_TYPES:
+            manual = next(((p.pattern, t) for p, t in patterns if p.search(name)), None)
+            if manual is not None:
+                new, note = manual[1], f"{NOTE_MANUAL} {manual[0]}"
+            elif overrides.pure:
+                note = "--pure"
+            elif cat == "output" or (tied and cat == "token_embd"):
+                if overrides.output_tensor_type is not None:  # a tied token_embd doubles as the output
+                    new, note = overrides.output_tensor_type, "--output-tensor-type (tied token_embd)"
+                elif ne[0] % _block(default) != 0:
                     new, note = OUTPUT_UNALIGNED_TYPE, f"output: ne[0] does not fill {default.name} blocks"
                 elif default not in OUTPUT_KEEPS_DEFAULT:
                     new, note = OUTPUT_TYPE, "output" + (" (tied token_embd)" if cat == "token_embd" else "")
@@ -346,6 +392,8 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
                     seen[group] += 1
             new, fb = _fallback(ne[0], new)
             note = fb or note
+        if given is not None and ne[0] % _block(given) != 0:  # taken as is, with no fallback: it must fit
+            raise ValueError(f"{name}: {note} {given.name} needs rows of whole {_block(given)}-value blocks, ne[0] is {ne[0]}")
         if src is not None and src != new.name:
             cur = GGMLType[src]
             if cur not in CONVERTIBLE_FLOATS and _block(cur) > 1:
