@@ -32,9 +32,8 @@ from .runtime.reference import load_reference
 from .runtime.weights import load_weights
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
-from .sources.features import FeaturesFile, read_features
+from .sources.features import FeaturesFile, read_features, target_for
 from .sources.gguf_drafter import read_drafter
-from .sources.target import read_target
 from .target import Target
 
 SCHEMA = "dflash-convert/accept/v1"
@@ -119,7 +118,7 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
         raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
     like_cpu = numerics == "cpu"
     feats = read_features(features)
-    target = _target(feats, target_model_dir, target_gguf)
+    target = target_for(feats, target_model_dir, target_gguf)
     dev = resolve_device(device)
     files = [read_drafter(p) for p in drafts]
     block = {d.block_size for d in files}
@@ -145,18 +144,6 @@ def file_type_name(d: Drafter) -> str:
     """general.file_type's name, else the type of the first matrix."""
     name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
     return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
-
-
-def _target(feats: FeaturesFile, target_model_dir: str | Path | None, target_gguf: str | Path | None) -> Target | None:
-    """The target whose embedding and head the drafters share: given, or the one the features were captured from."""
-    if target_model_dir is not None:
-        return read_target(target_model_dir)
-    if target_gguf is not None:
-        return read_target(target_gguf)
-    recorded = feats.metadata.get("target")
-    if recorded and Path(recorded).is_dir():
-        return read_target(recorded)
-    return None
 
 
 def _check_fits(d: Drafter, feats: FeaturesFile, where: str | Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -17,7 +18,17 @@ from .errors import DFlashError, InputFileError
 from .format.keys import ARCH, key
 from .inspect_gguf import block_size, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
-from .quantize import plan_quantize, quantize_options, write_quantize
+from .outputs import check_output_path
+from .quantize import (
+    DEFAULT_SWEEP_TYPES,
+    plan_quantize,
+    plot_sweep,
+    plot_sweep_ready,
+    quantize_for_acceptance,
+    quantize_options,
+    write_quantize,
+)
+from .quantize import sweep as run_sweep
 from .sources.gguf_drafter import describe, read_drafter
 from .validate import validate as run_validate
 from .validate.report import render_json, render_text
@@ -242,11 +253,31 @@ def quantize(
                                           help="Set a key in the output (int, float, bool, str), as llama-quantize does."),
     prune_layers: str | None = typer.Option(None, "--prune-layers", metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers).", metavar=""),
+    features: Path | None = typer.Option(None, "--features", help="With --min-acceptance: the features file capture wrote."),
+    min_acceptance: float | None = typer.Option(None, "--min-acceptance", metavar="R",
+                                                help="Raise tensor groups from TYPE's mix until the held-out acceptance is "
+                                                     "R times the input's (e.g. 0.98); prints the recipe."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="With --min-acceptance: the target dir "
+                                                 "(default: the one the features were captured from)."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="With --min-acceptance: the target GGUF."),
+    device: str = typer.Option("auto", "--device", help="With --min-acceptance: auto (CUDA when present), cpu or cuda."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no notes, no warnings.", metavar=""),
 ) -> None:
     """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
     _quiet(quiet)
+    if min_acceptance is not None or features is not None:
+        per_tensor = {"--keep-type": keep_type, "--tensor-type": tensor_type, "--tensor-type-file": tensor_type_file,
+                      "--output-tensor-type": output_tensor_type, "--token-embedding-type": token_embedding_type,
+                      "--leave-output-tensor": leave_output_tensor, "--pure": pure, "--override-kv": override_kv,
+                      "--prune-layers": prune_layers, "--allow-requantize": allow_requantize}
+        given = [flag for flag, v in per_tensor.items() if v]
+        if min_acceptance is None or features is None or given:
+            why = f"it chooses the per-tensor types itself, not with {given[0]}" if given else "each needs the other"
+            _fail(DFlashError(f"--min-acceptance and --features go together ({why})"))
+        _quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir, target_gguf, device, force,
+                                 dry_run, quiet, threads)
+        return
     try:
         options = quantize_options(keep_types=keep_type, allow_requantize=allow_requantize, tensor_types=tensor_type,
                                    tensor_type_file=tensor_type_file, output_tensor_type=output_tensor_type,
@@ -277,6 +308,58 @@ def quantize(
         for note in plan.notes:
             typer.echo(f"note: {note}")
         typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
+
+
+def _quantize_for_acceptance(src: Path, out: Path, qtype: str, features: Path, min_acceptance: float,
+                             target_model_dir: Path | None, target_gguf: Path | None, device: str, force: bool,
+                             dry_run: bool, quiet: bool, threads: int | None) -> None:
+    try:
+        chosen = quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir=target_model_dir,
+                                         target_gguf=target_gguf, device=device, force=force, dry_run=dry_run,
+                                         progress=not quiet, threads=threads, log=None if quiet else typer.echo)
+    except DFlashError as e:
+        _fail(e)
+    res, plan = chosen.search, chosen.plan
+    typer.echo(f"chosen: {plan.ftype} mix raised in {len(res.steps)} step(s): {res.result_bytes} tensor bytes "
+               f"(plain {plan.ftype} {res.plain_bytes}, input {res.baseline_bytes}); held-out accept {res.result.accept:.4f} = "
+               f"{res.relative:.4f} of the input's {res.baseline.accept:.4f} (plain {res.plain.accept:.4f})")
+    typer.echo(f"search: {res.evaluations} measurements, {res.quantized} tensors quantized, {res.seconds:.1f} s")
+    typer.echo("recipe: " + (" ".join(f"--tensor-type {shlex.quote(i)}" for i in chosen.tensor_types) or "(the plain mix)"))
+    typer.echo("llama-quantize writes the same file with: llama-quantize "
+               + " ".join(shlex.quote(a) for a in chosen.llama_quantize_args()))
+    if not dry_run and not quiet:
+        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data)")
+
+
+@app.command()
+def sweep(
+    src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
+    features: Path = typer.Option(..., "--features", help="The features file capture wrote."),
+    types: str = typer.Option(",".join(DEFAULT_SWEEP_TYPES), "--types", metavar="T1,T2,...", help="The types to measure."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir for the shared embedding and head "
+                                                 "(default: the one the features were captured from)."),
+    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    numerics: str = typer.Option("cpu", "--numerics", help="cpu: round as llama.cpp's CPU backend; exact: float32."),
+    json_out: bool = typer.Option(False, "--json", help="Print the table as JSON.", metavar=""),
+    plot: Path | None = typer.Option(None, "--plot", metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing plot file.", metavar=""),
+) -> None:
+    """Quantize to each type (temporary files), measure each one's acceptance: size against accepted tokens."""
+    try:
+        if plot is not None:
+            check_output_path(plot, [src, features], force=force)  # before minutes of measuring
+            plot_sweep_ready()
+        report = run_sweep(src, features, [t for t in types.split(",") if t.strip()], target_model_dir=target_model_dir,
+                           target_gguf=target_gguf, device=device, numerics=numerics, threads=threads)
+        if plot is not None:
+            plot_sweep(report, plot, force=force)
+    except DFlashError as e:
+        _fail(e)
+    typer.echo(report.to_json() if json_out else report.render_text())
+    if plot is not None and not json_out:
+        typer.echo(f"wrote {plot}")
 
 
 @app.command()

@@ -12,17 +12,25 @@ The same plan applies on top of a conversion (``convert --outtype Q4_K_M``): see
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
 import os
+import struct
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
-from .format.file_types import QUANT_TYPES
-from .format.ggml import GGMLType
-from .format.quant_types import FTYPES, TypeOverrides
+from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
+from .format.ggml import GGMLType, tensor_nbytes
+from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
+from .format.quant_types import FTYPES, RAISE_LADDER, TypeOverrides
 from .metadata import Metadata
-from .outputs import check_output_path
+from .outputs import TemporaryOutput, check_output_path
 from .pipeline import ChunkPipeline, PlannedTensor
 from .plan import (
     QuantizeOptions,
@@ -38,6 +46,7 @@ from .plan import (
     quantized_metadata,
     read_tensor_type_file,
 )
+from .sources.features import read_features, target_for
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
 from .validate.gate import ValidationGate
@@ -140,4 +149,241 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep
     return plan
 
 
-__all__ = ["FTYPES", "QUANT_TYPES", "QuantizePlan", "plan_quantize", "quantize", "quantize_options", "write_quantize"]
+# --- choosing by acceptance: the sweep, and the smallest mix that keeps a fraction of it ---------------
+
+RAISE_TOP = RAISE_LADDER[-1].name
+DEFAULT_SWEEP_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_M", "Q2_K")
+
+
+@dataclass
+class SweepRow:
+    file_type: str
+    file_bytes: int
+    tensor_bytes: int
+    bits_per_weight: float  # 8 * tensor bytes / tensor elements
+    n_drafted: int
+    n_accept: int
+    steps: int
+    pareto: bool = False  # no other row is as small and accepts as much, one of them strictly
+    baseline: bool = False  # the input file itself
+
+    @property
+    def accept(self) -> float:
+        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafted tokens accepted per verification step (llama-speculative-simple's mean)."""
+        return self.n_accept / self.steps if self.steps else 0.0
+
+
+@dataclass
+class SweepReport:
+    source: Path
+    features: str
+    n_max: int
+    new_tokens: int
+    sequences: int
+    numerics: str
+    rows: list[SweepRow] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SWEEP_SCHEMA, "source": str(self.source), "features": self.features, "n_max": self.n_max,
+                "new_tokens": self.new_tokens, "sequences": self.sequences, "numerics": self.numerics,
+                "rows": [{"type": r.file_type, "file_bytes": r.file_bytes, "tensor_bytes": r.tensor_bytes,
+                          "bits_per_weight": r.bits_per_weight, "n_drafted": r.n_drafted, "n_accept": r.n_accept,
+                          "accept": r.accept, "mean_accepted_per_step": r.mean_accepted, "pareto": r.pareto,
+                          "input": r.baseline} for r in self.rows]}
+
+    def render_text(self) -> str:
+        lines = [f"sweep: {self.source} on {self.sequences} sequences of {self.features}, llama-speculative-simple's "
+                 f"greedy loop with --spec-draft-n-max {self.n_max} -n {self.new_tokens} ({self.numerics} numerics)",
+                 f"  {'type':<8} {'file bytes':>12} {'tensor bytes':>13} {'bpw':>6} {'accept':>8} {'per step':>9}  pareto"]
+        for r in self.rows:
+            mark = "*" if r.pareto else ""
+            lines.append(f"  {r.file_type + (' (in)' if r.baseline else ''):<8} {r.file_bytes:>12} {r.tensor_bytes:>13} "
+                         f"{r.bits_per_weight:>6.2f} {r.accept * 100:>7.2f}% {r.mean_accepted:>9.2f}  {mark}")
+        lines.append("  accept = n_accept / n_drafted; per step = drafted tokens accepted per verification; "
+                     "* = on the Pareto front (nothing smaller accepts as much)")
+        return "\n".join(lines)
+
+
+SWEEP_SCHEMA = "dflash-convert/sweep/v1"
+
+
+def mark_pareto(rows: list[SweepRow]) -> None:
+    """Mark the rows no other row dominates (as small or smaller and accepting as much or more, one strictly)."""
+    for r in rows:
+        r.pareto = not any(o is not r and o.tensor_bytes <= r.tensor_bytes and o.accept >= r.accept
+                           and (o.tensor_bytes < r.tensor_bytes or o.accept > r.accept) for o in rows)
+
+
+def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] | tuple[str, ...] = DEFAULT_SWEEP_TYPES, *,
+          target_model_dir: str | os.PathLike | None = None, target_gguf: str | os.PathLike | None = None,
+          device: str = "auto", numerics: str = "cpu", threads: int | None = None,
+          log: Callable[[str], None] | None = None) -> SweepReport:
+    """Quantize ``src`` to each type (temporary files, removed), measure each file's live-loop acceptance
+    on the captured sequences, and the input's; the Pareto front marked."""
+    # torch, only for the commands that run a drafter
+    from .mix_search import file_acceptance
+    from .runtime.device import resolve_device
+
+    if numerics not in ("cpu", "exact"):
+        raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    ftypes = [parse_ftype(t) for t in types]
+    if not ftypes:
+        raise DFlashError("--types names no type")
+    feats = read_features(features)
+    target = target_for(feats, target_model_dir, target_gguf)
+    dev = resolve_device(device)
+    say = log or (lambda line: None)
+    d = plan_quantize(src, Path(tempfile.gettempdir()) / "sweep.gguf", ftypes[0]).drafter  # reads and checks the input
+    n_max = d.block_size - 1
+    report = SweepReport(Path(src), str(features), n_max, int(feats.metadata.get("new_tokens", "0")), len(feats.sequences),
+                         numerics)
+    like_cpu = numerics == "cpu"
+    elements = sum(math.prod(t.shape) for t in d.tensors)
+    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=like_cpu)
+    in_bytes = sum(tensor_nbytes(GGMLType[t.dtype], tuple(reversed(t.shape)) or (1,)) for t in d.tensors)
+    report.rows.append(SweepRow(file_type_of(d), Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
+                                loop.n_drafted, loop.n_accept, loop.steps, baseline=True))
+    say(f"  {report.rows[-1].file_type} (input): accept {loop.accept:.4f}")
+    with tempfile.TemporaryDirectory(prefix="dflash-convert-sweep-") as tmp:
+        for ftype in ftypes:
+            out = Path(tmp) / f"{ftype}.gguf"
+            plan = plan_quantize(src, out, ftype)
+            write_quantize(plan, progress=False, threads=threads)
+            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=like_cpu)
+            report.rows.append(SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements,
+                                        loop.n_drafted, loop.n_accept, loop.steps))
+            out.unlink()
+            say(f"  {ftype}: {plan.total_bytes} tensor bytes, accept {loop.accept:.4f}")
+    mark_pareto(report.rows)
+    return report
+
+
+def file_type_of(d: Drafter) -> str:
+    name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
+    return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
+
+
+def plot_sweep_ready() -> None:
+    """One error line now, not after the measuring, when the optional plotting extra is missing."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise DFlashError("--plot needs matplotlib, which is not installed: pip install 'dflash-convert[plot]'")
+
+
+def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = False) -> Path:
+    """Acceptance against tensor bytes, one point per type, the Pareto front joined; a PNG through the
+    unaimable temporary file (outputs.TemporaryOutput)."""
+    try:
+        import matplotlib  # optional: pip install 'dflash-convert[plot]'
+    except ImportError:
+        raise DFlashError("--plot needs matplotlib, which is not installed: pip install 'dflash-convert[plot]'") from None
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt  # the optional plotting extra, once the backend is set
+
+    path = check_output_path(out, [report.source, Path(report.features)], force=force)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    xs = [r.tensor_bytes / 2**20 for r in report.rows]
+    ys = [r.accept * 100 for r in report.rows]
+    ax.scatter(xs, ys, c=["tab:red" if r.pareto else "tab:gray" for r in report.rows], zorder=3)
+    for x, y, r in zip(xs, ys, report.rows, strict=True):
+        ax.annotate(r.file_type + (" (in)" if r.baseline else ""), (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    front = sorted((x, y) for x, y, r in zip(xs, ys, report.rows, strict=True) if r.pareto)
+    if front:
+        ax.plot([x for x, _ in front], [y for _, y in front], color="tab:red", lw=1, zorder=2, label="Pareto front")
+    ax.set_xlabel("tensor MiB")
+    ax.set_ylabel("accepted drafted tokens (%)")
+    ax.set_title(f"{report.source.name}: acceptance against size ({report.sequences} sequences)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    with TemporaryOutput(path) as tmp:
+        try:
+            with os.fdopen(os.dup(tmp.fd), "wb") as f:
+                fig.savefig(f, format="png")
+        except OSError as e:
+            raise DFlashError(f"cannot write: {e.strerror or e}", path) from e
+        finally:
+            plt.close(fig)
+        tmp.commit(replace=force)
+    return path
+
+
+def chosen_overrides(res: Any) -> list[str]:
+    """The --override-kv items that record how a file was chosen (format.keys.CHOSEN_KEYS), as
+    llama-quantize takes them; floats printed so they come back as the same float32."""
+    def f32(x: float) -> str:
+        return f"{float(struct.unpack('<f', struct.pack('<f', x))[0]):.9g}"
+
+    values = {"base_type": res.ftype, "min_acceptance": f32(res.min_acceptance), "acceptance": f32(res.result.accept),
+              "baseline_acceptance": f32(res.baseline.accept), "held_out_sequences": str(len(res.held_out)),
+              "n_max": str(res.n_max), "tensor_type_count": str(len(res.recipe))}
+    out = [f"{CHOSEN_KEYS[k][0]}={CHOSEN_KEYS[k][1]}:{v}" for k, v in values.items()]
+    out += [f"{CHOSEN_TENSOR_TYPE.format(i=i)}=str:{p}={t.name.lower()}" for i, (p, t) in enumerate(res.recipe)]
+    return out
+
+
+@dataclass
+class ChosenQuantize:
+    plan: QuantizePlan
+    search: Any  # mix_search.SearchResult
+    tensor_types: list[str]  # the recipe, PATTERN=type each
+    overrides: list[str]  # the --override-kv items recording it
+
+    def llama_quantize_args(self) -> list[str]:
+        """llama-quantize's arguments that write this very file."""
+        args: list[str] = []
+        for item in self.tensor_types:
+            args += ["--tensor-type", item]
+        for item in self.overrides:
+            args += ["--override-kv", item]
+        return [*args, str(self.plan.source), str(self.plan.output), self.plan.ftype]
+
+
+def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtype: str, features: str | os.PathLike,
+                            min_acceptance: float, *, target_model_dir: str | os.PathLike | None = None,
+                            target_gguf: str | os.PathLike | None = None, device: str = "auto", numerics: str = "cpu",
+                            force: bool = False, dry_run: bool = False, progress: bool = False, threads: int | None = None,
+                            max_steps: int | None = None, log: Callable[[str], None] | None = None) -> ChosenQuantize:
+    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the input's held-out
+    live-loop acceptance (mix_search.search_mix); written as llama-quantize would write it given the
+    recipe, with the recipe and the measured acceptance in our keys. Refused (nothing written) when no
+    mix within the candidate types reaches it."""
+    # torch, only for the commands that run a drafter
+    from .mix_search import MixEvaluator, search_mix
+    from .runtime.device import resolve_device
+
+    if numerics not in ("cpu", "exact"):
+        raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
+    check_output_path(out, [src, features], force=force)
+    feats = read_features(features)
+    target = target_for(feats, target_model_dir, target_gguf)
+    d = plain.drafter
+    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=resolve_device(device), like_cpu=numerics == "cpu")
+    res = search_mix(ev, plain.ftype, min_acceptance, max_steps=max_steps, log=log)
+    res.n_max = d.block_size - 1
+    if not res.reached:
+        raise DFlashError(f"--min-acceptance {min_acceptance:g}: no mix from {plain.ftype} up to {RAISE_TOP} reaches it: "
+                          f"the best held-out acceptance is {res.result.accept:.4f} of the input's {res.baseline.accept:.4f} "
+                          f"({res.relative:.4f}); nothing written", src)
+    items = [f"{p}={t.name.lower()}" for p, t in res.recipe]
+    overrides = chosen_overrides(res)
+    plan = plan_quantize(src, out, qtype, options=quantize_options(tensor_types=items, override_kv=overrides))
+    got = {p.tensor.gguf_name: p.ggml_type for p in plan.tensors}
+    if any(got[n] != t for n, t in res.types.items()):  # the recipe reproduces the search's types, or nothing is written
+        raise AssertionError("the recipe does not reproduce the chosen types")
+    if not dry_run:
+        write_quantize(plan, force=force, progress=progress, threads=threads)
+    return ChosenQuantize(plan, res, items, overrides)
+
+
+__all__ = ["DEFAULT_SWEEP_TYPES", "FTYPES", "QUANT_TYPES", "ChosenQuantize", "QuantizePlan", "SweepReport", "SweepRow",
+           "plan_quantize", "plot_sweep", "plot_sweep_ready", "quantize", "quantize_for_acceptance", "quantize_options", "sweep",
+           "write_quantize"]

@@ -26,7 +26,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("drafter", "tensor_source", "target")),
     ("readers", ("sources", "tokenizer")),
     ("writers", ("write", "write_features", "outputs", "hparams", "pipeline", "plan")),
-    ("engines", ("validate", "runtime")),
+    ("engines", ("validate", "runtime", "mix_search")),
     ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf", "capture", "accept")),
     ("interface", ("cli", "__init__")),
 )

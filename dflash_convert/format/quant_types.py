@@ -404,6 +404,40 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     return file_type, out
 
 
+# --- raising a tensor's type (quantize --min-acceptance) ---------------------------------------------
+
+# The candidate types a tensor group is raised through, lowest first: llama-quantize's own types
+# (any of them is a --tensor-type value), one per bits-per-weight step.
+RAISE_LADDER: tuple[GGMLType, ...] = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                                      GGMLType.Q8_0)
+# the tensor groups raised together: per layer (attention, FFN), fc, the drafter's own output head
+LAYER_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attn", ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")),
+    ("ffn", ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")),
+)
+GLOBAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (("fc", ("fc.weight",)), ("output", ("output.weight",)))
+
+
+def bits_per_weight(t: GGMLType) -> float:
+    block, size = BLOCK_GEOMETRY[t]
+    return 8.0 * size / block
+
+
+def fitting_type(ncols: int, t: GGMLType) -> GGMLType:
+    """The type llama-quantize writes for a tensor of rows ``ncols`` given ``t`` (its block fallback)."""
+    return _fallback(ncols, t)[0]
+
+
+def raised_type(current: GGMLType, ncols: int) -> GGMLType | None:
+    """The next candidate above ``current`` for rows of ``ncols`` values: the first RAISE_LADDER type
+    that, after the block fallback, has more bits per weight; None at the top."""
+    for t in RAISE_LADDER:
+        fit = fitting_type(ncols, t)
+        if bits_per_weight(fit) > bits_per_weight(current):
+            return fit
+    return None
+
+
 def fallback_count(choices: Sequence[tuple[str, str]]) -> int:
     """How many choices took the block-size fallback (llama-quantize's printed count)."""
     return sum(note.startswith(NOTE_FALLBACK) for _, note in choices)

@@ -49,10 +49,35 @@ DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary 
 
 
 @torch.no_grad()
+def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_matmul: bool = False,
+               layers: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """Each layer's K (roped at 0..L-1) and V of the context ``g = enc_norm(fc(features))``: what every
+    block of the sequence attends to, and all that depends on fc and the layer's K/V projections. Only
+    ``layers`` (default: all) are computed, the others are None: a caller that changes one layer's
+    weights recomputes that layer's entry and reuses the rest."""
+    dev, dt = w.device, w.dtype
+    L = features.shape[0]
+    spec = rope_spec(d, w.rope_freqs)
+    g = rms_norm(_mm(features.to(dev, dt), w.fc, w.fc_scale, w.fc_type if cpu_matmul else None), d.rms_eps, w.enc_norm)
+    ctx_pos = torch.arange(L, device=dev)
+    cos_c, sin_c = rope_cos_sin(spec, position_rows(torch.cat([ctx_pos, ctx_pos[:1]]), L, spec.sections is not None), dt)
+    cos_c, sin_c = cos_c[:L], sin_c[:L]
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for il, lw in enumerate(w.layers):
+        if layers is not None and il not in layers:
+            out.append(None)
+            continue
+        k, v = _kv(lw, g, d.head_dim, d.rms_eps, cpu_matmul)
+        out.append((apply_rope_neox(k, cos_c, sin_c), v))
+    return out
+
+
+@torch.no_grad()
 def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens: torch.Tensor, anchors: list[int],
                   n_max: int, *, batch: int = DEFAULT_BATCH, keep_logits: bool = False,
-                  cpu_matmul: bool = False,
-                  kv_cache_dtype: torch.dtype | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                  cpu_matmul: bool = False, kv_cache_dtype: torch.dtype | None = None,
+                  ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor position.
 
     ``features``: [L, T*E] the sequence's target features (taps in ``d.target_layers`` order);
@@ -61,33 +86,24 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only).
     ``cpu_matmul``: round each matmul's activations as ggml's CPU backend does; ``kv_cache_dtype``
     (torch.float16: llama.cpp's default cache, flash attention off) rounds K, V, Q and the attention
-    weights as that cache does (both ``run_gguf``'s options, off by default).
+    weights as that cache does (both ``run_gguf``'s options, off by default). ``ctx_kv``: the
+    sequence's ``context_kv`` when the caller keeps it (computed here otherwise).
     """
     B = d.block_size
     if not 1 <= n_max <= B - 1:
         raise DFlashError(f"n_max {n_max} must be in 1..{B - 1} (block size {B} minus the anchor slot)")
-    dev, dt = w.device, w.dtype
+    dev = w.device
     L = features.shape[0]
     if any(not 0 <= c < L for c in anchors):
         raise DFlashError(f"anchors must lie in 0..{L - 1}")
-    D, eps = d.head_dim, d.rms_eps
     causal = bool(d.causal)
     spec = rope_spec(d, w.rope_freqs)
     mrope = spec.sections is not None
-    kq_scale = w.attention_scale or 1.0 / math.sqrt(D)
+    kq_scale = w.attention_scale or 1.0 / math.sqrt(d.head_dim)
     pattern = d.swa_pattern or []
     window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
-
-    # the context, once: g = enc_norm(fc(features)); per layer its K (roped at 0..L-1) and V
-    feats = features.to(dev, dt)
-    g = rms_norm(_mm(feats, w.fc, w.fc_scale, w.fc_type if cpu_matmul else None), eps, w.enc_norm)
-    ctx_pos = torch.arange(L, device=dev)
-    cos_c, sin_c = rope_cos_sin(spec, position_rows(torch.cat([ctx_pos, ctx_pos[:1]]), L, mrope), dt)
-    cos_c, sin_c = cos_c[:L], sin_c[:L]
-    ctx_kv = []
-    for lw in w.layers:
-        k, v = _kv(lw, g, D, eps, cpu_matmul)
-        ctx_kv.append((apply_rope_neox(k, cos_c, sin_c), v))
+    if ctx_kv is None:  # the context, once for all the anchors: a block attends to it, never changes it
+        ctx_kv = context_kv(d, w, features, cpu_matmul=cpu_matmul)  # type: ignore[assignment]
 
     out, kept = [], []
     for at in range(0, len(anchors), batch):
@@ -309,6 +325,33 @@ def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int
     return loop, stats
 
 
+ContextOf = Callable[[int, torch.Tensor], list]  # (sequence index, its features) -> context_kv for that sequence
+
+
+def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[int], n_max: int, *, like_cpu: bool = True,
+              indices: list[int] | None = None, context_of: ContextOf | None = None) -> LoopCount:
+    """Only the live loop (``loop_anchors``) over sequences ``indices`` (default: all): a draft is made
+    just where the loop anchors, about one position in (accepted per step + 1), instead of at every
+    anchor, so this costs a fraction of ``measure``. ``context_of`` supplies each sequence's
+    ``context_kv`` (a caller that keeps them across weight changes), else it is computed here."""
+    n_predict = int(feats.metadata.get("new_tokens", "0"))
+    eos = set(feats.eos_ids)
+    cache_dtype = torch.float16 if like_cpu else None
+    total = LoopCount()
+    for i in range(len(feats.sequences)) if indices is None else indices:
+        features, tokens, prompt_length = sequence_inputs(feats, i, slots)
+        ids = torch.tensor(tokens)
+        ctx = context_of(i, features) if context_of is not None else context_kv(d, w, features, cpu_matmul=like_cpu)
+
+        def draft_at(c: int, features=features, ids=ids, ctx=ctx) -> list[int]:
+            out = anchor_drafts(d, w, features, ids, [c], n_max, batch=1, cpu_matmul=like_cpu, kv_cache_dtype=cache_dtype,
+                                ctx_kv=ctx)
+            return out[0].tolist()  # type: ignore[index]
+
+        total.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, draft_at))
+    return total
+
+
 def gguf_drafts(d: Drafter, w: DrafterWeights, n_max: int, *, like_cpu: bool = True, batch: int = DEFAULT_BATCH) -> Drafts:
     """A drafter file's drafts, batched; ``like_cpu`` rounds as llama.cpp's CPU backend (F16 KV cache,
     activations at each weight type's vec_dot type)."""
@@ -331,5 +374,5 @@ def reference_drafts(model: ReferenceModel, n_max: int) -> Drafts:
     return drafts_of
 
 
-__all__ = ["AnchorStats", "LoopCount", "anchor_drafts", "anchor_lengths", "gguf_drafts", "loop_anchors", "measure",
+__all__ = ["AnchorStats", "LoopCount", "anchor_drafts", "context_kv", "anchor_lengths", "gguf_drafts", "live_loop", "loop_anchors", "measure",
            "reference_drafts", "sequence_inputs"]

@@ -98,9 +98,9 @@ def source_values(source: TensorSource, device: torch.device | str = "cpu", dtyp
 class _Decoded:
     """The TensorSource face of values that are already in memory: shape only, never read."""
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: str = "F32") -> None:
         self.shape = shape
-        self.dtype = "F32"
+        self.dtype = dtype  # the storage type the values came from (the CPU matmul rounds by it)
 
     def rows(self, a: int, b: int, fds: object = None) -> np.ndarray:
         raise AssertionError("decoded values are never read back as raw words")
@@ -116,9 +116,10 @@ class LazyMatrix:
         self._full: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, values: torch.Tensor, what: str) -> LazyMatrix:
-        """A matrix whose values are already decoded (a checkpoint tensor read by safetensors)."""
-        m = cls(_Decoded(tuple(values.shape)), values.device, values.dtype, what)
+    def of(cls, values: torch.Tensor, what: str, storage_type: str = "F32") -> LazyMatrix:
+        """A matrix whose values are already decoded (a checkpoint tensor read by safetensors, or a
+        quantized tensor decoded in memory: ``storage_type`` its ggml type)."""
+        m = cls(_Decoded(tuple(values.shape), storage_type), values.device, values.dtype, what)
         m._full = values
         return m
 

@@ -17,7 +17,9 @@ import numpy as np
 from ..errors import InputFileError
 from ..files import check_regular_file
 from ..format.features import SCHEMA, SEQUENCE, SEQUENCE_TENSORS
+from ..target import Target
 from .safetensors import TensorRef, read_header
+from .target import read_target
 
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 
@@ -122,3 +124,17 @@ def read_features(path: str | Path) -> FeaturesFile:
     if by:
         raise InputFileError(f"unexpected tensor {sorted(by)[0]!r} (the file holds {n_seq} sequences)", path)
     return FeaturesFile(path, meta, layers, int(E), str(dtype), sequences, eos)  # type: ignore[arg-type]
+
+
+def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
+               target_gguf: str | Path | None = None) -> Target | None:
+    """The target whose embedding and head the drafters share: given, or the directory the features
+    were captured from when it is still there (None: the drafters must carry their own)."""
+    if target_model_dir is not None:
+        return read_target(target_model_dir)
+    if target_gguf is not None:
+        return read_target(target_gguf)
+    recorded = feats.metadata.get("target")
+    if recorded and Path(recorded).is_dir():
+        return read_target(recorded)
+    return None

@@ -1,0 +1,344 @@
+"""Choosing a drafter's quantization by acceptance: measure a mix without writing it, and search for
+the smallest one that keeps a given fraction of the full-precision file's accepted tokens.
+
+Why here and not in llama-quantize's tables: its mixes were tuned on the perplexity of whole
+language models. A drafter is small next to its target, so a few more bytes in the right tensor
+group are cheap, and what its user loses is accepted tokens, which ``capture`` lets us count
+without the target (``runtime.accept``).
+
+``MixEvaluator`` measures any per-tensor type assignment of one F16/BF16/F32 drafter file on the
+captured sequences, as llama-speculative-simple's live loop counts (``runtime.accept.live_loop``):
+each candidate tensor is quantized once (our quantizers, the bytes llama-quantize writes) and
+decoded once; each sequence's context K/V is kept per layer, keyed by the types it depends on (fc
+and that layer's K/V projections), so a step that raises one layer's FFN recomputes no context.
+
+``search_mix`` starts from a llama-quantize mix and raises one tensor group at a time (per layer:
+attention, FFN; ``fc``; the drafter's own output head) to its tensors' next type in
+``RAISE_LADDER``, taking at each step the group with the most accepted tokens gained per byte on a
+calibration half of the sequences, until the held-out half reaches the fraction asked for.
+``recipe`` turns the chosen types into ``--tensor-type`` items that reproduce them through
+llama-quantize's own rules (every tensor whose type differs pinned by its exact name).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .drafter import Drafter
+from .encoders import encoder
+from .errors import DFlashError
+from .format.ggml import GGMLType, tensor_nbytes
+from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
+from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
+from .format.tensors import layer_name
+from .pipeline import PlannedTensor
+from .plan import QuantizeOptions, plan_tensor, quantize_planned
+from .runtime.accept import LoopCount, context_kv, live_loop
+from .runtime.dequant import dequantize
+from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
+from .sources.features import FeaturesFile
+from .sources.gguf_drafter import read_drafter
+from .target import Target
+from .tensor_source import n_rows
+
+QUANT_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")  # per-layer matrices a mix assigns types to
+Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized tensors of a mix
+
+
+# --- the mix llama-quantize would write, and the flags that reproduce a mix --------------------------------
+
+
+def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], ...] = ()) -> list[PlannedTensor]:
+    """llama-quantize's plan for ``ftype`` with these --tensor-type items (our quantize's own rules)."""
+    source = [plan_tensor(t, GGMLType[t.dtype], copy=True) for t in d.tensors]
+    options = QuantizeOptions(types=TypeOverrides(tensor_types=tensor_types))
+    _, planned, _ = quantize_planned(source, d, ftype, where=Path(str(d.source)), options=options)
+    return planned
+
+
+def quantized_types(planned: list[PlannedTensor], d: Drafter) -> Types:
+    """The tensors a mix quantizes, with their types (the others keep their type whatever the mix)."""
+    return {p.tensor.gguf_name: p.ggml_type for p in planned if not_quantized_reason(p.tensor.gguf_name, p.ne) is None}
+
+
+def total_bytes(planned: list[PlannedTensor]) -> int:
+    return sum(p.nbytes for p in planned)
+
+
+def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]:
+    """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired``
+    type. A manual type does not advance the mix's layer counters (attn_v, ffn_down), which can move
+    the mix's choice for a later layer, so the plan is redone and any tensor still off is pinned too."""
+    items: list[tuple[str, GGMLType]] = []
+    for _ in range(len(desired) + 1):
+        got = {p.tensor.gguf_name: p.ggml_type for p in mix_plan(d, ftype, tuple(items))}
+        off = [n for n, t in desired.items() if got[n] != t]
+        if not off:
+            return items
+        items += [(re.escape(n), desired[n]) for n in off]
+    raise AssertionError("the recipe did not converge")  # each round pins more names: unreachable
+
+
+def recipe_args(items: list[tuple[str, GGMLType]]) -> list[str]:
+    """The items as llama-quantize arguments: ``--tensor-type PATTERN=type`` each."""
+    out: list[str] = []
+    for pattern, t in items:
+        out += ["--tensor-type", f"{pattern}={t.name.lower()}"]
+    return out
+
+
+# --- measuring a mix ------------------------------------------------------------------------------------
+
+
+class MixEvaluator:
+    """Acceptance of any type assignment of one unquantized drafter file, without writing files."""
+
+    def __init__(self, d: Drafter, target: Target | None, feats: FeaturesFile, n_max: int, *,
+                 device: torch.device | str = "cpu", like_cpu: bool = True) -> None:
+        for t in d.tensors:
+            if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in ("F32", "F16", "BF16"):
+                raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
+                                  d.source)
+        self.d, self.feats, self.n_max, self.like_cpu = d, feats, n_max, like_cpu
+        self.slots = feats.slots_for(d.target_layers, str(d.source))
+        base = load_weights(d, target, device=device)
+        base.decoded.clear()
+        self.by = {t.gguf_name: t for t in d.tensors}
+        # every quantizable tensor is replaced in each evaluation: the base keeps none of their values
+        empty = torch.empty(0)
+        base.layers = [replace(lw, **{r: empty for r in QUANT_ROLES if getattr(lw, r) is not None}) for lw in base.layers]
+        self.base = replace(base, fc=empty)
+        self._tied = base.head is base.embed
+        self._encoded: dict[tuple[str, GGMLType], np.ndarray] = {}
+        self._values: dict[tuple[str, GGMLType], torch.Tensor] = {}
+        self._ctx: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._results: dict[tuple, LoopCount] = {}
+        self.evaluations = 0  # live-loop runs over a split
+        self.quantized = 0  # tensors quantized (each (tensor, type) once)
+
+    def source_types(self, names: list[str]) -> Types:
+        """The file's own types: the full-precision baseline."""
+        return {n: GGMLType[self.by[n].dtype] for n in names}
+
+    def values(self, name: str, t: GGMLType) -> torch.Tensor:
+        """The values llama.cpp computes with when ``name`` is stored as ``t``: quantized once, decoded."""
+        key = (name, t)
+        got = self._values.get(key)
+        if got is not None:
+            return got
+        src = self.by[name]
+        dev, dt = self.base.device, self.base.dtype
+        if t.name == src.dtype:
+            v = source_values(src.source, dev, dt)
+        else:
+            enc = self._encoded.get(key)
+            if enc is None:
+                raw = src.source.rows(0, n_rows(tuple(src.shape)))
+                enc = self._encoded[key] = np.ascontiguousarray(encoder(src.dtype, t)(raw)).view(np.uint8).reshape(-1)
+                self.quantized += 1
+            v = dequantize(torch.from_numpy(enc.copy()).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
+        self._values[key] = v
+        return v
+
+    def retain(self, *states: Types) -> None:
+        """Forget decoded values and contexts no state in ``states`` uses (the quantized bytes stay)."""
+        keep = {(n, t) for s in states for n, t in s.items()}
+        self._values = {k: v for k, v in self._values.items() if k in keep}
+        keys = {self._ctx_key(s, -1, il)[1:] for s in states for il in range(self.d.n_layers)}
+        self._ctx = {k: v for k, v in self._ctx.items() if k[1:] in keys}
+
+    def _ctx_key(self, types: Types, seq: int, il: int) -> tuple:
+        return (seq, il, types.get(FC_TENSOR), types.get(layer_name(il, LAYER_ROLES["wk"])),
+                types.get(layer_name(il, LAYER_ROLES["wv"])))
+
+    def weights(self, types: Types) -> DrafterWeights:
+        """The drafter's weights with each tensor of ``types`` as that type stores it."""
+        w = self.base
+        layers = []
+        for il, lw in enumerate(w.layers):
+            changes: dict[str, torch.Tensor] = {}
+            stored = dict(lw.types)
+            for role in QUANT_ROLES:
+                name = layer_name(il, LAYER_ROLES[role])
+                if name in types:
+                    changes[role], stored[role] = self.values(name, types[name]), types[name].name
+            layers.append(replace(lw, **changes, types=stored))
+        out = replace(w, layers=layers)
+        if FC_TENSOR in types:
+            out.fc, out.fc_type = self.values(FC_TENSOR, types[FC_TENSOR]), types[FC_TENSOR].name
+        if EMBEDDING_TENSOR in types and out.embed_from == "drafter":
+            t = types[EMBEDDING_TENSOR]
+            out.embed = LazyMatrix.of(self.values(EMBEDDING_TENSOR, t), "drafter token embedding", t.name)
+            if self._tied:
+                out.head = out.embed
+        if OUTPUT_TENSOR in types:
+            t = types[OUTPUT_TENSOR]
+            out.head = LazyMatrix.of(self.values(OUTPUT_TENSOR, t), "drafter output head", t.name)
+        return out
+
+    def accept(self, types: Types, indices: list[int]) -> LoopCount:
+        """The live loop's count over sequences ``indices`` with the tensors stored as ``types``."""
+        memo = (tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices))
+        if memo in self._results:
+            return self._results[memo]
+        w = self.weights(types)
+
+        def context_of(seq: int, features: torch.Tensor) -> list:
+            keys = [self._ctx_key(types, seq, il) for il in range(self.d.n_layers)]
+            missing = [il for il, k in enumerate(keys) if k not in self._ctx]
+            if missing:
+                got = context_kv(self.d, w, features, cpu_matmul=self.like_cpu, layers=missing)
+                for il in missing:
+                    self._ctx[keys[il]] = got[il]  # type: ignore[assignment]
+            return [self._ctx[k] for k in keys]
+
+        self.evaluations += 1
+        count = live_loop(self.d, w, self.feats, self.slots, self.n_max, like_cpu=self.like_cpu, indices=indices,
+                          context_of=context_of)
+        self._results[memo] = count
+        return count
+
+
+def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile, n_max: int, *,
+                    device: torch.device | str = "cpu", like_cpu: bool = True,
+                    indices: list[int] | None = None) -> LoopCount:
+    """A written drafter file's live-loop count (what ``accept`` prints as n_drafted, n_accept, accept)."""
+    d = read_drafter(path)
+    w = load_weights(d, target, device=device)
+    return live_loop(d, w, feats, feats.slots_for(d.target_layers, str(path)), n_max, like_cpu=like_cpu, indices=indices)
+
+
+# --- the search -----------------------------------------------------------------------------------------
+
+
+def split(n: int) -> tuple[list[int], list[int]]:
+    """(calibration, held-out) sequence indices: alternate sequences, so both halves see every kind."""
+    if n < 2:
+        raise DFlashError(f"the features file has {n} sequence(s): the search needs at least 2 (a calibration "
+                          "and a held-out half); capture more prompts")
+    return list(range(0, n, 2)), list(range(1, n, 2))
+
+
+def tensor_groups(d: Drafter, names: set[str]) -> list[tuple[str, list[str]]]:
+    """(label, tensor names) of each group the search raises together, in file order of layers."""
+    out = []
+    for label, members in GLOBAL_GROUPS[:1]:  # fc first, the output head last
+        got = [m for m in members if m in names]
+        if got:
+            out.append((label, got))
+    for il in range(d.n_layers):
+        for label, suffixes in LAYER_GROUPS:
+            got = [layer_name(il, s) for s in suffixes if layer_name(il, s) in names]
+            if got:
+                out.append((f"blk.{il}.{label}", got))
+    for label, members in GLOBAL_GROUPS[1:]:
+        got = [m for m in members if m in names]
+        if got:
+            out.append((label, got))
+    return out
+
+
+def raise_group(state: Types, names: list[str], ncols: dict[str, int]) -> Types | None:
+    """``state`` with each tensor of the group at its next candidate type; None when all are at the top."""
+    new, changed = dict(state), False
+    for n in names:
+        up = raised_type(state[n], ncols[n])
+        if up is not None:
+            new[n], changed = up, True
+    return new if changed else None
+
+
+@dataclass
+class SearchStep:
+    group: str
+    tensor_bytes: int
+    calibration: float  # live-loop accept on the calibration half after the step
+    held_out: float  # and on the held-out half
+
+
+@dataclass
+class SearchResult:
+    ftype: str
+    min_acceptance: float
+    baseline: LoopCount  # the unquantized file, held-out half
+    plain: LoopCount  # llama-quantize's mix, held-out half
+    result: LoopCount  # the chosen mix, held-out half
+    plain_bytes: int
+    result_bytes: int
+    baseline_bytes: int
+    types: Types
+    recipe: list[tuple[str, GGMLType]]
+    reached: bool
+    calibration: list[int]
+    held_out: list[int]
+    steps: list[SearchStep] = field(default_factory=list)
+    evaluations: int = 0
+    quantized: int = 0
+    seconds: float = 0.0
+    n_max: int = 0
+
+    @property
+    def relative(self) -> float:
+        """The chosen mix's held-out acceptance as a fraction of the unquantized file's."""
+        return self.result.accept / self.baseline.accept if self.baseline.accept else 1.0
+
+
+def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps: int | None = None,
+               log: Callable[[str], None] | None = None) -> SearchResult:
+    """Raise tensor groups from ``ftype``'s mix until the held-out live-loop acceptance reaches
+    ``min_acceptance`` times the unquantized file's (``reached`` False when every group is at the top
+    of the ladder, or after ``max_steps``, first)."""
+    if not 0.0 < min_acceptance <= 1.0:
+        raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
+    started = time.perf_counter()
+    say = log or (lambda line: None)
+    d = ev.d
+    cal, held = split(len(ev.feats.sequences))
+    planned = mix_plan(d, ftype)
+    state = quantized_types(planned, d)
+    ne = {p.tensor.gguf_name: p.ne for p in planned}
+    ncols = {n: ne[n][0] for n in state}
+    fixed_bytes = sum(p.nbytes for p in planned if p.tensor.gguf_name not in state)
+    nbytes_of: Callable[[Types], int] = lambda s: fixed_bytes + sum(tensor_nbytes(t, ne[n]) for n, t in s.items())  # noqa: E731
+    base_types = ev.source_types(list(state))
+    baseline = ev.accept(base_types, held)
+    goal = min_acceptance * baseline.accept
+    plain = current = ev.accept(state, held)
+    say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}")
+    say(f"  {ftype} (llama-quantize's mix): {nbytes_of(state)} tensor bytes, held-out accept {plain.accept:.4f}")
+    groups = tensor_groups(d, set(state))
+    steps: list[SearchStep] = []
+    reached = current.accept >= goal
+    while not reached and (max_steps is None or len(steps) < max_steps):
+        here = ev.accept(state, cal)
+        options = [(label, s) for label, names in groups if (s := raise_group(state, names, ncols)) is not None]
+        if not options:
+            break
+        scored = []
+        for label, s in options:
+            gain = ev.accept(s, cal).accept - here.accept
+            cost = max(1, nbytes_of(s) - nbytes_of(state))
+            scored.append((gain > 0, gain / cost if gain > 0 else gain, -cost, label, s))
+            ev.retain(state, *(x[-1] for x in scored))
+        *_, label, state = max(scored, key=lambda x: x[:3])
+        ev.retain(state)
+        current = ev.accept(state, held)
+        steps.append(SearchStep(label, nbytes_of(state), ev.accept(state, cal).accept, current.accept))
+        say(f"  step {len(steps)}: raise {label}: {nbytes_of(state)} tensor bytes, calibration accept "
+            f"{steps[-1].calibration:.4f}, held-out {current.accept:.4f}")
+        reached = current.accept >= goal
+    items = recipe(d, ftype, state)
+    return SearchResult(ftype, min_acceptance, baseline, plain, current, total_bytes(planned), nbytes_of(state),
+                        fixed_bytes + sum(tensor_nbytes(t, ne[n]) for n, t in base_types.items()), state, items, reached,
+                        cal, held, steps, ev.evaluations, ev.quantized, time.perf_counter() - started, ev.n_max)
+
+
+__all__ = ["MixEvaluator", "SearchResult", "SearchStep", "file_acceptance", "mix_plan", "quantized_types", "recipe",
+           "recipe_args", "search_mix", "split", "tensor_groups"]
