@@ -16,7 +16,7 @@ from ._version import __version__
 from .conversion import plan_conversion, write_plan
 from .errors import DFlashError, InputFileError
 from .format.keys import ARCH, key
-from .inspect_gguf import block_size, member_line, pairing_hint, read_summary, short, type_name
+from .inspect_gguf import block_size, chosen_line, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
 from .outputs import check_output_path
 from .quantize import (
@@ -164,6 +164,8 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
     if g.architecture == ARCH:
         typer.echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
         typer.echo(member_line(d))
+        if (how := chosen_line(g)) is not None:
+            typer.echo(how)
         typer.echo("pair with the target in llama.cpp:")
         typer.echo(f"  {pairing_hint(d)}")
 

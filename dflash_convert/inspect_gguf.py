@@ -12,7 +12,7 @@ from typing import Any
 
 from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
-from .format.keys import ValueType
+from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, ValueType
 from .format.rules import DEFAULT_BLOCK_SIZE
 from .sources.gguf import GGUFFile, GGUFValue, NumArray, read_gguf
 from .sources.gguf_drafter import read_lenient
@@ -43,6 +43,28 @@ def member_line(d: Drafter) -> str:
     m, spec = member(d)
     why = {DSPARK: f"{MARKOV_W1} present", DFLASH2: f"{SELECTOR_HIDDEN} present"}.get(m, "no Markov head, no selector")
     return f"drafter: {m} (llama.cpp runs it as --spec-type {spec}: {why})"
+
+
+def chosen_line(g: GGUFFile) -> str | None:
+    """How quantize --min-acceptance chose the file (format.keys.CHOSEN_KEYS), or None for another file."""
+    def get(short: str) -> Any:
+        v = g.metadata.get(CHOSEN_KEYS[short][0])
+        return None if v is None else (v.value.decode("utf-8", "replace") if isinstance(v.value, bytes) else v.value)
+
+    base = get("base_type")
+    if base is None:
+        return None
+    n = get("tensor_type_count") or 0
+    items = []
+    for i in range(int(n)):
+        v = g.metadata.get(CHOSEN_TENSOR_TYPE.format(i=i))
+        if v is not None:
+            items.append(v.value.decode("utf-8", "replace") if isinstance(v.value, bytes) else str(v.value))
+    acc, ref, want = get("acceptance"), get("baseline_acceptance"), get("min_acceptance")
+    rel = f" = {acc / ref:.4f} of the unquantized file's {ref:.4f}" if acc is not None and ref else ""
+    recipe = " ".join(f"--tensor-type {i}" for i in items) or "the plain mix"
+    return (f"chosen by acceptance (quantize --min-acceptance {want:.4g}): {base} with {recipe}; held-out accept "
+            f"{acc:.4f}{rel} on {get('held_out_sequences')} sequences")
 
 
 def pairing_hint(d: Drafter) -> str:

@@ -75,15 +75,37 @@ def total_bytes(planned: list[PlannedTensor]) -> int:
 def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]:
     """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired``
     type. A manual type does not advance the mix's layer counters (attn_v, ffn_down), which can move
-    the mix's choice for a later layer, so the plan is redone and any tensor still off is pinned too."""
-    items: list[tuple[str, GGMLType]] = []
+    the mix's choice for a later layer, so the plan is redone and any tensor still off is pinned too.
+    Names pinned to one type in one layer share an item (``blk\\.1\\.(attn_k|attn_q)\\.weight=q4_k``)."""
+    pinned: Types = {}
     for _ in range(len(desired) + 1):
+        items = _pin_items(pinned)
         got = {p.tensor.gguf_name: p.ggml_type for p in mix_plan(d, ftype, tuple(items))}
         off = [n for n, t in desired.items() if got[n] != t]
         if not off:
             return items
-        items += [(re.escape(n), desired[n]) for n in off]
+        pinned.update({n: desired[n] for n in off})
     raise AssertionError("the recipe did not converge")  # each round pins more names: unreachable
+
+
+def _pin_items(pinned: Types) -> list[tuple[str, GGMLType]]:
+    """Exact-name patterns for ``pinned``: global tensors one each, a layer's tensors of one type in one
+    alternation; in layer order."""
+    out: list[tuple[str, GGMLType]] = []
+    layered: dict[tuple[int, str], list[str]] = {}
+    for name in sorted(pinned):
+        m = _LAYER_WEIGHT.fullmatch(name)
+        if m is None:
+            out.append((re.escape(name), pinned[name]))
+        else:
+            layered.setdefault((int(m.group(1)), pinned[name].name), []).append(m.group(2))
+    for (layer, type_name), stems in sorted(layered.items()):
+        body = re.escape(stems[0]) if len(stems) == 1 else "(" + "|".join(re.escape(s) for s in stems) + ")"
+        out.append((rf"blk\.{layer}\.{body}\.weight", GGMLType[type_name]))
+    return out
+
+
+_LAYER_WEIGHT = re.compile(r"blk\.(\d+)\.(.+)\.weight")
 
 
 def recipe_args(items: list[tuple[str, GGMLType]]) -> list[str]:

@@ -12,7 +12,6 @@ The same plan applies on top of a conversion (``convert --outtype Q4_K_M``): see
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -272,8 +271,10 @@ def file_type_of(d: Drafter) -> str:
 
 def plot_sweep_ready() -> None:
     """One error line now, not after the measuring, when the optional plotting extra is missing."""
-    if importlib.util.find_spec("matplotlib") is None:
-        raise DFlashError("--plot needs matplotlib, which is not installed: pip install 'dflash-convert[plot]'")
+    try:
+        import matplotlib  # noqa: F401  (optional: pip install 'dflash-convert[plot]')
+    except ImportError:
+        raise DFlashError("--plot needs matplotlib, which is not installed: pip install 'dflash-convert[plot]'") from None
 
 
 def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = False) -> Path:
@@ -370,7 +371,9 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     res = search_mix(ev, plain.ftype, min_acceptance, max_steps=max_steps, log=log)
     res.n_max = d.block_size - 1
     if not res.reached:
-        raise DFlashError(f"--min-acceptance {min_acceptance:g}: no mix from {plain.ftype} up to {RAISE_TOP} reaches it: "
+        limit = (f"within {max_steps} step(s)" if max_steps is not None and len(res.steps) >= max_steps
+                 else f"up to {RAISE_TOP}")
+        raise DFlashError(f"--min-acceptance {min_acceptance:g}: no mix from {plain.ftype} {limit} reaches it: "
                           f"the best held-out acceptance is {res.result.accept:.4f} of the input's {res.baseline.accept:.4f} "
                           f"({res.relative:.4f}); nothing written", src)
     items = [f"{p}={t.name.lower()}" for p, t in res.recipe]
