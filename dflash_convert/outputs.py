@@ -114,6 +114,10 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
         os.stat(out)
     except OSError as e:
         if e.errno == errno.ELOOP:
+            try:
+                os.lstat(out)
+            except OSError:  # the loop is on the way to it
+                raise DFlashError("output folder is a symbolic link loop", out.parent) from None
             raise DFlashError("output is a symbolic link loop; remove it or choose another path", out) from None
         if e.errno not in (errno.ENOENT, errno.ENOTDIR):
             raise DFlashError(f"cannot write the output: {e.strerror or e}", out) from None
