@@ -846,3 +846,61 @@ def test_an_unforeseen_exception_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
                        env=dict(os.environ, DFLASH_CONVERT_TRACEBACK="1"))
     assert r.returncode == 1 and "Traceback" in r.stderr and "boom" in r.stderr
+
+
+# --- round 3, 6: exit codes ------------------------------------------------------------------------------
+
+COMMANDS = ("convert", "quantize", "validate", "migrate", "inspect", "check", "capture", "accept", "version")
+
+
+def test_usage_errors_exit_64_never_2(tmp_path):
+    """2 says an input is unreadable; a command line that does not parse is 64 (EX_USAGE), one line."""
+    for command in COMMANDS:
+        r = cli(command, "--no-such-option")
+        line = one_error_line(r)
+        assert r.returncode == 64 and r.stdout == "", (command, r.returncode, r.stderr)
+        assert line == f"dflash-convert: error: No such option: --no-such-option (see 'dflash-convert {command} -h')", line
+    for args, says in ((("quantize", tmp_path / "a.gguf"), "Missing argument 'OUT'"),
+                       (("check", tmp_path / "a.gguf", "--checkpoint", tmp_path, "--context", "0"), "'--context'"),
+                       (("quantize", tmp_path / "a.gguf", tmp_path / "b.gguf", "Q8_0", "--threads", "x"), "'--threads'"),
+                       (("no-such-command",), "No such command 'no-such-command'")):
+        r = cli(*args)
+        assert r.returncode == 64 and says in one_error_line(r), (args, r.stderr)
+    r = cli()  # bare: the help, on stderr, and the usage status
+    assert r.returncode == 64 and r.stdout == "" and r.stderr.startswith("Usage: dflash-convert ")
+
+
+def test_h_is_help_on_every_command():
+    for args in ((), *((c,) for c in COMMANDS)):
+        short, long = cli(*args, "-h"), cli(*args, "--help")
+        assert short.returncode == 0 and short.stderr == "", (args, short.stderr)
+        assert short.stdout == long.stdout and short.stdout.startswith(" ".join(("Usage: dflash-convert", *args))), args
+        assert "-h, --help" in short.stdout
+
+
+def test_validate_gate_codes_are_unambiguous(tmp_path, drafter, qwen3_target):
+    """What a CI gate sees: 0 pass, 1 a failing check, 2 an unreadable file, 64 its own typo; all four distinct."""
+    from drafter_gguf import drafter_parts, kv, set_key, write_parts
+
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "good.gguf", outtype="f16").output
+    failing = write_parts(tmp_path / "b.gguf", set_key(drafter_parts(), kv("target_layers", [2, 2])))
+    corrupt = tmp_path / "c.gguf"
+    corrupt.write_bytes(good.read_bytes()[:1000])
+    codes = {what: cli("validate", *args, "--json").returncode
+             for what, args in (("pass", (good, "--target", qwen3_target)), ("fail", (failing,)), ("unreadable", (corrupt,)),
+                                ("typo", (good, "--targte", qwen3_target)))}
+    assert codes == {"pass": 0, "fail": 1, "unreadable": 2, "typo": 64}
+
+
+def test_the_readme_states_the_exit_codes_once_and_the_docs_agree():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    rows = [ln for ln in readme.splitlines() if ln.startswith("| **")]
+    assert [ln.split("|")[1].strip() for ln in rows] == ["**0**", "**1**", "**2**", "**64**", "**128 + N**"]
+    assert readme.count("| exit | meaning |") == 1
+    from dflash_convert.cli import EXIT_REFUSED, EXIT_SIGPIPE, EXIT_UNREADABLE, EXIT_USAGE
+
+    assert (EXIT_REFUSED, EXIT_UNREADABLE, EXIT_USAGE, EXIT_SIGPIPE) == (1, 2, 64, 141)
+    conversion = " ".join((root / "docs" / "conversion.md").read_text().split())
+    assert "corrupt or truncated safetensors" in conversion and "exit code 1, and no output" not in conversion
+    assert "is unreadable input (exit 2" in conversion
