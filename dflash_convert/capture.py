@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .errors import DFlashError, InputFileError
-from .files import read_regular_bytes
+from .files import parse_json, read_regular_bytes
 from .format.features import FEATURE_DTYPES, SCHEMA
 from .outputs import Inputs, check_output_path
 from .runtime.capture import greedy_continuation, load_target_model, run_target
@@ -63,10 +63,7 @@ def read_prompts(path: Path) -> list[str]:
         if not jsonl:
             prompts.append(ln)
             continue
-        try:
-            v = json.loads(ln)
-        except ValueError as e:
-            raise InputFileError(f"line {n} is not JSON: {e}", path) from None
+        v = parse_json(ln, f"line {n}", path)
         if isinstance(v, dict):
             v = v.get("prompt", v.get("text"))
         if not isinstance(v, str) or not v:

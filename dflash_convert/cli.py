@@ -1,7 +1,15 @@
-"""The command layer: parse flags, call the API, print. Errors become one line and an exit code."""
+"""The command layer: parse flags, call the API, print. Errors become one line and an exit code.
+
+Exit codes, every command (README.md says it once): 0 success or every check passed; 1 refused, a
+check failed, or the machine stopped the command (a full disk, out of memory); 2 an input cannot be
+read; 64 the command line itself is wrong (EX_USAGE of sysexits.h: an unknown option, a missing
+argument), so a CI gate tells its own typo from a bad file; 128 + N killed by signal N (130 SIGINT,
+141 SIGPIPE: the reader of stdout went away, 143 SIGTERM).
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -14,7 +22,8 @@ import typer
 
 from ._version import __version__
 from .conversion import plan_conversion, write_plan
-from .errors import DFlashError, InputFileError
+from .errors import DFlashError, InputFileError, printable
+from .files import os_reason
 from .format.keys import ARCH, key
 from .inspect_gguf import block_size, chosen_line, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
@@ -33,7 +42,15 @@ from .sources.gguf_drafter import describe, read_drafter
 from .validate import validate as run_validate
 from .validate.report import render_json, render_text
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+try:  # typer 0.2x carries its own copy of click
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # older typer runs on click itself
+    from click import exceptions as _click_exceptions  # type: ignore[no-redef]
+
+PROG = "dflash-convert"
+# -h as well as --help, on the app and (inherited through click's context) on every subcommand
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT_SETTINGS,
                   help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
 
 
@@ -57,8 +74,10 @@ def _quiet(quiet: bool) -> None:
         logging.getLogger().setLevel(logging.ERROR)
 
 
-EXIT_REFUSED = 1  # the request was refused, or a check failed
+EXIT_REFUSED = 1  # the request was refused, a check failed, or the machine stopped it (disk full, out of memory)
 EXIT_UNREADABLE = 2  # an input cannot be read (missing, corrupt, not what it should be)
+EXIT_USAGE = 64  # the command line is wrong (sysexits.h EX_USAGE): not 2, which says an input is bad
+EXIT_SIGPIPE = 128 + signal.SIGPIPE  # the reader of stdout went away (| head): the shell's status for it
 
 
 def exit_code(e: DFlashError) -> int:
@@ -66,9 +85,25 @@ def exit_code(e: DFlashError) -> int:
     return EXIT_UNREADABLE if isinstance(e, InputFileError) else EXIT_REFUSED
 
 
+def _say(line: str) -> None:
+    """One line on stderr; a stderr that went away costs the line, never a traceback (the exit code stays)."""
+    try:
+        sys.stderr.write(printable(line) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _fail(e: DFlashError) -> None:
-    typer.echo(f"dflash-convert: error: {e}", err=True)
+    _say(f"dflash-convert: error: {e}")
     raise typer.Exit(exit_code(e))
+
+
+def _fail_os(e: OSError, output: str | os.PathLike | None) -> None:
+    """An OSError no reader or writer turned into a DFlashError: named by its file, else by the output."""
+    if e.filename is not None:
+        _fail(DFlashError(os_reason(e), e.filename))
+    _fail(DFlashError(f"cannot write the output: {os_reason(e)}" if output is not None else os_reason(e), output))
 
 
 def _human(n: float) -> str:
@@ -110,7 +145,7 @@ def convert(
     except BrokenPipeError:
         raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
-        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+        _fail_os(e, outfile)
     if not quiet:
         typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
                    f"file type {plan.type_name})")
@@ -184,14 +219,14 @@ def validate(
     elif report.exit_code != 2:
         typer.echo(render_text(report))
     if report.exit_code == 2:
-        typer.echo(f"dflash-convert: error: {report.error_line()}", err=True)
+        _say(f"dflash-convert: error: {report.error_line()}")
     raise typer.Exit(report.exit_code)
 
 
 @app.command()
 def migrate(
     src: Path = typer.Argument(..., help="A DFlash GGUF written for another fork (dflash-draft, qwen35-dflash-draft, pre-merge dflash)."),
-    out: Path = typer.Argument(..., help="The upstream dflash GGUF to write."),
+    out: str = typer.Argument(..., metavar="OUT", help="The upstream dflash GGUF to write."),
     target_layers_offset: int | None = typer.Option(None, "--target-layers-offset",
                                                     help="0 or 1, added to the file's layer ids when its dialect cannot tell."),
     target_layers: str | None = typer.Option(None, "--target-layers", help="L1,L2,...: llama.cpp target_layers, when the file holds none."),
@@ -214,7 +249,7 @@ def migrate(
     except BrokenPipeError:
         raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
-        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+        _fail_os(e, out)
     plan = result.plan
     total = sum(t.nbytes for t, _ in plan.tensors)
     typer.echo(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
@@ -224,7 +259,7 @@ def migrate(
     report = result.report
     if report.exit_code:
         typer.echo(render_text(report))
-        typer.echo("dflash-convert: error: the written file does not pass validate; see the failures above", err=True)
+        _say("dflash-convert: error: the written file does not pass validate; see the failures above")
     else:
         n = report.counts()
         typer.echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
@@ -234,7 +269,7 @@ def migrate(
 @app.command()
 def quantize(
     src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
-    out: Path = typer.Argument(..., help="The GGUF to write."),
+    out: str = typer.Argument(..., metavar="OUT", help="The GGUF to write."),
     qtype: str = typer.Argument(..., metavar="TYPE", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, "
                                 "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
@@ -285,7 +320,7 @@ def quantize(
                                    tensor_type_file=tensor_type_file, output_tensor_type=output_tensor_type,
                                    token_embedding_type=token_embedding_type, leave_output_tensor=leave_output_tensor,
                                    pure=pure, override_kv=override_kv, prune_layers=prune_layers,
-                                   file_position=_tensor_types_before_file(sys.argv))
+                                   file_position=_tensor_types_before_file(_COMMAND_LINE))
         plan = plan_quantize(src, out, qtype, options=options)
         if dry_run:
             typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
@@ -305,7 +340,7 @@ def quantize(
     except BrokenPipeError:
         raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
-        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+        _fail_os(e, out)
     if not quiet:
         for note in plan.notes:
             typer.echo(f"note: {note}")
@@ -378,7 +413,7 @@ def check(
                                       "each side taps its own target layers; needs transformers), or a features file "
                                       "from capture (also measures acceptance against the checkpoint's)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
-    save_io: Path | None = typer.Option(None, "--save-io", help="Write inputs and outputs of both forwards to this .npz."),
+    save_io: str | None = typer.Option(None, "--save-io", metavar="PATH", help="Write inputs and outputs of both forwards to this .npz."),
     reference_gguf: Path | None = typer.Option(None, "--reference-gguf", help="A full-precision sibling: also report agreement with it."),
 ) -> None:
     """Run the GGUF in-process and the checkpoint's reference forward on the same inputs: 0 pass, 1 fail, 2 unreadable."""
@@ -398,7 +433,7 @@ def check(
 def capture(
     target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target's Hugging Face directory, with its safetensors."),
     prompts: Path = typer.Option(..., "--prompts", help="One prompt per line, or JSONL (a string or {\"prompt\": ...} per line)."),
-    out: Path = typer.Option(..., "-o", "--output", help="The features file to write (.safetensors)."),
+    out: str = typer.Option(..., "-o", "--output", metavar="PATH", help="The features file to write (.safetensors)."),
     new_tokens: int = typer.Option(64, "--new-tokens", min=1, help="N: each continuation is what llama-speculative-simple -n N decodes."),
     layers: str = typer.Option("all", "--layers", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
     for_draft: Path | None = typer.Option(None, "--for", help="Store only the layers this drafter GGUF taps."),
@@ -419,7 +454,7 @@ def capture(
     except BrokenPipeError:
         raise  # the reader went away (| head): main() exits quietly
     except OSError as e:
-        _fail(DFlashError(f"{e.strerror or e}", e.filename))
+        _fail_os(e, out)
     for note in res.notes:
         typer.echo(f"note: {note}", err=True)
     if not quiet:
@@ -469,6 +504,9 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+_COMMAND_LINE: list[str] = []  # the command line being run (main's argv), for the order of --tensor-type items
+
+
 def _tensor_types_before_file(argv: list[str]) -> int | None:
     """How many --tensor-type items precede --tensor-type-file on the command line (llama-quantize
     applies them in that order); None when the file is not named there (the API's default order)."""
@@ -481,46 +519,154 @@ def _tensor_types_before_file(argv: list[str]) -> int | None:
     return None
 
 
-def main() -> None:
+class _CountingNull(io.RawIOBase):
+    """Where stdout goes when the command was started with it closed (``>&-``): counts what it discards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        n = len(memoryview(b))
+        self.written += n
+        return n
+
+
+def _open_standard_streams() -> _CountingNull | None:
+    """Reopen a closed stdin, stdout or stderr on /dev/null, before anything opens a file.
+
+    Otherwise the first file opened would get descriptor 0, 1 or 2, and whatever writes to stdout (a
+    child, a library) would write into it. A closed stdout returns the counter its text now goes to.
+    Names that are not UTF-8 are printed escaped, never raise.
+    """
+    null = None
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        devnull = os.open(os.devnull, os.O_RDWR)
+        if devnull != fd:
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        if fd == 1:
+            null = _CountingNull()
+            sys.stdout = io.TextIOWrapper(io.BufferedWriter(null), encoding="utf-8", errors="backslashreplace",
+                                          line_buffering=True)
+        elif fd == 2:
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                          line_buffering=True)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+    return null
+
+
+def _exit_broken_pipe() -> None:
+    """The reader of stdout went away: nothing more on stdout, no error line, the shell's SIGPIPE status."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(EXIT_SIGPIPE)  # no interpreter shutdown: it would flush stdout again and complain
+
+
+def _invoke(args: list[str]) -> int:
+    """Parse and run one command line; usage errors are one line and EXIT_USAGE."""
+    command = typer.main.get_command(app)
+    _COMMAND_LINE[:] = ["dflash-convert", *args]
+    try:
+        with command.make_context(PROG, list(args)) as ctx:
+            command.invoke(ctx)
+    except typer.Exit as e:
+        return e.exit_code
+    except _click_exceptions.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare command: its help, on stderr, and the usage status
+            _say(e.format_message())
+            return EXIT_USAGE
+        where = e.ctx.command_path if e.ctx is not None else PROG
+        _say(f"dflash-convert: error: {e.format_message()} (see '{where} -h')")
+        return EXIT_USAGE
+    except _click_exceptions.ClickException as e:
+        _say(f"dflash-convert: error: {e.format_message()}")
+        return e.exit_code
+    except typer.Abort:
+        _say("dflash-convert: error: aborted")
+        return EXIT_REFUSED
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
     """The console entry point: one error line and an exit code, whatever happens.
 
     SIGINT and SIGTERM raise Interrupted while a command runs (the writer removes its temporary
     file as it unwinds) and exit 130 / 143 without a traceback. Once the command is over, a late
     signal is only recorded: the process still exits 128 + signal, and nothing is left half done.
+    A reader of stdout that goes away exits 141 (SIGPIPE's status) with nothing more printed; a
+    stdout closed from the start swallows the output (one warning says so) and changes no exit code.
+    Anything unforeseen is still one line ("internal error"; DFLASH_CONVERT_TRACEBACK=1 shows it).
     """
+    closed_stdout = _open_standard_streams()
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _raise_interrupted)
     code = 0
     try:
         try:
-            app()  # standalone: click prints usage errors and exits; Interrupted is no Exception and passes through
+            code = _invoke(sys.argv[1:] if argv is None else argv)
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda signum, frame: received.append(signum))
     except Interrupted as e:
         received.append(e.signum)
     except BrokenPipeError:
-        # stdout was closed early (| head): no error line, the shell's SIGPIPE status
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os._exit(128 + 13)
+        _exit_broken_pipe()
     except KeyboardInterrupt:
         received.append(signal.SIGINT)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except InputFileError as e:
-        typer.echo(f"dflash-convert: error: {e}", err=True)
-        code = EXIT_UNREADABLE
     except DFlashError as e:
-        typer.echo(f"dflash-convert: error: {e}", err=True)
+        _say(f"dflash-convert: error: {e}")
+        code = exit_code(e)
+    except MemoryError:
+        _say("dflash-convert: error: out of memory; free memory or raise the limit and run again")
+        code = EXIT_REFUSED
+    except OSError as e:
+        _say(f"dflash-convert: error: {e.filename}: {os_reason(e)}" if e.filename else f"dflash-convert: error: {os_reason(e)}")
+        code = EXIT_REFUSED
+    except Exception as e:  # a bug of ours: still one line, and the way to see more
+        if os.environ.get("DFLASH_CONVERT_TRACEBACK"):
+            raise
+        text = " ".join(str(e).split())[:300]
+        _say(f"dflash-convert: error: internal error: {type(e).__name__}: {text} "
+             "(DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")
         code = EXIT_REFUSED
     if received:
         name = signal.Signals(received[0]).name
-        sys.stderr.write(f"dflash-convert: interrupted by {name}; no partial output was left\n")
+        _say(f"dflash-convert: interrupted by {name}; no partial output was left")
         code = 128 + received[0]
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _exit_broken_pipe()
+    except (OSError, ValueError):
+        pass
+    if closed_stdout is not None and closed_stdout.written:
+        _say("dflash-convert: warning: standard output is closed; what this command printed there was discarded")
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     if received:
         os._exit(code)  # no interpreter shutdown: nothing left that a late signal could interrupt
     sys.exit(code)

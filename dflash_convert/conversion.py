@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .drafter import Drafter
-from .errors import ConfigError, DFlashError, InputFileError
+from .errors import ConfigError, DFlashError, InputFileError, printable
 from .files import open_regular
 from .format.family import VOCAB_ROW_TENSORS
 from .format.ggml import QUANTIZATION_VERSION
@@ -105,7 +105,7 @@ def _sha256_file(path: Path) -> str:
 
 
 def default_output(src: Path, type_name: str) -> Path:
-    return src / f"{src.resolve().name}-{type_name}.gguf"
+    return src / f"{Path(os.path.realpath(src)).name}-{type_name}.gguf"
 
 
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
@@ -156,11 +156,11 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     md = Metadata()
     md.set("architecture", ARCH)
     md.set("type", "model")
-    md.set("name", src.resolve().name)
+    md.set("name", printable(Path(os.path.realpath(src)).name))  # a name that is not UTF-8 is stored escaped
     md.set("converter", CONVERTER_NAME)
     md.set("converter_version", __version__)
     md.set("source_config_sha256", _sha256_file(ckpt.config_path))
-    md.set("source_files", [p.name for p in ckpt.files])
+    md.set("source_files", [printable(p.name) for p in ckpt.files])
     md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
     # general.file_type goes where upstream's converter puts it, or, when the same pass quantizes,
     # last (after the quantization version), where llama-quantize puts it
@@ -177,6 +177,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     if out_type.quantize:
         _, planned, fallbacks = quantize_planned(planned, drafter, out_type.quantize, where=ckpt.config_path)
         append_file_type(md, out_type.file_type.value)
+    if outfile is not None and os.fspath(outfile).endswith(os.sep) and not os.path.isdir(outfile):
+        raise DFlashError("output folder does not exist (a path ending in / names a folder)", os.fspath(outfile))
     output = Path(outfile) if outfile is not None else default_output(src, out_type.name)
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
         output = output / default_output(src, out_type.name).name

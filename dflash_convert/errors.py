@@ -6,7 +6,28 @@ The command layer turns a DFlashError into one line on stderr and a non-zero exi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Fault injection for the tests: DFLASH_CONVERT_FAULT="<phase>:<what>" (the writer's phases in write.py
+# send a signal; "probe:AS=<bytes>" runs the tokenizer probe's child under that address-space limit)
+FAULT_ENV = "DFLASH_CONVERT_FAULT"
+
+
+def printable(text: str | os.PathLike) -> str:
+    """``text`` (or a path) with the bytes of a name that is not UTF-8 written as ``\\xNN``.
+
+    Python decodes such names with surrogate escapes (``d\\udcff``), which no UTF-8 stream or file
+    accepts; this is how they are shown in messages and stored in GGUF strings.
+    """
+    s = os.fspath(text)
+    if isinstance(s, bytes):
+        return s.decode("utf-8", "backslashreplace")
+    try:
+        raw = s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte (from JSON, say)
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 class DFlashError(Exception):
@@ -15,7 +36,7 @@ class DFlashError(Exception):
     def __init__(self, message: str, path: str | Path | None = None) -> None:
         self.path = None if path is None else str(path)
         self.message = message
-        super().__init__(f"{self.path}: {message}" if self.path else message)
+        super().__init__(printable(f"{self.path}: {message}" if self.path else message))
 
 
 class InputFileError(DFlashError):
@@ -24,3 +45,7 @@ class InputFileError(DFlashError):
 
 class ConfigError(DFlashError):
     """A config value is missing or inconsistent; we refuse to guess."""
+
+
+class ResourceError(DFlashError):
+    """The machine, not the input, stopped the command: out of memory, a full disk (exit code 1)."""

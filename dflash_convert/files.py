@@ -4,24 +4,49 @@ A FIFO, a socket or a device gets one clear line instead of a read that blocks f
 ends. The check is made on the opened descriptor (``open_regular``), so a path swapped between
 check and open cannot slip through. Tensor data is read by position through ``pread_into``, with
 one descriptor per file for a whole pass (``FdCache``). Where outputs may go is ``outputs.py``.
+
+Every JSON input (configs, tokenizer files, a shard index, a safetensors header, a features file's
+metadata, JSONL prompts) is parsed by ``parse_json``: nesting is bounded (``MAX_JSON_DEPTH``) before
+the parser sees it, so a file nested thousands deep is one error line, not a RecursionError.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import re
 import stat
 import threading
+from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 from .errors import InputFileError
 
 
 def kind_of(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link")):
+    """What a file is, as a message says it: "a FIFO", "a regular file", ..."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "a file of an unknown kind"
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError's reason as a message says it; a symbolic link loop is named as one."""
+    if e.errno == errno.ELOOP:
+        return "a symbolic link loop (too many levels of symbolic links)"
+    return e.strerror or str(e)
+
+
+def _cannot_read(what: str, path: str | os.PathLike, e: OSError) -> InputFileError:
+    if e.errno == errno.ELOOP:
+        return InputFileError(f"{what} is a symbolic link loop (too many levels of symbolic links)", path)
+    return InputFileError(f"cannot read {what}: {e.strerror or e}", path)
 
 
 def _stat_input(path: str | os.PathLike, what: str) -> os.stat_result:
@@ -30,7 +55,7 @@ def _stat_input(path: str | os.PathLike, what: str) -> os.stat_result:
     except FileNotFoundError:
         raise InputFileError(f"{what} does not exist", path) from None
     except OSError as e:
-        raise InputFileError(f"cannot read {what}: {e.strerror or e}", path) from e
+        raise _cannot_read(what, path, e) from e
 
 
 def check_regular_file(path: str | os.PathLike, what: str = "input") -> os.stat_result:
@@ -58,7 +83,7 @@ def open_regular(path: str | os.PathLike, what: str = "input") -> int:
     except FileNotFoundError:
         raise InputFileError(f"{what} does not exist", p) from None
     except OSError as e:
-        raise InputFileError(f"cannot read {what}: {e.strerror or e}", p) from e
+        raise _cannot_read(what, p, e) from e
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -75,8 +100,53 @@ def read_regular_bytes(path: str | os.PathLike, what: str = "input", limit: int 
             raise InputFileError(f"{what} is {size} bytes, larger than the {limit}-byte limit", path)
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
+    except OSError as e:
+        raise _cannot_read(what, path, e) from e
     finally:
         os.close(fd)
+
+
+# --- JSON, parsed with bounded nesting ----------------------------------------------------------
+
+MAX_JSON_DEPTH = 100  # configs and tokenizer files nest a handful of levels; a parser's stack is the limit otherwise
+_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))  # every byte but the four brackets, for bytes.translate
+_STEP = [1 if b in b"[{" else -1 for b in range(256)]
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+
+
+def _bracket_depth(brackets: bytes) -> int:
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def json_depth(data: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest, for the MAX_JSON_DEPTH bound: exact when deeper
+    than the bound (brackets inside strings not counted), otherwise possibly an overestimate within it.
+
+    Pure Python (no numpy: the tokenizer probe's child process calls it too, and stays small)."""
+    upper = _bracket_depth(data.translate(None, _BRACKETS))  # strings counted too: a bound from above, fast
+    if upper <= MAX_JSON_DEPTH:
+        return upper
+    return _bracket_depth(_JSON_STRING.sub(b"", data).translate(None, _BRACKETS))
+
+
+def parse_json(data: bytes | str, what: str, path: str | os.PathLike | None = None, *,
+               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """Parse untrusted JSON: one InputFileError line naming ``what`` (and ``path``) for text that is
+    not UTF-8, not JSON, or nested deeper than MAX_JSON_DEPTH."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise InputFileError(f"{what} nests JSON {depth} levels deep, deeper than the {MAX_JSON_DEPTH} levels accepted", path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{what} is not UTF-8 text (byte {e.start})", path) from None
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except ValueError as e:
+        raise InputFileError(f"{what} is not valid JSON: {e}", path) from None
+    except RecursionError:  # below the bound, but the interpreter's stack was shorter still
+        raise InputFileError(f"{what} nests JSON too deeply ({depth} levels)", path) from None
 
 
 class FdCache:

@@ -71,9 +71,22 @@ def _identity(p: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _resolved(p: Path) -> Path:
+    """The path with every link resolved as far as it resolves; a loop (Path.resolve raises) stays as it is."""
+    return Path(os.path.realpath(p))
+
+
+def _read_only_filesystem(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os.PathLike], *, force: bool) -> Path:
     """Refuse an output that is (or would replace) an input, or an existing file without --force.
 
+    A path typed with a trailing slash means a folder: a file is never written under that name.
     Returns the output path. Errors name the output as the user typed it.
     """
     if not isinstance(inputs, Inputs):
@@ -83,16 +96,31 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
     text = os.fspath(out)
     if not text.strip():
         raise DFlashError("the output path is empty")
+    if text.endswith(os.sep):
+        if os.path.isdir(text):
+            raise DFlashError("output is a directory; give a file name", text)
+        raise DFlashError("output folder does not exist (a path ending in / names a folder)", text)
     out = Path(text)
-    resolved = out.resolve()
+    resolved = _resolved(out)
     ident = _identity(out)
     for p in inputs.files:
-        if p.resolve() == resolved or (ident is not None and _identity(p) == ident):
+        if _resolved(p) == resolved or (ident is not None and _identity(p) == ident):
             raise DFlashError(f"output would overwrite an input file ({p}); choose another output path", out)
     for d in inputs.directories:
-        if resolved.parent == d.resolve() and any(fnmatch.fnmatch(out.name, pat) for pat in DIRECTORY_INPUT_NAMES):
+        if resolved.parent == _resolved(d) and any(fnmatch.fnmatch(out.name, pat) for pat in DIRECTORY_INPUT_NAMES):
             raise DFlashError(f"output {out.name!r} inside the input directory {d} has a name its reader picks up; "
                               "choose another name or folder", out)
+    try:
+        os.stat(out)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            try:
+                os.lstat(out)
+            except OSError:  # the loop is on the way to it
+                raise DFlashError("output folder is a symbolic link loop", out.parent) from None
+            raise DFlashError("output is a symbolic link loop; remove it or choose another path", out) from None
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise DFlashError(f"cannot write the output: {e.strerror or e}", out) from None
     if out.is_symlink() and not out.exists():
         raise DFlashError("output is a dangling symbolic link; remove it or choose another path", out)
     if out.exists():
@@ -104,9 +132,16 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
         if not stat.S_ISREG(st.st_mode):
             raise DFlashError(f"output is {kind_of(st.st_mode)}; only a regular file is replaced", out)
     parent = out.parent if str(out.parent) else Path(".")
+    try:
+        os.stat(parent)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise DFlashError("output folder is a symbolic link loop", parent) from None
     if not parent.is_dir():
         raise DFlashError("output folder does not exist", parent)
     if not os.access(parent, os.W_OK | os.X_OK):
+        if _read_only_filesystem(parent):
+            raise DFlashError("output folder is on a read-only file system", out)
         raise DFlashError("output folder is not writable", out)
     return out
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DFlashError
+from .errors import FAULT_ENV, DFlashError
 from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLType
 from .format.keys import VALUE_TYPES, ValueType
 from .metadata import Metadata
@@ -179,9 +179,6 @@ def _set_direct(fd: int, on: bool) -> bool:
 # Fault injection for the signal tests: DFLASH_CONVERT_FAULT="<phase>:<signal>" makes the writer
 # send itself that signal when it reaches the phase, so a test drives the timing exactly instead
 # of sleeping and hoping. Phases, in order: open, header, data, finish, verify, renamed.
-FAULT_ENV = "DFLASH_CONVERT_FAULT"
-
-
 def fault_point(phase: str) -> None:
     spec = os.environ.get(FAULT_ENV)
     if spec and spec.partition(":")[0] == phase:

@@ -554,3 +554,353 @@ def test_no_code_runs_from_the_working_directory_or_the_inputs(tmp_path, drafter
         r = subprocess.run(args, capture_output=True, text=True, cwd=d if i == 2 else cwd, timeout=TIMEOUT)
         assert r.returncode == 0, (args, r.stderr)
     assert not marker.exists(), marker.read_text()
+
+
+# --- round 3, 5: every fault is one line ---------------------------------------------------------------
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _nest_in(path: Path, depth: int = 100_000) -> None:
+    """Give a JSON object file a key holding an array nested ``depth`` deep."""
+    text = path.read_text().rstrip()
+    assert text.endswith("}")
+    path.write_text(text[:-1] + f', "deep": {_deep(depth)}}}')
+
+
+@pytest.mark.parametrize("where,name", [("draft", "config.json"), ("target", "config.json"), ("target", "tokenizer_config.json"),
+                                        ("target", "tokenizer.json"), ("draft", "model.safetensors.index.json")])
+def test_json_nested_thousands_deep_is_one_line(tmp_path, drafter, qwen3_target, where, name):
+    d, t = tmp_path / "draft", tmp_path / "target"
+    shutil.copytree(drafter, d)
+    shutil.copytree(qwen3_target, t)
+    victim = (d if where == "draft" else t) / name
+    if name == "model.safetensors.index.json":  # a sharded checkpoint whose index nests
+        (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")
+        victim.write_text(json.dumps({"metadata": {}, "weight_map": {"fc.weight": "model-00001-of-00001.safetensors"}}))
+    _nest_in(victim)
+    out = tmp_path / "o.gguf"
+    r = cli("convert", d, "--target-model-dir", t, "-o", out)
+    line = one_error_line(r)
+    assert r.returncode == 2 and name in line and "levels deep, deeper than the 100 levels accepted" in line, line
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_validate_json_with_a_deep_target_still_prints_json(tmp_path, drafter, qwen3_target):
+    t = tmp_path / "target"
+    shutil.copytree(qwen3_target, t)
+    _nest_in(t / "config.json")
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "o.gguf", outtype="f16").output
+    r = cli("validate", good, "--target", t, "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["exit_code"] == 2 and doc["result"] == "error"
+    assert any("config.json nests JSON 100001 levels deep" in c["message"] for c in doc["checks"]), doc["checks"]
+
+
+def test_every_json_reader_bounds_the_depth(tmp_path):
+    """The one loader: deep text is refused before the parser recurses; real files pass; depth in strings is not depth."""
+    from dflash_convert.errors import InputFileError
+    from dflash_convert.files import MAX_JSON_DEPTH, json_depth, parse_json
+
+    assert parse_json(_deep(MAX_JSON_DEPTH), "x.json") is not None
+    with pytest.raises(InputFileError, match=f"x.json nests JSON {MAX_JSON_DEPTH + 1} levels deep"):
+        parse_json(_deep(MAX_JSON_DEPTH + 1), "x.json")
+    assert json_depth(('["' + "[" * 5000 + '"]').encode()) == 1  # brackets in a string are text
+    assert parse_json('{"a": "' + "{" * 5000 + '"}', "x.json") == {"a": "{" * 5000}
+    from dflash_convert.capture import read_prompts
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"one"\n' + '{"prompt": ' + _deep(50_000) + "}\n")
+    with pytest.raises(InputFileError, match="line 2 nests JSON 50001 levels deep"):
+        read_prompts(prompts)
+
+
+def test_names_that_are_not_utf8_are_escaped_never_a_crash(tmp_path, drafter, qwen3_target):
+    root = os.fsencode(tmp_path)
+    src, out = root + b"/d\xff", root + b"/o\xfe.gguf"
+    shutil.copytree(drafter, os.fsdecode(src))
+    r = cli("convert", os.fsdecode(src), "--target-model-dir", qwen3_target, "-o", os.fsdecode(out))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    from dflash_convert.sources.gguf import read_gguf
+
+    g = read_gguf(os.fsdecode(out))
+    assert g.metadata["general.name"].value in ("d\\xff", b"d\\xff")  # valid UTF-8, the byte written as an escape
+    assert validate(os.fsdecode(out)).exit_code == 0
+    r = cli("validate", os.fsdecode(out), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["file"] == os.fsdecode(out)
+    r = cli("inspect", os.fsdecode(root + b"/missing\xfe.gguf"))
+    assert r.returncode == 2 and "missing\\xfe.gguf: GGUF file does not exist" in one_error_line(r)
+
+
+def test_symbolic_link_loops_as_inputs_and_outputs(tmp_path, drafter, qwen3_target):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "good.gguf", outtype="f16").output
+    for args in (("convert", loop, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf"),
+                 ("convert", drafter, "--target-model-dir", loop, "-o", tmp_path / "o.gguf"),
+                 ("inspect", loop), ("validate", loop), ("quantize", loop, tmp_path / "o.gguf", "Q8_0"),
+                 ("validate", good, "--target", loop)):
+        r = cli(*args)
+        assert r.returncode == 2 and "is a symbolic link loop" in one_error_line(r), (args, r.stderr)
+    for args in (("convert", drafter, "--target-model-dir", qwen3_target, "-o", loop),
+                 ("quantize", good, loop, "Q8_0"), ("migrate", good, loop)):
+        r = cli(*args)
+        assert r.returncode == 1 and one_error_line(r).endswith(f"{loop}: output is a symbolic link loop; remove it or "
+                                                                 "choose another path"), (args, r.stderr)
+    r = cli("quantize", good, loop / "o.gguf", "Q8_0")
+    assert r.returncode == 1 and one_error_line(r).endswith(f"{loop}: output folder is a symbolic link loop")
+    assert leftovers(tmp_path) == []
+
+
+def _in_namespace_with(folder: Path, options: str) -> list[str] | None:
+    """A command prefix that runs under a fresh tmpfs on ``folder`` (a private mount namespace), or None."""
+    prefix = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+              f'mount -t tmpfs -o {options} tmpfs "$0" && exec "$@"', str(folder)]
+    try:
+        probe = subprocess.run(prefix + ["true"], capture_output=True, timeout=TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return prefix if probe.returncode == 0 else None
+
+
+def _fsize_limited() -> None:
+    """In the child: writes past 16 KiB fail with EFBIG (SIGXFSZ ignored), as on a full disk."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
+
+
+def test_a_full_disk_names_the_file(tmp_path, drafter, qwen3_target):
+    """ENOSPC on a 16 KiB tmpfs (in a private mount namespace where one can be had, else RLIMIT_FSIZE: EFBIG):
+    convert, quantize, migrate and check --save-io each say which file, and leave nothing."""
+    from drafter_gguf import write_parts
+    from test_migrate import buun
+
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "good.gguf", outtype="f16").output
+    fork = write_parts(tmp_path / "buun.gguf", buun())
+    full = tmp_path / "full"
+    full.mkdir()
+    prefix = _in_namespace_with(full, "size=16k")
+    runs = {"convert": ["convert", drafter, "--target-model-dir", qwen3_target, "-o", full / "c.gguf"],
+            "quantize": ["quantize", good, full / "q.gguf", "Q8_0"], "migrate": ["migrate", fork, full / "m.gguf"]}
+    for what, args in runs.items():
+        command = [sys.executable, "-m", "dflash_convert.cli", *map(str, args)]
+        if prefix is not None:
+            r = subprocess.run(prefix + command, capture_output=True, text=True, timeout=TIMEOUT)
+            reason = "No space left on device"
+        else:
+            r = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=_fsize_limited)
+            reason = "File too large"
+        line = one_error_line(r)
+        assert r.returncode == 1 and line == f"dflash-convert: error: {args[-2 if what == 'quantize' else -1]}: cannot write " \
+                                              f"the output: {reason}", (what, line)
+        assert leftovers(full) == [] and not any(full.iterdir())
+    if prefix is not None:  # a read-only file system says so
+        ro = _in_namespace_with(full, "ro,size=16k")
+        r = subprocess.run(ro + [sys.executable, "-m", "dflash_convert.cli", "quantize", str(good), str(full / "q.gguf"), "Q8_0"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 1 and one_error_line(r).endswith(f"{full / 'q.gguf'}: output folder is on a read-only file system")
+
+
+def test_check_save_io_on_a_full_disk_names_the_file(tmp_path, drafter, qwen3_target):
+    import torch
+    from safetensors.torch import save_file
+
+    t = tmp_path / "target"
+    shutil.copytree(qwen3_target, t)
+    cfg = json.loads((t / "config.json").read_text())
+    save_file({"model.embed_tokens.weight": torch.zeros(cfg["vocab_size"], cfg["hidden_size"], dtype=torch.bfloat16)},
+              str(t / "model.safetensors"))
+    f32 = convert(drafter, t, outfile=tmp_path / "f32.gguf", outtype="f32").output
+    full = tmp_path / "full"
+    full.mkdir()
+    prefix = _in_namespace_with(full, "size=64k")
+    command = [sys.executable, "-m", "dflash_convert.cli", "check", str(f32), "--checkpoint", str(drafter), "--target-model-dir",
+               str(t), "--device", "cpu", "--context", "7", "--save-io", str(full / "io.npz")]
+    if prefix is not None:
+        r = subprocess.run(prefix + command, capture_output=True, text=True, timeout=120)
+    else:
+        r = subprocess.run(command, capture_output=True, text=True, timeout=120, preexec_fn=_fsize_limited)
+    line = one_error_line(r)
+    assert r.returncode == 1 and line.startswith(f"dflash-convert: error: {full / 'io.npz'}: cannot write") and \
+        ("No space left on device" in line or "File too large" in line), line
+    assert not any(full.iterdir())
+    r = cli("check", f32, "--checkpoint", f32, "--target-model-dir", t, "--device", "cpu")  # the wording bug
+    assert r.returncode == 2 and one_error_line(r).endswith("drafter checkpoint directory is a regular file, not a directory")
+
+
+def _pipe_gone() -> tuple[int, int]:
+    """A pipe whose reader has already gone: the first write to the other end fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return read_end, write_end
+
+
+def test_a_reader_that_goes_away_exits_141_quietly(tmp_path, drafter, qwen3_target):
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "good.gguf", outtype="f16").output
+    for args in (("inspect", good), ("inspect", good, "--drafter"), ("validate", good), ("validate", good, "--json"),
+                 ("convert", drafter, "--target-model-dir", qwen3_target, "--dry-run"), ("-h",),
+                 ("quantize", good, tmp_path / "q.gguf", "Q4_K_M", "--dry-run")):
+        _, w = _pipe_gone()
+        try:
+            r = subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], stdout=w, stderr=subprocess.PIPE,
+                               text=True, timeout=TIMEOUT)
+        finally:
+            os.close(w)
+        assert r.returncode == 141 and r.stderr == "", (args, r.returncode, r.stderr)
+    # a convert whose 'wrote' line finds no reader: the file it wrote stays, whole
+    _, w = _pipe_gone()
+    out = tmp_path / "piped.gguf"
+    try:
+        r = subprocess.run([sys.executable, "-m", "dflash_convert.cli", "convert", str(drafter), "--target-model-dir",
+                            str(qwen3_target), "-o", str(out)], stdout=w, stderr=subprocess.PIPE, text=True, timeout=TIMEOUT)
+    finally:
+        os.close(w)
+    assert r.returncode == 141 and r.stderr == "" and validate(out).exit_code == 0
+
+
+def _closed(fd: int, *args) -> subprocess.CompletedProcess:
+    """The command run with descriptor ``fd`` closed, as ``>&-`` (1) or ``2>&-`` (2) leaves it; the other one captured."""
+    return subprocess.run(["sh", "-c", f'exec "$@" {fd}>&-', "sh", sys.executable, "-m", "dflash_convert.cli", *map(str, args)],
+                          stdout=subprocess.PIPE if fd != 1 else None, stderr=subprocess.PIPE if fd != 2 else None,
+                          text=True, timeout=TIMEOUT)
+
+
+def test_closed_stdout_or_stderr_is_a_clear_outcome(tmp_path, drafter, qwen3_target):
+    out = tmp_path / "o.gguf"
+    r = _closed(1, "convert", drafter, "--target-model-dir", qwen3_target, "-o", out)
+    assert r.returncode == 0 and r.stderr.strip() == ("dflash-convert: warning: standard output is closed; what this "
+                                                      "command printed there was discarded"), r.stderr
+    assert validate(out).exit_code == 0
+    r = _closed(1, "convert", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "q.gguf", "-q")
+    assert r.returncode == 0 and r.stderr == "" and validate(tmp_path / "q.gguf").exit_code == 0  # nothing lost, nothing said
+    for args, code in ((("inspect", out), 0), (("validate", out), 0), (("inspect", tmp_path / "nope.gguf"), 2),
+                       (("convert", "--bogus"), 64)):
+        r = _closed(1, *args)
+        assert r.returncode == code and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+    out2 = tmp_path / "o2.gguf"
+    r = _closed(2, "convert", drafter, "--target-model-dir", qwen3_target, "-o", out2)
+    assert r.returncode == 0 and r.stdout.startswith(f"wrote {out2}") and validate(out2).exit_code == 0
+    r = _closed(2, "inspect", tmp_path / "nope.gguf")
+    assert r.returncode == 2 and r.stdout == ""
+
+
+def test_tokenizer_child_out_of_memory_is_not_a_bad_tokenizer(tmp_path, drafter, qwen3_target):
+    """The probe's child under a 200 MB address-space limit (injected: DFLASH_CONVERT_FAULT=probe:AS=...): exit 1,
+    out of memory named, tokenizer.json not blamed; without the limit the same files convert."""
+    out = tmp_path / "o.gguf"
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out, env={"DFLASH_CONVERT_FAULT": "probe:AS=200000000"})
+    line = one_error_line(r)
+    assert r.returncode == 1 and "tokenizer.json: the tokenizer process ran out of memory" in line and "not judged" in line
+    assert "cannot load" not in line and not out.exists() and leftovers(tmp_path) == []
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out, "-q")
+    assert r.returncode == 0 and out.is_file()
+
+
+def test_probe_child_killed_by_a_signal_is_reported_as_such(tmp_path, qwen3_target, monkeypatch):
+    """SIGKILL (the kernel's OOM killer) and a failed Rust allocation, without starving a real child."""
+    import re
+
+    from dflash_convert.errors import ResourceError
+    from dflash_convert.tokenizer import probe
+
+    for program, what in (("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL (the kernel's "
+                                                                                       "out-of-memory killer, most likely)"),
+                          ("import os, sys; sys.stderr.write('memory allocation of 8589934592 bytes failed\\n'); os.abort()",
+                           "ran out of memory")):
+        monkeypatch.setattr(probe, "child_command", lambda path, program=program: [sys.executable, "-c", program])
+        with pytest.raises(ResourceError, match=re.escape(what)):
+            probe.Probe(qwen3_target / "tokenizer.json").result()
+
+
+def test_an_output_with_a_trailing_slash_is_a_folder(tmp_path, drafter, qwen3_target):
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "good.gguf", outtype="f16").output
+    missing = f"{tmp_path / 'newdir'}/"
+    for args in (("convert", drafter, "--target-model-dir", qwen3_target, "-o", missing), ("quantize", good, missing, "Q8_0"),
+                 ("migrate", good, missing)):
+        r = cli(*args)
+        assert r.returncode == 1 and one_error_line(r).endswith(f"{missing}: output folder does not exist (a path ending in "
+                                                                "/ names a folder)"), (args, r.stderr)
+        assert not (tmp_path / "newdir").exists()
+    there = tmp_path / "there"
+    there.mkdir()
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", f"{there}/", "-q")  # a folder: the default name in it
+    assert r.returncode == 0 and [p.suffix for p in there.iterdir()] == [".gguf"]
+    r = cli("quantize", good, f"{there}/", "Q8_0")
+    assert r.returncode == 1 and one_error_line(r).endswith("output is a directory; give a file name")
+
+
+def test_an_unforeseen_exception_is_one_line(tmp_path):
+    """A bug of ours still prints one line (and the variable that shows the traceback), exit 1."""
+    program = ("import sys; import dflash_convert.cli as c\n"
+               "def boom(*a, **k):\n    raise RuntimeError('something\\nwe did not foresee')\n"
+               "c.read_summary = boom; sys.argv = ['dflash-convert', 'inspect', 'x.gguf']; c.main()")
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path)
+    assert r.returncode == 1 and one_error_line(r) == ("dflash-convert: error: internal error: RuntimeError: something we did "
+                                                       "not foresee (DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")
+    r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path,
+                       env=dict(os.environ, DFLASH_CONVERT_TRACEBACK="1"))
+    assert r.returncode == 1 and "Traceback" in r.stderr and "boom" in r.stderr
+
+
+# --- round 3, 6: exit codes ------------------------------------------------------------------------------
+
+COMMANDS = ("convert", "quantize", "validate", "migrate", "inspect", "check", "capture", "accept", "version")
+
+
+def test_usage_errors_exit_64_never_2(tmp_path):
+    """2 says an input is unreadable; a command line that does not parse is 64 (EX_USAGE), one line."""
+    for command in COMMANDS:
+        r = cli(command, "--no-such-option")
+        line = one_error_line(r)
+        assert r.returncode == 64 and r.stdout == "", (command, r.returncode, r.stderr)
+        assert line == f"dflash-convert: error: No such option: --no-such-option (see 'dflash-convert {command} -h')", line
+    for args, says in ((("quantize", tmp_path / "a.gguf"), "Missing argument 'OUT'"),
+                       (("check", tmp_path / "a.gguf", "--checkpoint", tmp_path, "--context", "0"), "'--context'"),
+                       (("quantize", tmp_path / "a.gguf", tmp_path / "b.gguf", "Q8_0", "--threads", "x"), "'--threads'"),
+                       (("no-such-command",), "No such command 'no-such-command'")):
+        r = cli(*args)
+        assert r.returncode == 64 and says in one_error_line(r), (args, r.stderr)
+    r = cli()  # bare: the help, on stderr, and the usage status
+    assert r.returncode == 64 and r.stdout == "" and r.stderr.startswith("Usage: dflash-convert ")
+
+
+def test_h_is_help_on_every_command():
+    for args in ((), *((c,) for c in COMMANDS)):
+        short, long = cli(*args, "-h"), cli(*args, "--help")
+        assert short.returncode == 0 and short.stderr == "", (args, short.stderr)
+        assert short.stdout == long.stdout and short.stdout.startswith(" ".join(("Usage: dflash-convert", *args))), args
+        assert "-h, --help" in short.stdout
+
+
+def test_validate_gate_codes_are_unambiguous(tmp_path, drafter, qwen3_target):
+    """What a CI gate sees: 0 pass, 1 a failing check, 2 an unreadable file, 64 its own typo; all four distinct."""
+    from drafter_gguf import drafter_parts, kv, set_key, write_parts
+
+    good = convert(drafter, qwen3_target, outfile=tmp_path / "good.gguf", outtype="f16").output
+    failing = write_parts(tmp_path / "b.gguf", set_key(drafter_parts(), kv("target_layers", [2, 2])))
+    corrupt = tmp_path / "c.gguf"
+    corrupt.write_bytes(good.read_bytes()[:1000])
+    codes = {what: cli("validate", *args, "--json").returncode
+             for what, args in (("pass", (good, "--target", qwen3_target)), ("fail", (failing,)), ("unreadable", (corrupt,)),
+                                ("typo", (good, "--targte", qwen3_target)))}
+    assert codes == {"pass": 0, "fail": 1, "unreadable": 2, "typo": 64}
+
+
+def test_the_readme_states_the_exit_codes_once_and_the_docs_agree():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    rows = [ln for ln in readme.splitlines() if ln.startswith("| **")]
+    assert [ln.split("|")[1].strip() for ln in rows] == ["**0**", "**1**", "**2**", "**64**", "**128 + N**"]
+    assert readme.count("| exit | meaning |") == 1
+    from dflash_convert.cli import EXIT_REFUSED, EXIT_SIGPIPE, EXIT_UNREADABLE, EXIT_USAGE
+
+    assert (EXIT_REFUSED, EXIT_UNREADABLE, EXIT_USAGE, EXIT_SIGPIPE) == (1, 2, 64, 141)
+    conversion = " ".join((root / "docs" / "conversion.md").read_text().split())
+    assert "corrupt or truncated safetensors" in conversion and "exit code 1, and no output" not in conversion
+    assert "is unreadable input (exit 2" in conversion

@@ -7,13 +7,12 @@ shards in sorted file-name order, and within a shard tensors sorted by name.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputFileError
-from ..files import check_directory, read_regular_bytes
+from ..files import check_directory, parse_json, read_regular_bytes
 from .safetensors import TensorRef, _reject_duplicates, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -32,11 +31,7 @@ def read_json(path: Path, what: str, limit: int | None = None) -> Any:
     if limit is None:
         limit = MAX_TOKENIZER_BYTES if tokenizer_file else MAX_CONFIG_BYTES
     raw = read_regular_bytes(path, what, limit)
-    try:
-        text = raw.decode("utf-8")
-        return json.loads(text) if tokenizer_file else json.loads(text, object_pairs_hook=_reject_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InputFileError(f"{what} is not valid JSON: {e}", path) from e
+    return parse_json(raw, what, path, object_pairs_hook=None if tokenizer_file else _reject_duplicates)
 
 
 def merged_text_config(cfg: dict[str, Any]) -> dict[str, Any]:

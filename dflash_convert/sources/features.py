@@ -8,14 +8,13 @@ stored layers, and nothing else may be in the file. Tensor data is read one sequ
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputFileError
-from ..files import check_regular_file
+from ..files import check_regular_file, parse_json
 from ..format.features import SCHEMA, SEQUENCE, SEQUENCE_TENSORS
 from ..target import Target
 from .safetensors import TensorRef, read_header
@@ -79,8 +78,8 @@ class FeaturesFile:
 
 def _int_list(meta: dict[str, str], key: str, path: Path) -> list[int]:
     try:
-        v = json.loads(meta.get(key, "null"))
-    except ValueError:
+        v = parse_json(meta.get(key, "null"), f"metadata {key!r}", path)
+    except InputFileError:
         v = None
     if not isinstance(v, list) or not all(type(x) is int and x >= 0 for x in v):
         raise InputFileError(f"metadata {key!r} must be a JSON list of non-negative integers, got {meta.get(key)!r}", path)

@@ -11,7 +11,6 @@ the file.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputFileError
-from ..files import FdCache, open_regular, pread_into
+from ..files import FdCache, open_regular, parse_json, pread_into
 
 # Header cap: the reference implementation refuses headers over 100 MB.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -125,12 +124,7 @@ def read_header(path: str | Path) -> tuple[list[TensorRef], dict[str, str]]:
         raise InputFileError(f"safetensors header is not UTF-8 (byte {e.start})", path) from e
     if not text.lstrip().startswith("{"):
         raise InputFileError("safetensors header is not a JSON object", path)
-    try:
-        header = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except ValueError as e:
-        raise InputFileError(f"safetensors header is not valid JSON: {e}", path) from e
-    except RecursionError:
-        raise InputFileError("safetensors header nests JSON too deeply to be a tensor index", path) from None
+    header = parse_json(raw, "safetensors header", path, object_pairs_hook=_reject_duplicates)
     if not isinstance(header, dict):
         raise InputFileError("safetensors header is not a JSON object", path)
 

@@ -10,6 +10,10 @@ source files are hashed on the other core meanwhile). The child only reads the f
 code from it, nor from anywhere else a user controls: it starts isolated (``python -I``: no
 current directory or script directory on its path, no PYTHON* variables, no user site), in the
 root directory, and finds this package by its installed location only.
+
+A child that runs out of memory (a MemoryError, an allocation the tokenizers library could not make,
+or the kernel's out-of-memory killer) is reported as that, exit 1, never as a fault of the file; a
+file the child refuses itself (JSON nested too deep) is an input error naming it, exit 2.
 """
 
 from __future__ import annotations
@@ -17,14 +21,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputFileError
-from ..files import check_regular_file
+from ..errors import FAULT_ENV, InputFileError, ResourceError
+from ..files import MAX_JSON_DEPTH, check_regular_file, json_depth, read_regular_bytes
 from .pre_hashes import PROBE_TEXT
+
+REFUSED = 3  # the child's exit status when it refuses the file itself; its last stderr line says why
+OUT_OF_MEMORY = 4  # the child's exit status after a MemoryError
+# what a child short of memory prints: the tokenizers library (Rust) before it aborts on a failed
+# allocation, Python's MemoryError, the loader unable to map the library, a failed mmap or malloc
+_OUT_OF_MEMORY_SIGNS = ("memory allocation of", "MemoryError", "failed to map segment", "Cannot allocate memory")
 
 
 @dataclass
@@ -70,15 +82,50 @@ class Probe:
 
     def result(self) -> ProbeResult:
         out, err = self.proc.communicate()
-        if self.proc.returncode != 0:
-            lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
-            raise InputFileError(f"cannot load tokenizer.json: {lines[-1] if lines else 'tokenizer process failed'}", self.path)
+        rc = self.proc.returncode
+        if rc != 0:
+            text = err.decode("utf-8", "replace")
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            last = lines[-1] if lines else "the tokenizer process failed"
+            if rc == REFUSED:
+                raise InputFileError(last, self.path)
+            not_judged = "tokenizer.json was not judged; free memory or raise the limit and run again"
+            if rc == OUT_OF_MEMORY or any(sign in text for sign in _OUT_OF_MEMORY_SIGNS):
+                raise ResourceError(f"the tokenizer process ran out of memory loading this file; {not_judged}", self.path)
+            if rc < 0:
+                name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+                why = " (the kernel's out-of-memory killer, most likely)" if -rc == signal.SIGKILL else ""
+                raise ResourceError(f"the tokenizer process was killed by {name}{why} loading this file; {not_judged}",
+                                    self.path)
+            raise InputFileError(f"cannot load tokenizer.json: {last}", self.path)
         data = json.loads(out)
         return ProbeResult(data["hash"], data["roundtrip"])
 
 
+def _injected_memory_limit() -> None:
+    """The tests' way to run this child short of memory: DFLASH_CONVERT_FAULT="probe:AS=<bytes>"."""
+    phase, _, what = os.environ.get(FAULT_ENV, "").partition(":")
+    if phase == "probe" and what.startswith("AS="):
+        limit = int(what[3:])
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def main(argv: list[str] | None = None) -> int:
-    r = probe_in_process(Path((sys.argv[1:] if argv is None else argv)[0]))
+    path = Path((sys.argv[1:] if argv is None else argv)[0])
+    try:
+        depth = json_depth(read_regular_bytes(path, "tokenizer.json"))
+    except InputFileError as e:
+        sys.stderr.write(f"{e.message}\n")
+        return REFUSED
+    if depth > MAX_JSON_DEPTH:  # the library's parser would recurse into it
+        sys.stderr.write(f"tokenizer.json nests JSON {depth} levels deep, deeper than the {MAX_JSON_DEPTH} levels accepted\n")
+        return REFUSED
+    _injected_memory_limit()
+    try:
+        r = probe_in_process(path)
+    except MemoryError:
+        sys.stderr.write("MemoryError\n")
+        return OUT_OF_MEMORY
     sys.stdout.write(json.dumps({"hash": r.probe_hash, "roundtrip": r.roundtrip}))
     return 0
 

@@ -60,6 +60,8 @@ def pairing_target(path: Path, draft_vocab: int | None) -> tuple[Target, Compara
             return t, {}, f"cannot derive the target's tokenizer keys: {e.message}"
         return t, comparable(md), None
     if not path.exists():
+        if path.is_symlink():  # a dangling link or a loop: read_gguf names which
+            read_gguf(path)
         raise DFlashError("target not found (pass a target GGUF or a Hugging Face model directory)", path)
     t = target_from_gguf(read_gguf(path))
     error = f"the target GGUF has no {key('tok_tokens')}" if t.vocab_size is None else None
