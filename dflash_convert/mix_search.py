@@ -348,7 +348,7 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
             gain = ev.accept(s, cal).accept - here.accept
             cost = max(1, nbytes_of(s) - nbytes_of(state))
             scored.append((gain > 0, gain / cost if gain > 0 else gain, -cost, label, s))
-            ev.retain(state, *(x[-1] for x in scored))
+            ev.retain(state)  # a candidate's bytes stay (quantized once); its decoded values go
         *_, label, state = max(scored, key=lambda x: x[:3])
         ev.retain(state)
         current = ev.accept(state, held)
