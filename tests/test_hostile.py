@@ -554,3 +554,121 @@ def test_no_code_runs_from_the_working_directory_or_the_inputs(tmp_path, drafter
         r = subprocess.run(args, capture_output=True, text=True, cwd=d if i == 2 else cwd, timeout=TIMEOUT)
         assert r.returncode == 0, (args, r.stderr)
     assert not marker.exists(), marker.read_text()
+
+
+# --- round 3, 3: typed config reading ---
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_json(path: Path, change: dict, sub: str | None = None) -> None:
+    cfg = json.loads(path.read_text())
+    (cfg[sub] if sub else cfg).update(change)
+    path.write_text(json.dumps(cfg))
+
+
+def test_round3_a_string_false_never_turns_sliding_attention_on(tmp_path, drafter, qwen3_target):
+    """The case that started it: use_sliding_window "false" (a string) used to enable SWA by truthiness."""
+    d = _copy(drafter, tmp_path / "d")
+    edit_config(d, use_sliding_window="false", sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 1, r.stderr
+    line = one_error_line(r)
+    assert str(d / "config.json") in line
+    assert 'use_sliding_window is a string ("false"), expected a bool' in line, line
+    assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("sub,change,phrase", [
+    (None, {"num_hidden_layers": True}, "num_hidden_layers is a bool (true), expected an integer"),
+    (None, {"hidden_size": 64.0}, "hidden_size is a number (64.0), expected an integer"),
+    (None, {"rms_norm_eps": "1e-6"}, 'rms_norm_eps is a string ("1e-6"), expected a number'),
+    (None, {"rope_is_neox_style": 0}, "rope_is_neox_style is an integer (0), expected a bool"),
+    (None, {"layer_types": "full_attention"}, 'layer_types is a string ("full_attention"), expected a list of strings'),
+    (None, {"layer_types": ["full_attention", 1]}, "layer_types is a list of mixed types"),
+    (None, {"rope_parameters": [1000000.0]}, "rope_parameters is a list of floats ([1000000.0]), expected an object"),
+    (None, {"rope_parameters": {"rope_theta": "1e6"}}, 'rope_parameters.rope_theta is a string ("1e6"), expected a number'),
+    (None, {"text_config": "qwen3"}, 'text_config is a string ("qwen3"), expected an object'),
+    (None, {"hidden_act": ["silu"]}, "hidden_act is a list of strings"),
+    ("dflash_config", {"block_size": "16"}, 'dflash_config.block_size is a string ("16"), expected an integer'),
+    ("dflash_config", {"mask_token_id": True}, "dflash_config.mask_token_id is a bool (true), expected an integer"),
+    ("dflash_config", {"target_layer_ids": [0, "2"]}, "dflash_config.target_layer_ids is a list of mixed types"),
+    ("dflash_config", {"target_layer_ids": [0, True]}, "expected a list of integers"),
+    ("dflash_config", {"use_swa": "yes"}, 'dflash_config.use_swa is a string ("yes"), expected a bool'),
+    ("dflash_config", {"causal": 1}, "dflash_config.causal is an integer (1), expected a bool"),
+    ("dflash_config", {"attention_value_scale": "2"}, 'dflash_config.attention_value_scale is a string ("2"), expected a number'),
+])
+def test_round3_typed_config_values_are_refused(tmp_path, drafter, qwen3_target, sub, change, phrase):
+    d = _copy(drafter, tmp_path / "d")
+    _edit_json(d / "config.json", change, sub)
+    with pytest.raises(DFlashError) as e:
+        convert(d, qwen3_target, outfile=tmp_path / "o.gguf", outtype="f16")
+    assert str(e.value).startswith(f"{d / 'config.json'}: "), str(e.value)
+    assert phrase in str(e.value), str(e.value)
+    assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
+
+
+def test_round3_json_details_an_int_is_a_number_and_null_is_absent(tmp_path, drafter, qwen3_target):
+    """An integer where a float is expected converts to the same value; null reads as absent."""
+    base = tmp_path / "base.gguf"
+    convert(drafter, qwen3_target, outfile=base, outtype="f16")
+    d = _copy(drafter, tmp_path / "d")
+    cfg = json.loads((d / "config.json").read_text())
+    theta = cfg["rope_theta"]
+    edit_config(d, rope_theta=int(theta), rope_scaling=None, sliding_window=None, partial_rotary_factor=None)
+    out = tmp_path / "o.gguf"
+    convert(d, qwen3_target, outfile=out, outtype="f16")
+    from dflash_convert.sources.gguf_drafter import read_drafter
+
+    a, b = read_drafter(base), read_drafter(out)
+    assert b.rope_theta == a.rope_theta == float(theta) and b.sliding_window is None and b.n_rot is None
+    assert validate(out).exit_code == 0
+
+
+def test_round3_target_config_values_are_typed(tmp_path, drafter, qwen3_target):
+    for change, phrase in (({"tie_word_embeddings": "true"}, 'tie_word_embeddings is a string ("true"), expected a bool'),
+                           ({"hidden_size": "64"}, 'hidden_size is a string ("64"), expected an integer'),
+                           ({"architectures": "Qwen3ForCausalLM"}, "architectures is a string"),
+                           ({"eos_token_id": "151645"}, "eos_token_id is a string")):
+        t = _copy(qwen3_target, tmp_path / f"t{len(list(tmp_path.iterdir()))}")
+        _edit_json(t / "config.json", change)
+        with pytest.raises(DFlashError) as e:
+            convert(drafter, t, outfile=tmp_path / "o.gguf", outtype="f16")
+        assert str(e.value).startswith(f"{t / 'config.json'}: ") and phrase in str(e.value), str(e.value)
+        assert not (tmp_path / "o.gguf").exists()
+
+
+def test_round3_tokenizer_config_fields_are_typed(tmp_path, drafter, qwen3_target):
+    for change, phrase in (({"add_bos_token": "false"}, 'add_bos_token is a string ("false"), expected a bool'),
+                           ({"eos_token": 151645}, "eos_token is an integer (151645), expected a string or an object"),
+                           ({"eos_token": {"content": 7}}, "eos_token.content is an integer (7), expected a string"),
+                           ({"chat_template": 3}, "chat_template is an integer (3), expected a string or a list of objects"),
+                           ({"clean_up_tokenization_spaces": "no"}, "clean_up_tokenization_spaces is a string")):
+        t = _copy(qwen3_target, tmp_path / f"t{len(list(tmp_path.iterdir()))}")
+        _edit_json(t / "tokenizer_config.json", change)
+        r = cli("convert", drafter, "--target-model-dir", t, "-o", tmp_path / "o.gguf") if "add_bos" in phrase else None
+        if r is not None:  # once through the command: one line, exit 1
+            assert r.returncode == 1 and phrase in one_error_line(r), r.stderr
+        with pytest.raises(DFlashError) as e:
+            convert(drafter, t, outfile=tmp_path / "o.gguf", outtype="f16")
+        assert str(e.value).startswith(f"{t / 'tokenizer_config.json'}: ") and phrase in str(e.value), str(e.value)
+        assert not (tmp_path / "o.gguf").exists()
+
+
+def test_round3_speculators_config_values_are_typed(tmp_path, qwen3_target):
+    from fixtures.drafters import make_speculators_drafter
+
+    src = make_speculators_drafter(tmp_path / "spec")
+    for sub, change, phrase in ((None, {"aux_hidden_state_layer_ids": [1, 3.0]}, "aux_hidden_state_layer_ids is a list of mixed"),
+                                (None, {"sample_from_anchor": "false"}, 'sample_from_anchor is a string ("false"), expected a bool'),
+                                (None, {"block_size": 8.5}, "block_size is a number (8.5), expected an integer"),
+                                ("transformer_layer_config", {"num_key_value_heads": "2"}, "num_key_value_heads is a string"),
+                                (None, {"transformer_layer_config": []}, "transformer_layer_config is a list")):
+        d = _copy(src, tmp_path / f"s{len(list(tmp_path.iterdir()))}")
+        _edit_json(d / "config.json", change, sub)
+        with pytest.raises(DFlashError) as e:
+            convert(d, qwen3_target, outfile=tmp_path / "o.gguf", outtype="f16")
+        assert str(e.value).startswith(f"{d / 'config.json'}: ") and phrase in str(e.value), str(e.value)
+        assert not (tmp_path / "o.gguf").exists()
