@@ -229,13 +229,19 @@ def quantize(
     keep_type: list[str] = typer.Option([], "--keep-type", metavar="PATTERN=TYPE",
                                         help="Give tensors matching a glob this type, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
     allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers).", metavar=""),
+    skip_validation: bool = typer.Option(False, "--skip-validation", metavar="",
+                                         help="Quantize an input that fails validate, and write the output unvalidated "
+                                              "(a warning says so; llama.cpp may refuse or mis-run the file)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no notes, no warnings.", metavar=""),
 ) -> None:
-    """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
+    """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed.
+
+    An input that fails validate is refused, and so is an output that would (--skip-validation: neither is checked)."""
     _quiet(quiet)
     try:
-        plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
+        plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize,
+                             validate=not skip_validation)
         if dry_run:
             typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}
