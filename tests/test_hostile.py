@@ -672,3 +672,137 @@ def test_round3_speculators_config_values_are_typed(tmp_path, qwen3_target):
             convert(d, qwen3_target, outfile=tmp_path / "o.gguf", outtype="f16")
         assert str(e.value).startswith(f"{d / 'config.json'}: ") and phrase in str(e.value), str(e.value)
         assert not (tmp_path / "o.gguf").exists()
+
+
+# --- round 3, 4: values llama.cpp cannot run ---
+
+def _bad_parts(case: str):
+    """An upstream drafter (head size 16, full rotary) with one value llama.cpp cannot run."""
+    from drafter_gguf import KV, drafter_parts, kv, set_key
+
+    from dflash_convert.format.keys import ValueType
+
+    parts = drafter_parts()
+    return {
+        "sections_sum": set_key(parts, kv("rope_dimension_sections", [8, 8, 4, 0])),
+        "sections_fourth_only": set_key(parts, kv("rope_dimension_sections", [0, 0, 0, 8])),
+        "sections_negative": set_key(parts, kv("rope_dimension_sections", [-8, 16, 0, 0])),
+        "sections_past_int32": set_key(parts, KV("dflash.rope.dimension_sections", ValueType.ARRAY, [2**31, 0, 0, 0],
+                                                 ValueType.UINT32)),
+        "n_rot_zero": set_key(parts, kv("rope_dimension_count", 0)),
+        "n_rot_odd": set_key(parts, kv("rope_dimension_count", 7)),
+        "n_rot_past_head": set_key(parts, kv("rope_dimension_count", 32)),
+        "block_size_negative": set_key(parts, kv("block_size", 2**32 - 1)),  # -1 once llama.cpp reads it as int32_t
+        "target_layers_past_int32": set_key(parts, KV("dflash.target_layers", ValueType.ARRAY, [1, 2**31], ValueType.UINT32)),
+        "sliding_window_past_int32": set_key(drafter_parts(swa=[True, False]), kv("sliding_window", 2**31)),
+        "context_past_int32": set_key(parts, kv("context_length", 2**31)),
+        "embedding_past_int32": set_key(parts, kv("embedding_length", 2**31 + 32)),
+    }[case]
+
+
+ROUND3_BAD = {  # case -> (check id, phrase of the llama.cpp check it mirrors)
+    "sections_sum": ("hparams", "GGML_ASSERT(sect_dims <= ne0)"),
+    "sections_fourth_only": ("hparams", "GGML_ASSERT(sections[0] > 0 || sections[1] > 0 || sections[2] > 0)"),
+    "sections_negative": ("hparams", "negative entry"),
+    "sections_past_int32": ("keys.ranges", "std::array<int, 4> rope_sections"),
+    "n_rot_zero": ("hparams", "powf(freq_base, -2.0f/n_dims) with n_dims 0"),
+    "n_rot_odd": ("hparams", "GGML_ASSERT(n_dims % 2 == 0)"),
+    "n_rot_past_head": ("hparams", "GGML_ASSERT(n_dims <= ne0)"),
+    "block_size_negative": ("keys.ranges", "int32_t block_size = std::atoi(buf)"),
+    "target_layers_past_int32": ("keys.ranges", "std::vector<int32_t> target_layer_ids"),
+    "sliding_window_past_int32": ("keys.ranges", "(int32_t) n_swa"),
+    "context_past_int32": ("keys.ranges", "int32_t llama_model_n_ctx_train()"),
+    "embedding_past_int32": ("keys.ranges", "int32_t llama_model_n_embd()"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUND3_BAD))
+def test_round3_validate_fails_what_llama_cpp_cannot_run(tmp_path, case):
+    from drafter_gguf import write_parts
+
+    check_id, phrase = ROUND3_BAD[case]
+    path = write_parts(tmp_path / f"{case}.gguf", _bad_parts(case))
+    r = validate(path)
+    c = r.check(check_id)
+    assert r.exit_code == 1 and c.status == "fail", (case, [(x.id, x.status, x.details) for x in r.checks])
+    assert any(phrase in d for d in c.details), c.details
+
+
+def test_round3_validate_passes_sections_and_ranges_llama_cpp_runs(tmp_path):
+    from drafter_gguf import KV, drafter_parts, kv, set_key, write_parts
+
+    from dflash_convert.format.keys import I32_MAX, ValueType
+
+    for name, parts in (("degenerate", set_key(drafter_parts(), kv("rope_dimension_sections", [8, 0, 0, 0]))),
+                        ("full", set_key(drafter_parts(), kv("rope_dimension_sections", [4, 2, 2, 0]))),
+                        ("u32_ids", set_key(drafter_parts(), KV("dflash.target_layers", ValueType.ARRAY, [1, 3], ValueType.UINT32))),
+                        ("big_block", set_key(drafter_parts(), kv("block_size", I32_MAX)))):
+        r = validate(write_parts(tmp_path / f"{name}.gguf", parts))
+        assert r.exit_code == 0, (name, [(c.id, c.details) for c in r.checks if c.status == "fail"])
+        assert r.check("keys.ranges").status == "pass"
+
+
+@pytest.mark.parametrize("change,phrase", [
+    ({"partial_rotary_factor": 0.01}, "gives 0 rotary dimensions"),
+    ({"partial_rotary_factor": 0.2}, "gives 3 rotary dimensions"),
+    ({"rope_parameters": {"rope_theta": 1e6, "mrope_section": [8, 8, 8]}}, "GGML_ASSERT(sect_dims <= ne0)"),
+    ({"rope_parameters": {"rope_theta": 1e6, "mrope_section": [8, -4]}}, "non-negative"),
+])
+def test_round3_convert_refuses_rope_llama_cpp_cannot_run(tmp_path, drafter, qwen3_target, change, phrase):
+    d = _copy(drafter, tmp_path / "d")
+    edit_config(d, **change)
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 1, r.stderr
+    line = one_error_line(r)
+    assert str(d / "config.json") in line and phrase in line, line
+    assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("dflash_change,phrase", [
+    ({"block_size": 2**31}, "std::atoi"),
+    ({"block_size": -1}, "block_size must be an integer >= 2"),
+])
+def test_round3_convert_refuses_a_block_size_llama_cpp_reads_as_another(tmp_path, drafter, qwen3_target, dflash_change, phrase):
+    d = _copy(drafter, tmp_path / "d")
+    _edit_json(d / "config.json", dflash_change, "dflash_config")
+    r = cli("convert", d, "--target-model-dir", qwen3_target, "-o", tmp_path / "o.gguf")
+    assert r.returncode == 1 and phrase in one_error_line(r), r.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_round3_quantize_refuses_an_input_that_fails_validate(tmp_path):
+    from drafter_gguf import drafter_parts, write_parts
+
+    good = write_parts(tmp_path / "good.gguf", drafter_parts())
+    assert cli("quantize", good, tmp_path / "good-q8.gguf", "Q8_0", "-q").returncode == 0
+    assert validate(tmp_path / "good-q8.gguf").exit_code == 0
+    for case in ("block_size_negative", "sections_sum", "n_rot_zero"):
+        src = write_parts(tmp_path / f"{case}.gguf", _bad_parts(case))
+        out = tmp_path / f"{case}-q8.gguf"
+        r = cli("quantize", src, out, "Q8_0")
+        assert r.returncode == 1, r.stderr
+        line = one_error_line(r)
+        assert str(src) in line and "refusing an input that fails validate" in line and "--skip-validation" in line, line
+        assert ROUND3_BAD[case][1] in line, line
+        assert not out.exists() and leftovers(tmp_path) == []
+    # the explicit way through: it says so in a warning line, and writes what it was asked to
+    src, out = tmp_path / "block_size_negative.gguf", tmp_path / "forced-q8.gguf"
+    r = cli("quantize", src, out, "Q8_0", "--skip-validation")
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("dflash-convert: warning: ")]
+    assert len(warnings) == 1 and "--skip-validation" in warnings[0] and "not validated" in warnings[0], r.stderr
+    assert out.exists() and validate(out).check("keys.ranges").status == "fail"
+
+
+def test_round3_migrate_refuses_a_file_llama_cpp_cannot_run(tmp_path):
+    from drafter_gguf import write_parts
+    from test_migrate import buun
+
+    for case in ("block_size_negative", "sections_sum"):  # (buun files carry their own rope.dimension_count)
+        src = write_parts(tmp_path / f"buun-{case}.gguf", buun(_bad_parts(case)))
+        out = tmp_path / f"{case}.gguf"
+        r = cli("migrate", src, out)
+        assert r.returncode == 1, r.stderr
+        line = one_error_line(r)
+        assert "fails validate" in line and ROUND3_BAD[case][1] in line, line
+        assert not out.exists() and leftovers(tmp_path) == []
