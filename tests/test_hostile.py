@@ -806,3 +806,24 @@ def test_round3_migrate_refuses_a_file_llama_cpp_cannot_run(tmp_path):
         line = one_error_line(r)
         assert "fails validate" in line and ROUND3_BAD[case][1] in line, line
         assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_round3_check_fails_a_file_that_fails_validate(tmp_path, drafter, qwen3_target):
+    """check runs the file in-process, where a value llama.cpp reads as another changes nothing: validate's verdict counts."""
+    import torch
+    from drafter_gguf import kv, read_parts, set_key, write_parts
+    from safetensors.torch import save_file
+
+    from dflash_convert.check import check
+
+    t = _copy(qwen3_target, tmp_path / "t")  # the embedding and the (tied) head the drafter shares
+    cfg = json.loads((t / "config.json").read_text())
+    emb = torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=torch.Generator().manual_seed(7)) * 0.05
+    save_file({"model.embed_tokens.weight": emb.to(torch.bfloat16)}, str(t / "model.safetensors"))
+    good = tmp_path / "good.gguf"
+    convert(drafter, t, outfile=good, outtype="f32")
+    assert check(good, drafter, target_model_dir=t, device="cpu", context=7).passed
+    bad = write_parts(tmp_path / "bad.gguf", set_key(read_parts(good), kv("block_size", 2**32 - 1)))
+    rep = check(bad, drafter, target_model_dir=t, device="cpu", context=7)
+    assert not rep.passed and rep.exit_code == 1
+    assert any("fails validate" in f and "std::atoi" in f for f in rep.failures), rep.failures
