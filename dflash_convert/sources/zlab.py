@@ -200,8 +200,8 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: ConfigView, target: 
     n_rot = None if prf is None else int(head_dim * prf)
     if n_rot is not None and (n_rot < 2 or n_rot % 2):
         raise cv.error(f"partial_rotary_factor {prf} with head_dim {head_dim} gives {n_rot} rotary dimensions: llama.cpp "
-                       "needs a positive even count (ggml/src/ggml-cpu/ops.cpp asserts n_dims % 2 == 0; 0 makes its rope "
-                       "loop divide by zero and hang)")
+                       "needs a positive even count (ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(n_dims % 2 == 0); 0 it does not "
+                       "check, and its rope op never finishes: theta_scale = powf(freq_base, -2.0f/n_dims))")
     if sections is not None and sum(sections) > head_dim:
         raise cv.error(f"mrope_section {sections} sums to {sum(sections)}, more than head_dim {head_dim}: llama.cpp "
                        "aborts (ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(sect_dims <= ne0))")
