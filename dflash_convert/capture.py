@@ -28,6 +28,7 @@ from .format.features import FEATURE_DTYPES, SCHEMA
 from .outputs import Inputs, check_output_path
 from .runtime.capture import greedy_continuation, load_target_model, run_target
 from .runtime.device import resolve_device
+from .sources.config import ConfigView
 from .sources.gguf_drafter import read_drafter
 from .sources.target import read_target_dir
 from .tokenizer.text import load_text_tokenizer
@@ -117,7 +118,7 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
         raise InputFileError("a prompt encodes to no tokens", prompts_path)
     dev = resolve_device(device)
     model, decoder = load_target_model(target, dev)
-    eos = eos_ids(target.config)
+    eos = eos_ids(target.config, target.source / "config.json")
     bar = None
     if progress:
         from tqdm import tqdm  # only a progress bar on a terminal needs it
@@ -154,9 +155,10 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
     return CaptureResult(written, len(sequences), sum(len(s) for s in sequences), stored, writer.notes)
 
 
-def eos_ids(config: dict) -> set[int]:
+def eos_ids(config: dict, where: Path) -> set[int]:
     """The target's end-of-generation ids from its config (``eos_token_id``: an int or a list)."""
-    v = config.get("eos_token_id", (config.get("text_config") or {}).get("eos_token_id"))
+    cv = ConfigView(config, where)
+    v = cv.get("eos_token_id", cv.sub("text_config").get("eos_token_id"))
     vals = v if isinstance(v, list) else [v]
     return {x for x in vals if type(x) is int and x >= 0}
 

@@ -104,6 +104,8 @@ from .sources.features import FeaturesFile, read_features
 from .sources.gguf_drafter import read_drafter
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
+from .validate import validate
+from .validate.gate import failure_summary
 
 SCHEMA = "dflash-convert/check/v1"
 FEATURES = ("synthetic", "target")  # where the target features of the draft come from (or a features file)
@@ -547,6 +549,10 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     failures += [f"tensor differs: {x}" for x in tensor_differences(
         d, written, dev, file_values=decoded_by_name(weights.decoded),
         checkpoint_values=decoded_from_checkpoint(model.tensors, ckpt.files))]
+    # what the runner computes is moot for a file llama.cpp refuses or cannot run: validate's verdict counts
+    summary = failure_summary(validate(draft_gguf))
+    if summary is not None:
+        failures.append(f"the file fails validate, so llama.cpp cannot run it as checked here ({summary})")
 
     if captured is not None:
         acceptance = compare_acceptance(d, weights, model, captured, cls)

@@ -298,16 +298,22 @@ def quantize(
                                                  "(default: the one the features were captured from)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="With --min-acceptance: the target GGUF."),
     device: str = typer.Option("auto", "--device", help="With --min-acceptance: auto (CUDA when present), cpu or cuda."),
+    skip_validation: bool = typer.Option(False, "--skip-validation", metavar="",
+                                         help="Quantize an input that fails validate, and write the output unvalidated "
+                                              "(a warning says so; llama.cpp may refuse or mis-run the file)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no notes, no warnings.", metavar=""),
 ) -> None:
-    """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed."""
+    """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed.
+
+    An input that fails validate is refused, and so is an output that would (--skip-validation: neither is checked)."""
     _quiet(quiet)
     if min_acceptance is not None or features is not None:
         per_tensor = {"--keep-type": keep_type, "--tensor-type": tensor_type, "--tensor-type-file": tensor_type_file,
                       "--output-tensor-type": output_tensor_type, "--token-embedding-type": token_embedding_type,
                       "--leave-output-tensor": leave_output_tensor, "--pure": pure, "--override-kv": override_kv,
-                      "--prune-layers": prune_layers, "--allow-requantize": allow_requantize}
+                      "--prune-layers": prune_layers, "--allow-requantize": allow_requantize,
+                      "--skip-validation": skip_validation}
         given = [flag for flag, v in per_tensor.items() if v]
         if min_acceptance is None or features is None or given:
             why = f"it chooses the per-tensor types itself, not with {given[0]}" if given else "each needs the other"
@@ -321,7 +327,7 @@ def quantize(
                                    token_embedding_type=token_embedding_type, leave_output_tensor=leave_output_tensor,
                                    pure=pure, override_kv=override_kv, prune_layers=prune_layers,
                                    file_position=_tensor_types_before_file(_COMMAND_LINE))
-        plan = plan_quantize(src, out, qtype, options=options)
+        plan = plan_quantize(src, out, qtype, options=options, validate=not skip_validation)
         if dry_run:
             typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}

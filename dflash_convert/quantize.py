@@ -13,6 +13,7 @@ The same plan applies on top of a conversion (``convert --outtype Q4_K_M``): see
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import struct
@@ -48,8 +49,10 @@ from .plan import (
 from .sources.features import read_features, target_for
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
-from .validate.gate import ValidationGate
+from .validate.gate import ValidationGate, require_valid_input
 from .write import write_gguf
+
+log = logging.getLogger("dflash_convert")
 
 
 @dataclass
@@ -64,6 +67,7 @@ class QuantizePlan:
     fallbacks: int = 0
     notes: list[str] = field(default_factory=list)
     options: QuantizeOptions = field(default_factory=QuantizeOptions)
+    validated: bool = True  # False (--skip-validation): neither the input nor the output is validated
 
     @property
     def total_bytes(self) -> int:
@@ -94,10 +98,18 @@ def quantize_options(*, keep_types: list[str] | None = None, allow_requantize: b
                            allow_requantize=allow_requantize)
 
 
+SKIP_VALIDATION_FLAG = "--skip-validation"
+
+
 def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep_types: list[str] | None = None,
-                  allow_requantize: bool = False, options: QuantizeOptions | None = None) -> QuantizePlan:
+                  allow_requantize: bool = False, options: QuantizeOptions | None = None,
+                  validate: bool = True) -> QuantizePlan:
     """Read and decide everything; writes nothing. ``options`` (``quantize_options``) replaces
-    ``keep_types`` / ``allow_requantize`` when given."""
+    ``keep_types`` / ``allow_requantize`` when given.
+
+    ``validate`` (the default): an input that fails validate is refused; ``validate=False``
+    (--skip-validation) goes ahead, and the plan's output is then written unvalidated too, with a warning.
+    """
     path = Path(src)
     check_output_path(out, [path], force=True)  # never the input, checked before anything is read
     ftype = parse_ftype(qtype)
@@ -105,6 +117,11 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
         options = quantize_options(keep_types=keep_types, allow_requantize=allow_requantize)
     g = read_gguf(path)
     d = drafter_from_gguf(g, strict=True)
+    if validate:
+        require_valid_input(path, SKIP_VALIDATION_FLAG)
+    else:
+        log.warning("%s: %s: the input is not validated and %s is written without validation; llama.cpp may refuse "
+                    "or mis-run it", path, SKIP_VALIDATION_FLAG, out)
     for t in d.tensors:
         if t.dtype not in GGMLType.__members__:
             raise InputFileError(f"tensor {t.gguf_name} has unknown type {t.dtype}", path)
@@ -121,28 +138,30 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     for name, v in g.metadata.items():
         md.set_raw(name, v.vtype, v.value, v.sub)
     md = apply_kv_overrides(quantized_metadata(md, file_type), options, d.n_layers)
-    plan = QuantizePlan(path, Path(out), ftype, file_type, md, planned, d, fallbacks, options=options)
+    plan = QuantizePlan(path, Path(out), ftype, file_type, md, planned, d, fallbacks, options=options, validated=validate)
     if fallbacks:
         plan.notes.append(f"{fallbacks} of {len(planned)} tensor(s) required fallback quantization")
     return plan
 
 
 def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = True, threads: int | None = None) -> Path:
-    """Write the planned file. With --override-kv or --prune-layers it is validated before it is renamed
-    into place: a key or layer llama.cpp would refuse is refused here instead of written."""
+    """Write the planned file, validated before it is renamed into place (unless --skip-validation): a
+    key (--override-kv) or layer (--prune-layers) llama.cpp would refuse is refused instead of written."""
     check_output_path(plan.output, [plan.source], force=force)
-    verify = ValidationGate(plan.output) if plan.options.rewrites_file else None
     with ChunkPipeline(workers=threads) as pipeline:
         write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, replace=force,
-                   verify=verify)
+                   verify=ValidationGate(plan.output) if plan.validated else None)
     return plan.output
 
 
 def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep_types: list[str] | None = None,
              allow_requantize: bool = False, force: bool = False, dry_run: bool = False, threads: int | None = None,
-             progress: bool = False, options: QuantizeOptions | None = None) -> QuantizePlan:
-    """Quantize a dflash GGUF to ``qtype`` (a llama-quantize type name). Returns the plan."""
-    plan = plan_quantize(src, out, qtype, keep_types=keep_types, allow_requantize=allow_requantize, options=options)
+             progress: bool = False, options: QuantizeOptions | None = None, validate: bool = True) -> QuantizePlan:
+    """Quantize a dflash GGUF to ``qtype`` (a llama-quantize type name). Returns the plan.
+
+    An input that fails validate is refused, and so is an output that would (``validate=False`` skips both)."""
+    plan = plan_quantize(src, out, qtype, keep_types=keep_types, allow_requantize=allow_requantize, options=options,
+                         validate=validate)
     if not dry_run:
         write_quantize(plan, force=force, progress=progress, threads=threads)
     return plan

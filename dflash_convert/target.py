@@ -41,6 +41,7 @@ class Target:
     uses_mrope: bool
     config: dict[str, Any] = field(default_factory=dict, repr=False)  # config.json as read (directory)
     text_config: dict[str, Any] = field(default_factory=dict, repr=False)  # its text_config merged over the top level
+    tie_word_embeddings: bool = False  # the config's flag, read typed (a directory; a GGUF has no output tensor instead)
     # a GGUF target's tokenizer.* keys as stored; a directory's are derived when asked (tokenizer/)
     tokenizer: Metadata | None = field(default=None, repr=False)
     # role ("embed", "head") -> tensor source, once sources.target.target_weights resolved them
@@ -49,4 +50,4 @@ class Target:
     @property
     def ties_embeddings(self) -> bool:
         """A target whose head is its embedding: a GGUF without ``output``, or ``tie_word_embeddings``."""
-        return self.kind == GGUF or bool(self.text_config.get("tie_word_embeddings", False))
+        return self.kind == GGUF or self.tie_word_embeddings

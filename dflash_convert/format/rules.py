@@ -52,6 +52,33 @@ POSITIVE_FLOAT_KEYS: tuple[str, ...] = (
     "final_logit_softcapping",
 )
 
+# Integer keys by the C type llama.cpp reads them into, with where: a value outside that type's range
+# wraps (a UINT32 past INT32_MAX read as int32_t turns negative: a block size of -1 drafts nothing).
+# The GGUF type checks (keys.types) keep UINT32 readers in range for scalars; INT32 arrays and the
+# int32_t readers below are range-checked entry by entry (validate's keys.ranges).
+INT32_T, UINT32_T = "int32_t", "uint32_t"
+INTEGER_READERS: dict[str, tuple[str, str]] = {
+    "context_length": (INT32_T, "src/llama-model.cpp: int32_t llama_model_n_ctx_train()"),
+    "embedding_length": (INT32_T, "src/llama-model.cpp: int32_t llama_model_n_embd(), common/speculative.cpp n_embd_dec"),
+    "block_count": (INT32_T, "src/llama-model.cpp: int32_t llama_model_n_layer()"),
+    "head_count": (INT32_T, "src/llama-model.cpp: int32_t llama_model_n_head()"),
+    "head_count_kv": (INT32_T, "src/llama-model.cpp: int32_t llama_model_n_head_kv()"),
+    "feed_forward_length": (UINT32_T, "src/llama-hparams.h: std::array<uint32_t, LLAMA_MAX_LAYERS> n_ff_arr"),
+    "key_length": (UINT32_T, "src/llama-hparams.h: uint32_t n_embd_head_k_full"),
+    "value_length": (UINT32_T, "src/llama-hparams.h: uint32_t n_embd_head_v_full"),
+    "rope_dimension_count": (INT32_T, "src/models/dflash.cpp passes n_rot to ggml_rope_ext/ggml_rope_multi(int n_dims)"),
+    "rope_dimension_sections": (INT32_T, "src/llama-hparams.h: std::array<int, 4> rope_sections"),
+    "rope_scaling_orig_ctx": (INT32_T, "ggml/src/ggml-cpu/ops.cpp: const int n_ctx_orig = op_params[4]"),
+    "block_size": (INT32_T, "common/speculative.cpp: int32_t block_size = std::atoi(buf)"),
+    "target_layers": (INT32_T, "src/models/dflash.cpp: std::vector<int32_t> target_layer_ids"),
+    "sliding_window": (INT32_T, "src/llama-hparams.h is_masked_swa: p1 - p0 >= (int32_t) n_swa"),
+    "conv_kernel_size": (UINT32_T, "src/llama-hparams.h: uint32_t dflash_conv_kernel_size"),
+    "conv_group_size": (UINT32_T, "src/llama-hparams.h: uint32_t dflash_conv_group_size"),
+    "selector_rank": (UINT32_T, "src/llama-hparams.h: uint32_t dflash_selector_rank"),
+    "selector_top_k": (INT32_T, "src/llama-model.cpp: int32_t llama_model_dflash_selector_top_k()"),
+    "mask_token_id": (INT32_T, "src/llama-vocab.cpp: llama_token (int32_t) special_mask_id"),
+}
+
 # accepted string values (anything else aborts loading)
 HIDDEN_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_pytorch_tanh")
 ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "longrope")

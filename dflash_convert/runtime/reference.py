@@ -54,6 +54,7 @@ from ..format.family import DFLASH, member_of
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from ..format.tensors import HIDDEN_NORM_HF, LAYER_ROLES_HF, OUTPUT_NORM_HF, SINK_HF, gguf_to_hf, strip_model_prefix
 from ..sources.checkpoint import Checkpoint, merged_text_config
+from ..sources.config import ConfigView
 from ..sources.dispatch import checkpoint_reader
 from ..sources.vocabulary import MASK_EMBEDDING_FILE
 from ..target import Target
@@ -154,7 +155,7 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
                           f"(the {member} parts are not implemented here)", ckpt.config_path)
     speculators = d.origin.format == SPECULATORS_LAYOUT
     if speculators:
-        layer_cfg = ckpt.config.get("transformer_layer_config") or {}
+        layer_cfg = ConfigView(ckpt.config, ckpt.config_path).get("transformer_layer_config", {})
         cfg = {**layer_cfg, **{k: v for k, v in ckpt.config.items() if k != "transformer_layer_config"}}
     else:
         cfg = merged_text_config(ckpt.config)
@@ -175,7 +176,7 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
     def matrix(name: str, what: str) -> LazyMatrix:
         return LazyMatrix.of(tensors[name], what)
 
-    has_embed = EMBED_HF in tensors and cfg.get("has_embed_tokens") is not False
+    has_embed = EMBED_HF in tensors and ConfigView(cfg, ckpt.config_path).get("has_embed_tokens") is not False
     embed = matrix(EMBED_HF, "checkpoint embed_tokens") if has_embed else from_target("embed_tokens")[0]
     table_dtype = stored[EMBED_HF] if has_embed else ROW_DTYPES.get(embed.source.dtype)
     if HEAD_HF in tensors:
@@ -196,6 +197,11 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
                           mask_row, device, dtype, notes)
 
 
+def _view(model: ReferenceModel) -> ConfigView:
+    """The model's flat config, read typed (the reader already refused a mistyped one)."""
+    return ConfigView(model.config, model.drafter.config_path)
+
+
 def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> torch.Tensor:
     """[ctx, T*E] context features the way the checkpoint's own code takes them from the target.
 
@@ -204,12 +210,11 @@ def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> to
     ``target_layer_ids``; speculators ``hidden_states[id]`` for ``aux_hidden_state_layer_ids``. Read
     from the raw config, so the converter's layer-id translation is checked, not reused.
     """
-    cfg = model.config
+    cv = _view(model)
     if model.dialect == SPECULATORS_LAYOUT:
-        ids = [int(i) for i in cfg["aux_hidden_state_layer_ids"]]
+        ids = list(cv.get("aux_hidden_state_layer_ids"))
     else:
-        dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-        ids = [int(i) + 1 for i in dflash.get("target_layer_ids", cfg.get("target_layer_ids"))]
+        ids = [i + 1 for i in cv.sub("dflash_config").get("target_layer_ids", cv.get("target_layer_ids"))]
     return torch.cat([hidden_states[i] for i in ids], dim=-1)
 
 
@@ -271,20 +276,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, int
 
 def layer_attention(model: ReferenceModel, semantics: str) -> list[tuple[bool, int | None, bool]]:
     """Per layer: (causal, window or None, window also hides future cells) under ``semantics``."""
-    d, cfg = model.drafter, model.config
+    d = model.drafter
     L = d.n_layers
     pattern = d.swa_pattern if d.sliding_window else None
     windows = [d.sliding_window if pattern and i < len(pattern) and pattern[i] else None for i in range(L)]
     if semantics == "llama.cpp":
         return [(d.causal is True, windows[i], False) for i in range(L)]
-    types = cfg.get("layer_types") or ["full_attention"] * L
+    cv = _view(model)
+    types = cv.get("layer_types") or ["full_attention"] * L
     if model.dialect == SPECULATORS_LAYOUT:
-        non_causal = bool(cfg.get("sliding_window_non_causal", False))
+        non_causal = cv.flag("sliding_window_non_causal")
         return [(types[i] == SLIDING and not non_causal, windows[i], True) for i in range(L)]
-    is_causal = cfg.get("is_causal")
+    is_causal = cv.get("is_causal")
     if is_causal is None:
-        dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-        is_causal = dflash.get("causal")
+        is_causal = cv.sub("dflash_config").get("causal")
     return [((types[i] == SLIDING) if is_causal is None else bool(is_causal), windows[i], True) for i in range(L)]
 
 
@@ -292,7 +297,7 @@ def _act(model: ReferenceModel, semantics: str, x: torch.Tensor) -> torch.Tensor
     act = model.drafter.hidden_act
     if act == "silu":
         return F.silu(x)
-    if semantics == "reference" and model.config.get("hidden_act", model.config.get("hidden_activation")) == "gelu":
+    if semantics == "reference" and _view(model).first(("hidden_act", "hidden_activation")) == "gelu":
         return F.gelu(x)  # transformers' ACT2FN["gelu"]: the exact erf GELU
     return F.gelu(x, approximate="tanh")
 
@@ -304,14 +309,14 @@ def semantics_differ(model: ReferenceModel) -> bool:
     parameters and the logit scale and softcap; when none of those applies to this drafter the two
     forwards are the same computation, and ``check`` does not run it twice.
     """
-    d, cfg = model.drafter, model.config
+    d = model.drafter
 
     def masks(semantics: str) -> list[tuple[bool, int | None, bool]]:  # the third flag matters only for a non-causal window
         return [(c, w, s and w is not None and not c) for c, w, s in layer_attention(model, semantics)]
 
     if masks("llama.cpp") != masks("reference"):
         return True
-    if d.hidden_act != "silu" and cfg.get("hidden_act", cfg.get("hidden_activation")) == "gelu":
+    if d.hidden_act != "silu" and _view(model).first(("hidden_act", "hidden_activation")) == "gelu":
         return True
     if d.logit_scale or d.final_logit_softcapping:
         return True
@@ -365,7 +370,7 @@ def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.
     freqs = pos.to(torch.float64)[:, None] * inv.to(dev)[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = (emb.cos() * attn_scale).to(dt), (emb.sin() * attn_scale).to(dt)
-    interleaved = model.config.get("rope_is_neox_style", True) is False
+    interleaved = not _view(model).flag("rope_is_neox_style", True)
     q_pos, k_pos = pos[n_ctx:, None], pos[None, :]
 
     for i, (causal, window, symmetric) in enumerate(layer_attention(model, semantics)):

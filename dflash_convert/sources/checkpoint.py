@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputFileError
 from ..files import check_directory, parse_json, read_regular_bytes
+from .config import ConfigView
 from .safetensors import TensorRef, _reject_duplicates, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -49,6 +50,7 @@ def read_config(model_dir: Path, side: str = "drafter checkpoint") -> tuple[dict
     cfg = read_json(path, "config.json")
     if not isinstance(cfg, dict):
         raise ConfigError("config.json must hold a JSON object", path)
+    ConfigView(cfg, path).get("text_config")  # merged over the top level by every reader: an object or nothing
     return cfg, path
 
 

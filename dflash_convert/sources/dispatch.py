@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..drafter import Drafter
 from ..errors import ConfigError
@@ -34,6 +33,7 @@ from ..format.family import (
 )
 from ..target import Target
 from .checkpoint import Checkpoint, merged_text_config
+from .config import ConfigView
 from .family import carries_dflash2_parts, read_dflash2, read_dspark, read_gemma4_dspark, refuse_dsv4
 from .speculators import read_speculators
 from .vocabulary import resolve_vocabulary
@@ -72,24 +72,19 @@ ARCHITECTURE_READERS: dict[str, CheckpointReader] = {
 SPECULATORS_READERS: dict[str, CheckpointReader] = {SPECULATORS_DFLASH: SPECULATORS, SPECULATORS_DSPARK: DSPARK_READER}
 
 
-def _architectures(cfg: dict[str, Any]) -> list[str]:
-    archs = cfg.get("architectures")
-    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-
-
 def checkpoint_reader(ckpt: Checkpoint) -> CheckpointReader:
     """The reader for this checkpoint; one error line naming what the config says when none fits."""
-    cfg = merged_text_config(ckpt.config)
-    archs = _architectures(cfg)
+    cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
+    archs = cv.get("architectures", [])
+    kind = cv.get(SPECULATORS_KIND)
     by_arch = max((ARCHITECTURE_READERS[a] for a in archs if a in ARCHITECTURE_READERS), key=lambda r: r.priority, default=None)
-    if by_arch is not None and not (by_arch.speculators_wins and SPECULATORS_KIND in cfg):
+    if by_arch is not None and not (by_arch.speculators_wins and kind is not None):
         reader = by_arch
-    elif SPECULATORS_KIND in cfg:
-        reader = SPECULATORS_READERS.get(cfg[SPECULATORS_KIND], SPECULATORS) if isinstance(cfg[SPECULATORS_KIND], str) \
-            else SPECULATORS
+    elif kind is not None:
+        reader = SPECULATORS_READERS.get(kind, SPECULATORS)
     else:
         known = ", ".join(ARCHITECTURE_READERS)
-        raise ConfigError(f"not a DFlash drafter: architectures is {cfg.get('architectures')!r}, expected one of {known} "
+        raise ConfigError(f"not a DFlash drafter: architectures is {cv.get('architectures')!r}, expected one of {known} "
                           f"or {SPECULATORS_KIND} {SPECULATORS_DFLASH!r} or {SPECULATORS_DSPARK!r}", ckpt.config_path)
     if reader is ZLAB and carries_dflash2_parts(ckpt):
         reader = DFLASH2_READER

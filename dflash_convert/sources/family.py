@@ -57,6 +57,7 @@ from ..format.family import (
     SELECTOR_PREV,
     SELECTOR_TENSORS,
 )
+from ..format.keys import I32_MAX
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, GGUF_ONLY_SHAPES, LOADER_OPTIONAL_PER_LAYER, OUTPUT_TENSOR
 from ..format.tensors import (
     EXPECTED_HF_SHAPES,
@@ -108,7 +109,7 @@ def carries_dflash2_parts(ckpt: Checkpoint) -> bool:
     """A z-lab ``DFlashDraftModel`` with DFlash2 keys or any family tensor: upstream's DFlashModel
     converts those as DFlash2, and so do we (the dispatcher, ``sources/dispatch.py``, asks this)."""
     cfg = merged_text_config(ckpt.config)
-    dflash = cfg.get("dflash_config")
+    dflash = cfg.get("dflash_config")  # a mistyped dflash_config is refused by the reader this picks
     if isinstance(dflash, dict) and "conv_kernel_size" in dflash:
         return True
     return any(_family_tensor(strip_model_prefix(t.name)) for t in ckpt.tensors)
@@ -120,33 +121,27 @@ def refuse_dsv4(ckpt: Checkpoint, target: Target | None) -> Drafter:
 
 # --- DFlash2 ------------------------------------------------------------------------------------
 
-def _dflash_config(cv: ConfigView) -> dict[str, Any]:
-    dflash = cv.cfg.get("dflash_config") or {}
-    if not isinstance(dflash, dict):
-        raise cv.error("dflash_config must be an object")
-    return dflash
-
-
-def _conv_selector(cv: ConfigView, dflash: dict[str, Any], d: Drafter) -> None:
+def _conv_selector(cv: ConfigView, dflash: ConfigView, d: Drafter) -> None:
     """The four DFlash2 keys: upstream writes them when dflash_config has conv_kernel_size (and needs all four)."""
-    present = [k for k in CONV_SELECTOR_KEYS if k in dflash]
+    present = [k for k in CONV_SELECTOR_KEYS if k in dflash.cfg]
     if not present:
         return
-    if "conv_kernel_size" not in dflash:
+    if "conv_kernel_size" not in dflash.cfg:
         raise cv.error(f"dflash_config has {', '.join(present)} but no conv_kernel_size: the DFlash2 conv/selector keys "
                        f"come together ({', '.join(CONV_SELECTOR_KEYS)})")
-    v = {k: cv.int_(f"dflash_config.{k}", dflash.get(k)) for k in CONV_SELECTOR_KEYS}
+    # src/models/dflash.cpp reads them into uint32_t, then compares them as int64_t with n_embd and the
+    # block size; values past INT32_MAX only ever come from a broken config
+    v = {k: dflash.int_(f"dflash_config.{k}", dflash.get(k), maximum=I32_MAX) for k in CONV_SELECTOR_KEYS}
     d.conv = ConvPart(v["conv_kernel_size"], v["conv_group_size"])  # type: ignore[arg-type]
     d.selector = SelectorPart(v["selector_rank"], v["selector_top_k"])  # type: ignore[arg-type]
 
 
 def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
-    cfg = merged_text_config(ckpt.config)
-    cv = ConfigView(cfg, ckpt.config_path)
-    dflash = _dflash_config(cv)
+    cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
+    dflash = cv.sub("dflash_config")
     d = build_drafter(ckpt, cv, dflash, target, dialect="z-lab", tensors=False)
     _conv_selector(cv, dflash, d)
-    d.tensors = _map_tensors(ckpt, cfg, d, member=DFLASH2)
+    d.tensors = _map_tensors(ckpt, cv, d, member=DFLASH2)
     _finish(d, cv)
     return d
 
@@ -154,51 +149,45 @@ def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
 # --- DSpark -------------------------------------------------------------------------------------
 
 def read_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
-    top = merged_text_config(ckpt.config)
-    top_cv = ConfigView(top, ckpt.config_path)
-    speculators_shaped = "transformer_layer_config" in top or "aux_hidden_state_layer_ids" in top
+    top = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
+    speculators_shaped = "transformer_layer_config" in top.cfg or "aux_hidden_state_layer_ids" in top.cfg
     # upstream: the config's value, else true for DFlash-lineage exports, false for EAGLE-3-style ones
-    sample_from_anchor = top.get("sample_from_anchor", not speculators_shaped)
-    if not isinstance(sample_from_anchor, bool):
-        raise top_cv.error(f"sample_from_anchor must be true or false, got {sample_from_anchor!r}")
-    cfg = top
+    sample_from_anchor = top.flag("sample_from_anchor", not speculators_shaped)
+    cfg = top.cfg
     layer = top.get("transformer_layer_config")
     if layer is not None:
-        if not isinstance(layer, dict):
-            raise top_cv.error("transformer_layer_config must be an object (the draft decoder's hyper-parameters)")
-        cfg = {**top, **layer}  # the layer config wins, as in upstream's DSparkModel
+        cfg = {**cfg, **layer}  # the layer config wins, as in upstream's DSparkModel
     cv = ConfigView(cfg, ckpt.config_path)
 
-    dflash = cfg.get("dflash_config")
-    if dflash is None:
-        if "aux_hidden_state_layer_ids" in cfg:
-            aux = cfg["aux_hidden_state_layer_ids"]
-            if not aux or not isinstance(aux, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
-                raise cv.error(f"aux_hidden_state_layer_ids must be a non-empty list of integers, got {aux!r}")
-            if min(aux) < 1:
-                raise cv.error(f"aux_hidden_state_layer_ids {aux} include {min(aux)}: 0 is the token embeddings, not a "
-                               "decoder layer")
-            # speculators' aux ids are llama.cpp's layer inputs already: target_layers = aux (the builder adds 1)
-            dflash = {"mask_token_id": cfg.get("mask_token_id"), "target_layer_ids": [i - 1 for i in aux]}
-        else:
-            dflash = {k: cfg[k] for k in ("target_layer_ids", "mask_token_id") if k in cfg}
-    elif not isinstance(dflash, dict):
-        raise cv.error("dflash_config must be an object")
-    _markov_head_type(cv, cfg.get("markov_head_type"), dflash.get("markov_head_type"))
+    if cv.has("dflash_config"):
+        dflash = cv.sub("dflash_config")
+    elif cv.has("aux_hidden_state_layer_ids"):
+        aux = cv.get("aux_hidden_state_layer_ids")
+        if not aux:
+            raise cv.error(f"aux_hidden_state_layer_ids must be a non-empty list of integers, got {aux!r}")
+        if min(aux) < 1:
+            raise cv.error(f"aux_hidden_state_layer_ids {aux} include {min(aux)}: 0 is the token embeddings, not a "
+                           "decoder layer")
+        # speculators' aux ids are llama.cpp's layer inputs already: target_layers = aux (the builder adds 1)
+        dflash = ConfigView({"mask_token_id": cv.get("mask_token_id"), "target_layer_ids": [i - 1 for i in aux]},
+                            ckpt.config_path)
+    else:
+        dflash = ConfigView({k: cfg[k] for k in ("target_layer_ids", "mask_token_id") if k in cfg}, ckpt.config_path)
+    _markov_head_type(cv, cv.get("markov_head_type"), dflash.get("markov_head_type"))
 
     vocab = cv.int_("vocab_size")
-    n_draft = cv.int_("draft_vocab_size", cfg.get("draft_vocab_size") or vocab)
+    n_draft = cv.int_("draft_vocab_size", cv.get("draft_vocab_size") or vocab)
     if n_draft > vocab:  # type: ignore[operator]
         raise cv.error(f"draft_vocab_size {n_draft} exceeds vocab_size {vocab}")
-    target_hidden = cfg.get("target_hidden_size")
-    if target_hidden is not None and target_hidden != cfg.get("hidden_size"):
-        raise cv.error(f"target_hidden_size {target_hidden} differs from the draft hidden_size {cfg.get('hidden_size')}: "
+    target_hidden = cv.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != cv.get("hidden_size"):
+        raise cv.error(f"target_hidden_size {target_hidden} differs from the draft hidden_size {cv.get('hidden_size')}: "
                        "llama.cpp's dflash has no projection for that")
     d = build_drafter(ckpt, cv, dflash, target, dialect="speculators" if speculators_shaped else "z-lab",
                       draft_vocab_size=n_draft if n_draft < vocab else None, tensors=False)  # type: ignore[operator]
     _conv_selector(cv, dflash, d)
     d.sample_from_anchor = sample_from_anchor
-    d.tensors = _map_tensors(ckpt, cfg, d, member=DSPARK)
+    d.tensors = _map_tensors(ckpt, cv, d, member=DSPARK)
     names = {t.gguf_name for t in d.tensors}
     if d.draft_vocab_size is None and OUTPUT_TENSOR in names and EMBEDDING_TENSOR not in names:
         # full vocabulary: the target's head is shared (upstream drops lm_head). With the drafter's own
@@ -223,69 +212,69 @@ def _markov_head_type(cv: ConfigView, *values: Any) -> None:
 def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
     """The RoPE parameters upstream's Gemma4DSparkModel uses: its default without any, the full-attention
     ones of a per-layer-type object, or a flat object as upstream's generic text-model code completes it in
-    place (top-level theta, partial rotary factor, local theta) before Gemma-4 reads it back."""
-    cfg = cv.cfg
-    given = cfg.get("rope_parameters")
-    if not given:
+    place (top-level theta, partial rotary factor, local theta) before Gemma-4 reads it back. Every value
+    is read typed; the result is a plain object the builder reads again."""
+    if not cv.get("rope_parameters"):
         return dict(GEMMA4_DEFAULT_ROPE)
-    if not isinstance(given, dict):
-        raise cv.error("rope_parameters must be an object")
-    if "full_attention" in given:
-        full = given["full_attention"]
-        if not isinstance(full, dict):
-            raise cv.error("rope_parameters.full_attention must be an object")
-        return dict(full)
-    full = dict(given)
-    if "sliding_attention" not in full:
-        local = next((cfg[k] for k in LOCAL_ROPE_THETA_KEYS if cfg.get(k) is not None), None)
+    given = cv.sub("rope_parameters")
+    if given.has("full_attention"):
+        full = given.sub("full_attention")
+        for name in ("rope_type", "type", "rope_theta", "partial_rotary_factor"):
+            full.get(name)
+        return dict(full.cfg)
+    out = dict(given.cfg)
+    if not given.has("sliding_attention"):
+        local = cv.first(LOCAL_ROPE_THETA_KEYS)
         if local is not None:
-            full["sliding_attention"] = {"rope_theta": local}
-        theta = next((cfg[k] for k in ROPE_THETA_KEYS if cfg.get(k) is not None), None)
-        if "rope_theta" not in full and theta is not None:
-            full["rope_theta"] = theta
-        if "rope_type" not in full and full.get("type") is not None:
-            full["rope_type"] = full["type"]
-        prf = next((cfg[k] for k in PARTIAL_ROTARY_KEYS if cfg.get(k) is not None), None)
-        if "partial_rotary_factor" not in full and prf is not None:
-            full["partial_rotary_factor"] = prf
-    return full
+            out["sliding_attention"] = {"rope_theta": local}
+        theta = cv.first(ROPE_THETA_KEYS)
+        if "rope_theta" not in out and theta is not None:
+            out["rope_theta"] = theta
+        if "rope_type" not in out and given.get("type") is not None:
+            out["rope_type"] = given.get("type")
+        prf = cv.first(PARTIAL_ROTARY_KEYS)
+        if "partial_rotary_factor" not in out and prf is not None:
+            out["partial_rotary_factor"] = prf
+    for name in ("rope_type", "rope_theta", "partial_rotary_factor"):
+        given.get(name)
+    return out
 
 
 def read_gemma4_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
     cfg = merged_text_config(ckpt.config)
     cv = ConfigView(cfg, ckpt.config_path)
-    dflash = _dflash_config(cv)
+    dflash = cv.sub("dflash_config")
     n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")))
     # upstream's requirements, in its order
-    if not cfg.get("attention_k_eq_v", False):
+    if not cv.flag("attention_k_eq_v"):
         raise cv.error("Gemma-4 DSpark needs attention_k_eq_v: true (shared K/V, as upstream requires)")
-    if cfg.get("layer_types") != ["full_attention"] * n_layers:  # type: ignore[operator]
+    if cv.get("layer_types") != ["full_attention"] * n_layers:  # type: ignore[operator]
         raise cv.error(f"Gemma-4 DSpark needs layer_types of {n_layers} \"full_attention\" entries (uniform full "
-                       f"attention, as upstream requires), got {cfg.get('layer_types')!r}")
-    act = cfg.get("hidden_activation", GEMMA4_ACTIVATION)
+                       f"attention, as upstream requires), got {cv.get('layer_types')!r}")
+    act = cv.get("hidden_activation", GEMMA4_ACTIVATION)
     if act != GEMMA4_ACTIVATION:
         raise cv.error(f"Gemma-4 DSpark needs hidden_activation {GEMMA4_ACTIVATION!r}, got {act!r}")
-    if cfg.get("attention_bias", False) or cfg.get("enable_moe_block", False):
+    if cv.flag("attention_bias") or cv.flag("enable_moe_block"):
         raise cv.error("Gemma-4 DSpark with attention bias or an MoE block is not supported (llama.cpp has neither)")
     vocab = cv.int_("vocab_size")
-    if (cfg.get("draft_vocab_size") or vocab) != vocab:
-        raise cv.error(f"Gemma-4 DSpark needs a full draft vocabulary: draft_vocab_size {cfg.get('draft_vocab_size')} "
+    if (cv.get("draft_vocab_size") or vocab) != vocab:
+        raise cv.error(f"Gemma-4 DSpark needs a full draft vocabulary: draft_vocab_size {cv.get('draft_vocab_size')} "
                        f"!= vocab_size {vocab}")
-    if not any(strip_model_prefix(t.name) == _LM_HEAD for t in ckpt.tensors) and cfg.get("tie_word_embeddings") is not True:
+    if not any(strip_model_prefix(t.name) == _LM_HEAD for t in ckpt.tensors) and not cv.flag("tie_word_embeddings"):
         raise cv.error(f"Gemma-4 DSpark needs {_LM_HEAD} unless tie_word_embeddings is true")
-    _markov_head_type(cv, dflash.get("markov_head_type", cfg.get("markov_head_type")))
+    _markov_head_type(cv, dflash.get("markov_head_type", cv.get("markov_head_type")))
     full = _gemma4_rope(cv)
     rope_type = full.get("rope_type")
     if rope_type not in GEMMA4_ROPE_TYPES:
         raise cv.error(f"Gemma-4 DSpark needs rope_type default or proportional, got {rope_type!r}")
-    mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+    mask = dflash.get("mask_token_id", cv.get("mask_token_id"))
     if mask is None:
         raise cv.error("Gemma-4 DSpark needs mask_token_id (dflash_config or top level)")
-    if not dflash.get("target_layer_ids", cfg.get("target_layer_ids")):
+    if not dflash.get("target_layer_ids", cv.get("target_layer_ids")):
         raise cv.error("Gemma-4 DSpark needs target_layer_ids (dflash_config or top level): they are not guessed")
-    if cfg.get("final_logit_softcapping"):
+    if cv.get("final_logit_softcapping"):
         raise cv.error("Gemma-4 DSpark with final_logit_softcapping is not supported (upstream refuses it)")
-    if dflash.get("use_swa", False):
+    if dflash.flag("use_swa"):
         cv.int_("dflash_config.swa_window_size", dflash.get("swa_window_size"))
     head_dim = cv.int_("global_head_dim")
     n_kv = cv.int_("num_global_key_value_heads")
@@ -301,20 +290,17 @@ def read_gemma4_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
     d.embedding_scale = as_f32(d.hidden_size ** 0.5)
     d.attention_scale = 1.0
     d.hidden_act = GEMMA4_ACTIVATION
-    sfa = cfg.get("sample_from_anchor", True)
-    if not isinstance(sfa, bool):
-        raise cv.error(f"sample_from_anchor must be true or false, got {sfa!r}")
-    d.sample_from_anchor = sfa
+    d.sample_from_anchor = cv.flag("sample_from_anchor", True)
     # which of the keys Gemma-4 overrides the generic text-model code wrote first (then: in place)
     early = {
         "head_count_kv": cv.first(("num_key_value_heads", "n_kv_heads")) is not None,
-        "key_length": cfg.get("head_dim") is not None,
-        "value_length": cfg.get("head_dim") is not None,
+        "key_length": cv.has("head_dim"),
+        "value_length": cv.has("head_dim"),
         "rope_dimension_count": full.get("partial_rotary_factor") is not None,
-        "embedding_scale": dflash.get("input_embedding_scale", cfg.get("input_embedding_scale")) is not None,
+        "embedding_scale": dflash.get("input_embedding_scale", cv.get("input_embedding_scale")) is not None,
     }
     d.late_keys = tuple(k for k in GEMMA4_OVERRIDDEN_KEYS if not early[k])
-    d.tensors = _map_tensors(ckpt, cfg, d, member=DSPARK, gemma4=True)
+    d.tensors = _map_tensors(ckpt, cv, d, member=DSPARK, gemma4=True)
     if rope_type == "proportional":
         d.tensors.insert(0, DrafterTensor(ROPE_FREQS_TENSOR, "rope_freqs (generated: proportional RoPE)",
                                           ArraySource(_proportional_rope_freqs(cv, full, head_dim), "F32")))  # type: ignore[arg-type]
@@ -353,9 +339,9 @@ def _gemma4_renamed(name: str) -> str:
     return name
 
 
-def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, member: str, gemma4: bool = False) -> list[DrafterTensor]:
+def _map_tensors(ckpt: Checkpoint, cv: ConfigView, d: Drafter, *, member: str, gemma4: bool = False) -> list[DrafterTensor]:
     """Checkpoint tensors -> GGUF names, in the checkpoint's (= upstream's) order; t2d and inert names dropped."""
-    return map_tensors(ckpt, cfg, d, permute_rope=not bool(cfg.get("rope_is_neox_style", True)),
+    return map_tensors(ckpt, cv, d, permute_rope=not cv.flag("rope_is_neox_style", True),
                        gguf_name_of=lambda name: _gguf_name(name, gemma4), kind=member,
                        twice_hint="with and without the model. prefix, or in two spellings",
                        rename=_gemma4_renamed if gemma4 else None)

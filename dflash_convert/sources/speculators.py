@@ -23,46 +23,44 @@ log = logging.getLogger("dflash_convert")
 
 
 def is_speculators(cfg: dict[str, Any]) -> bool:
+    """Whether a config is a speculators wrapper (its kind is read, typed, by the reader)."""
     return "speculators_model_type" in cfg
 
 
 def read_speculators(ckpt: Checkpoint, target: Target | None) -> Drafter:
     top = ConfigView(ckpt.config, ckpt.config_path)
-    kind = top.cfg.get("speculators_model_type")
+    kind = top.get("speculators_model_type")
     if kind != SPECULATORS_DFLASH:
         raise top.error(f"speculators_model_type {kind!r} is not supported (only {SPECULATORS_DFLASH!r} and "
                         f"{SPECULATORS_DSPARK!r}; EAGLE-3 drafters convert with llama.cpp's own converter)")
-    layer = top.cfg.get("transformer_layer_config")
-    if not isinstance(layer, dict):
+    layer = top.get("transformer_layer_config")
+    if layer is None:
         raise top.error("transformer_layer_config is missing: it holds the draft decoder's hyper-parameters")
     flat = {**layer, **{k: v for k, v in top.cfg.items() if k != "transformer_layer_config"}}
     cv = ConfigView(flat, ckpt.config_path)
 
-    aux = top.cfg.get("aux_hidden_state_layer_ids")
+    aux = top.get("aux_hidden_state_layer_ids")
     if not aux:
         raise cv.error("aux_hidden_state_layer_ids is missing: the tapped target layers are not guessed")
-    if not isinstance(aux, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
-        raise cv.error(f"aux_hidden_state_layer_ids must be a list of integers, got {aux!r}")
     if min(aux) < 1:
         raise cv.error(f"aux_hidden_state_layer_ids {aux} include 0 (the token embeddings), not a decoder layer")
-    mask = top.cfg.get("mask_token_id")
+    mask = top.get("mask_token_id")
     if mask is None:
         raise cv.error("mask_token_id is missing: the drafter fills its block with this token")
-    if top.cfg.get("sample_from_anchor"):
+    if top.flag("sample_from_anchor"):
         raise cv.error("sample_from_anchor is true: llama.cpp's draft-dflash always keeps the anchor slot for the "
                        "verified token; this drafter predicts from the anchor (DSpark layout) and would draft wrong")
-    target_hidden = top.cfg.get("target_hidden_size")
-    if target_hidden is not None and target_hidden != flat.get("hidden_size"):
-        raise cv.error(f"target_hidden_size {target_hidden} differs from the draft hidden_size {flat.get('hidden_size')}: "
+    target_hidden = top.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != cv.get("hidden_size"):
+        raise cv.error(f"target_hidden_size {target_hidden} differs from the draft hidden_size {cv.get('hidden_size')}: "
                        "llama.cpp's dflash has no projection for that")
     vocab = cv.int_("vocab_size", maximum=MAX_VOCAB, written_as="the length of a GGUF token array (llama.cpp's limit)")
-    draft_vocab = cv.int_("draft_vocab_size", top.cfg.get("draft_vocab_size", vocab))
+    draft_vocab = cv.int_("draft_vocab_size", top.get("draft_vocab_size", vocab))
     if draft_vocab > vocab:  # type: ignore[operator]
         raise cv.error(f"draft_vocab_size {draft_vocab} exceeds the target vocab_size {vocab}")
-    dflash = {"mask_token_id": mask, "block_size": top.cfg.get("block_size", 8),
-              "target_layer_ids": [i - 1 for i in aux]}
-    if not top.cfg.get("sliding_window_non_causal", False) and any(
-            t == "sliding_attention" for t in flat.get("layer_types") or []):
+    dflash = ConfigView({"mask_token_id": mask, "block_size": top.get("block_size", 8),
+                         "target_layer_ids": [i - 1 for i in aux]}, ckpt.config_path)
+    if not top.flag("sliding_window_non_causal") and any(t == "sliding_attention" for t in cv.get("layer_types", [])):
         # speculators masks SWA layers causally and full layers bidirectionally; llama.cpp has one
         # flag for all layers (non-causal unless dflash.attention.causal is true)
         log.warning(

@@ -15,26 +15,25 @@ from ..metadata import Metadata
 from ..target import DIRECTORY, GGUF, Target, decoder_layers
 from ..tensor_source import TensorSource
 from .checkpoint import INDEX_NAME, merged_text_config, read_config, weight_files
+from .config import ConfigView
 from .gguf import GGUFFile, read_gguf
 from .safetensors import TensorRef, read_header
+from .zlab import rope_view
 
 
 def read_target_dir(target_dir: str | Path) -> Target:
     target_dir = Path(target_dir)
     cfg, path = read_config(target_dir, "target model")
-    archs = cfg.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    text = merged_text_config(cfg)
-    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    rope = inner.get("rope_parameters") or inner.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise ConfigError("rope_parameters/rope_scaling must be an object", path)
+    top = ConfigView(cfg, path)
+    archs = top.get("architectures")
+    arch = archs[0] if archs else None
+    text = ConfigView(merged_text_config(cfg), path)
+    inner = top.sub("text_config") if top.has("text_config") else top
+    rope = rope_view(inner)
 
     def as_int(k: str) -> int | None:
         v = text.get(k)
-        if v is None:
-            return None
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        if v is not None and v <= 0:
             raise ConfigError(f"target {k} must be a positive integer, got {v!r}", path)
         return v
 
@@ -45,9 +44,10 @@ def read_target_dir(target_dir: str | Path) -> Target:
         hidden_size=as_int("hidden_size"),
         n_layers=decoder_layers(as_int("num_hidden_layers"), 0),
         vocab_size=as_int("vocab_size"),
-        uses_mrope="mrope_section" in rope,
+        uses_mrope=rope.has("mrope_section"),
         config=cfg,
-        text_config=text,
+        text_config=text.cfg,
+        tie_word_embeddings=text.flag("tie_word_embeddings"),
     )
 
 

@@ -198,5 +198,5 @@ def _target_tensor(target: Target | None, d: Drafter, which: str, why: str, what
 
 
 def _target_head(target: Target | None, d: Drafter, why: str) -> TensorSource:
-    tied = bool(target is not None and target.text_config.get("tie_word_embeddings", False))
+    tied = target is not None and target.tie_word_embeddings
     return _target_tensor(target, d, "embed" if tied else "head", why, "output head")

@@ -9,16 +9,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
-from ..errors import ConfigError, InputFileError
+from ..errors import InputFileError
 from ..format.family import ZLAB_ARCHITECTURES
 from ..format.ggml import GGUF_MAX_ARRAY_ELEMENTS
-from ..format.keys import I32_MAX, U32_MAX
+from ..format.keys import I32_MAX
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, MAX_LAYERS
 from ..format.tensors import (
     CHECKED_NOT_WRITTEN,
@@ -37,6 +34,9 @@ from ..format.tensors import (
 from ..target import Target
 from ..tensor_source import NeoxPermuted
 from .checkpoint import Checkpoint, merged_text_config
+from .config import ConfigView, as_f32
+
+__all__ = ["ConfigView", "as_f32", "build_drafter", "is_zlab", "map_tensors", "read_zlab"]
 
 log = logging.getLogger("dflash_convert")
 
@@ -48,76 +48,28 @@ PARTIAL_ROTARY_KEYS = ("partial_rotary_factor", "rope_pct", "rope_percent")
 SUPPORTED_ACTIVATIONS = {"silu": None, "swish": None, "gelu": "gelu", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
 
 
-F32_MAX = float(np.finfo(np.float32).max)
 # a vocabulary is a GGUF array: llama.cpp reads at most this many elements
 MAX_VOCAB = GGUF_MAX_ARRAY_ELEMENTS
 
 
-def as_f32(v: float) -> float:
-    """The value GGUF will store (F32): keeping it in the Drafter makes GGUF round trips exact."""
-    with np.errstate(over="ignore"):
-        return float(np.float32(v))
-
-
-class ConfigView:
-    """Typed access to a config dict with errors that name the file and the key."""
-
-    def __init__(self, cfg: dict[str, Any], path: Path) -> None:
-        self.cfg, self.path = cfg, path
-
-    def error(self, msg: str) -> ConfigError:
-        return ConfigError(msg, self.path)
-
-    def first(self, keys: tuple[str, ...], d: dict[str, Any] | None = None) -> Any:
-        d = self.cfg if d is None else d
-        return next((d[k] for k in keys if d.get(k) is not None), None)
-
-    def int_(self, key: str, value: Any = None, *, required: bool = True, minimum: int = 1, maximum: int = U32_MAX,
-             written_as: str = "UINT32") -> int | None:
-        """An integer config value, range-checked against the GGUF type it is written as (UINT32 unless said)."""
-        v = self.cfg.get(key) if value is None else value
-        if v is None:
-            if required:
-                raise self.error(f"missing required key {key!r}")
-            return None
-        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-            raise self.error(f"{key} must be an integer >= {minimum}, got {v!r}")
-        if v > maximum:
-            raise self.error(f"{key} {v} does not fit: it is written as {written_as}, at most {maximum}")
-        return v
-
-    def float_(self, key: str, value: Any = None, *, required: bool = False) -> float | None:
-        v = self.cfg.get(key) if value is None else value
-        if v is None:
-            if required:
-                raise self.error(f"missing required key {key!r}")
-            return None
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise self.error(f"{key} must be a number, got {v!r}")
-        if isinstance(v, int) and abs(v) > F32_MAX:  # float(v) itself would overflow for huge ints
-            raise self.error(f"{key} {v} does not fit a GGUF FLOAT32 (largest finite value {F32_MAX:.4g})")
-        f = as_f32(v)
-        if not math.isfinite(f):
-            raise self.error(f"{key} is {v!r}: it is written as FLOAT32, which must be finite (largest {F32_MAX:.4g})")
-        return f
+def rope_view(cv: ConfigView) -> ConfigView:
+    """rope_parameters, else rope_scaling (an empty object counts as none), as a typed view."""
+    return cv.sub("rope_parameters" if cv.get("rope_parameters") else "rope_scaling")
 
 
 def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | None, list[int] | None, float | None]:
-    cfg = cv.cfg
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise cv.error("rope_parameters/rope_scaling must be an object or null")
-    full = params.get("full_attention", params)
+    params = rope_view(cv)
+    full = params.sub("full_attention") if params.has("full_attention") else params
     theta = cv.float_("rope_theta", full.get("rope_theta", cv.first(ROPE_THETA_KEYS)))
-    swa = params.get("sliding_attention")
-    theta_swa = cv.float_("local rope_theta", swa.get("rope_theta") if isinstance(swa, dict) else cv.first(LOCAL_ROPE_THETA_KEYS))
+    swa = params.sub("sliding_attention") if params.has("sliding_attention") else None
+    theta_swa = cv.float_("local rope_theta", swa.get("rope_theta") if swa is not None else cv.first(LOCAL_ROPE_THETA_KEYS))
     kind = full.get("rope_type", full.get("type"))
     scaling = None
     factor = full.get("factor")
     if kind == "linear" and factor is not None:
         scaling = RopeScaling("linear", cv.float_("rope factor", factor))
     elif kind == "yarn" and factor is not None:
-        orig = full.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        orig = full.get("original_max_position_embeddings", cv.get("original_max_position_embeddings"))
         if orig is None:
             raise cv.error("yarn rope scaling needs original_max_position_embeddings")
         scaling = RopeScaling("yarn", cv.float_("rope factor", factor),
@@ -130,31 +82,26 @@ def _rope(cv: ConfigView) -> tuple[float | None, float | None, RopeScaling | Non
         # we write the same, and say so.
         log.warning("%s: rope_type %r is not carried into the GGUF (llama.cpp's dflash has no key for it)", cv.path, kind)
     sections = None
-    if "mrope_section" in params:
-        sec = params["mrope_section"]
-        if not isinstance(sec, list) or not all(isinstance(s, int) for s in sec) or len(sec) > 4:
-            raise cv.error(f"mrope_section must be a list of at most 4 integers, got {sec!r}")
+    sec = params.get("mrope_section")
+    if sec is not None:
+        if len(sec) > 4 or any(s < 0 for s in sec):
+            raise cv.error(f"{params.scope}mrope_section must be a list of at most 4 non-negative integers, got {sec!r} "
+                           "(llama.cpp reads 4 int sections)")
         sections = (list(sec) + [0, 0, 0, 0])[:4]
     prf = params.get("partial_rotary_factor", cv.first(PARTIAL_ROTARY_KEYS))
-    if prf is not None and (not isinstance(prf, (int, float)) or isinstance(prf, bool)):
-        raise cv.error(f"partial_rotary_factor must be a number, got {prf!r}")
     # not rounded to float32: upstream computes int(head_dim * factor) in double precision
     if prf is not None and not 0 < prf <= 1:
         raise cv.error(f"partial_rotary_factor must be in (0, 1], got {prf}")
     return theta, theta_swa, scaling, sections, prf
 
 
-def _swa(cv: ConfigView, dflash: dict[str, Any], n_layers: int) -> tuple[int | None, list[bool] | None]:
-    cfg = cv.cfg
-    use_swa_all = bool(dflash.get("use_swa", False))
-    use = bool(cfg.get("use_sliding_window", False)) or use_swa_all
-    window = dflash.get("swa_window_size") or cfg.get("sliding_window")
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
-            raise cv.error("layer_types must be a list of strings")
-        if len(layer_types) != n_layers:
-            raise cv.error(f"layer_types has {len(layer_types)} entries but num_hidden_layers is {n_layers}")
+def _swa(cv: ConfigView, dflash: ConfigView, n_layers: int) -> tuple[int | None, list[bool] | None]:
+    use_swa_all = dflash.flag("use_swa")
+    use = cv.flag("use_sliding_window") or use_swa_all
+    window = dflash.get("swa_window_size") or cv.get("sliding_window")
+    layer_types = cv.get("layer_types")
+    if layer_types is not None and len(layer_types) != n_layers:
+        raise cv.error(f"layer_types has {len(layer_types)} entries but num_hidden_layers is {n_layers}")
     if not use:
         if layer_types and "sliding_attention" in layer_types:
             log.warning("%s: layer_types lists sliding_attention but use_sliding_window is false: "
@@ -162,7 +109,8 @@ def _swa(cv: ConfigView, dflash: dict[str, Any], n_layers: int) -> tuple[int | N
         return None, None
     if not window:
         raise cv.error("use_sliding_window is true but no sliding_window size is given")
-    window = cv.int_("sliding_window", window)
+    window = cv.int_("sliding_window", window, maximum=I32_MAX,
+                     written_as="UINT32, then compared as (int32_t) n_swa in src/llama-hparams.h is_masked_swa")
     if use_swa_all:
         return window, [True] * n_layers
     if layer_types is None:
@@ -180,20 +128,15 @@ def read_zlab(ckpt: Checkpoint, target: Target | None) -> Drafter:
     if not is_zlab(cv.cfg):
         raise cv.error(f"not a DFlash drafter: architectures is {cv.cfg.get('architectures')!r}, expected "
                        "['DFlashDraftModel'] (z-lab) or speculators_model_type 'dflash'")
-    dflash = cv.cfg.get("dflash_config") or {}
-    if not isinstance(dflash, dict):
-        raise cv.error("dflash_config must be an object")
-    return build_drafter(ckpt, cv, dflash, target, dialect="z-lab")
+    return build_drafter(ckpt, cv, cv.sub("dflash_config"), target, dialect="z-lab")
 
 
-def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], target: Target | None, *,
+def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: ConfigView, target: Target | None, *,
                   dialect: str, draft_vocab_size: int | None = None, tensors: bool = True) -> Drafter:
     """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``.
 
     ``tensors=False`` leaves the tensors to the caller (sources/family.py maps the other members'
     tensors itself, with their own required sets and names)."""
-    cfg = cv.cfg
-
     n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")),
                        maximum=MAX_LAYERS, written_as=f"block_count (llama.cpp loads at most {MAX_LAYERS} layers)")
     hidden = cv.int_("hidden_size", cv.first(("hidden_size", "n_embd", "dim")))
@@ -210,12 +153,10 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
     vocab = cv.int_("vocab_size", maximum=MAX_VOCAB, written_as="the length of a GGUF token array (llama.cpp's limit)")
 
     # target layers: never computed, never defaulted
-    ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+    ids = dflash.get("target_layer_ids", cv.get("target_layer_ids"))
     if not ids:
         raise cv.error("dflash_config.target_layer_ids is missing: the tapped target layers are not guessed "
                        "(add the list the drafter was trained with)")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise cv.error(f"target_layer_ids must be a list of integers, got {ids!r}")
     if any(i + 1 > I32_MAX for i in ids):
         raise cv.error(f"target_layer_ids {ids} do not fit: written + 1 as INT32, at most {I32_MAX - 1}")
     if target is not None and target.n_layers is not None:
@@ -237,32 +178,41 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
         raise cv.error(f"draft hidden_size {hidden} differs from the target's {target.hidden_size} "
                        f"({target.source}); llama.cpp feeds target hidden states of that width")
 
-    mask = dflash.get("mask_token_id", cfg.get("mask_token_id"))
+    mask = dflash.get("mask_token_id", cv.get("mask_token_id"))
     if mask is None:
         raise cv.error("dflash_config.mask_token_id is missing: the drafter fills its block with this token")
     mask = cv.int_("mask_token_id", mask, minimum=0)
     if mask >= vocab:
         raise cv.error(f"mask_token_id {mask} is not below vocab_size {vocab}")
 
-    block = dflash.get("block_size", cfg.get("block_size", 16))
-    block = cv.int_("block_size", block, minimum=2)
+    # common/speculative.cpp reads the block size with atoi into an int32_t (n_draft_max = block_size - 1)
+    block = cv.int_("block_size", dflash.get("block_size", cv.get("block_size", 16)), minimum=2, maximum=I32_MAX,
+                    written_as="UINT32 and read by common/speculative.cpp into an int32_t (std::atoi)")
 
     theta, theta_swa, scaling, sections, prf = _rope(cv)
     window, pattern = _swa(cv, dflash, n_layers)
-    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    act = cv.get("hidden_act", cv.get("hidden_activation", "silu"))
     if act not in SUPPORTED_ACTIVATIONS:
         raise cv.error(f"hidden_act {act!r} is not supported by llama.cpp's dflash (silu, gelu, gelu_pytorch_tanh)")
 
-    is_causal = cfg.get("is_causal")
+    is_causal = cv.get("is_causal")
     causal = is_causal if is_causal is not None else dflash.get("causal")
+    n_rot = None if prf is None else int(head_dim * prf)
+    if n_rot is not None and (n_rot < 2 or n_rot % 2):
+        raise cv.error(f"partial_rotary_factor {prf} with head_dim {head_dim} gives {n_rot} rotary dimensions: llama.cpp "
+                       "needs a positive even count (ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(n_dims % 2 == 0); 0 it does not "
+                       "check, and its rope op never finishes: theta_scale = powf(freq_base, -2.0f/n_dims))")
+    if sections is not None and sum(sections) > head_dim:
+        raise cv.error(f"mrope_section {sections} sums to {sum(sections)}, more than head_dim {head_dim}: llama.cpp "
+                       "aborts (ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(sect_dims <= ne0))")
     if target is not None and target.uses_mrope:
         # the runtime hands an M-RoPE target's 4-row positions to the draft: degenerate sections
         # [head_dim/2, 0, 0, 0] make its rope equal NeoX on the temporal row
         final_sections = [head_dim // 2, 0, 0, 0]
     else:
         final_sections = sections
-    softcap = cv.float_("final_logit_softcapping", dflash.get("final_logit_softcapping", cfg.get("final_logit_softcapping")))
-    rope_is_neox = bool(cfg.get("rope_is_neox_style", True))
+    softcap = cv.float_("final_logit_softcapping", dflash.get("final_logit_softcapping", cv.get("final_logit_softcapping")))
+    rope_is_neox = cv.flag("rope_is_neox_style", True)
     d = Drafter(
         origin=Origin(ckpt.dir, ckpt.config_path, list(ckpt.files), dialect),
         n_layers=n_layers, hidden_size=hidden,
@@ -270,24 +220,24 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: dict[str, Any], targ
         rms_eps=eps, vocab_size=vocab, mask_token_id=mask, target_layers=target_layers, block_size=block,
         rope_theta=theta, rope_theta_swa=theta_swa, rope_scaling=scaling,
         rope_sections=final_sections, rope_sections_early=sections is not None,
-        n_rot=None if prf is None else int(head_dim * prf), sliding_window=window, swa_pattern=pattern,
-        causal=None if causal is None else bool(causal), causal_early=is_causal is False,
+        n_rot=n_rot, sliding_window=window, swa_pattern=pattern,
+        causal=causal, causal_early=is_causal is False,
         value_scale=cv.float_("attention_value_scale", dflash.get("attention_value_scale")),
-        embedding_scale=cv.float_("input_embedding_scale", dflash.get("input_embedding_scale", cfg.get("input_embedding_scale"))),
-        logit_scale=cv.float_("output_multiplier", dflash.get("output_multiplier", cfg.get("output_multiplier"))),
+        embedding_scale=cv.float_("input_embedding_scale", dflash.get("input_embedding_scale", cv.get("input_embedding_scale"))),
+        logit_scale=cv.float_("output_multiplier", dflash.get("output_multiplier", cv.get("output_multiplier"))),
         final_logit_softcapping=softcap if softcap is not None and softcap > 0 else None,
         hidden_act=SUPPORTED_ACTIVATIONS[act] or "silu",
         draft_vocab_size=draft_vocab_size,
     )
-    if not rope_is_neox and cfg.get("head_dim") is None:
+    if not rope_is_neox and not cv.has("head_dim"):
         raise cv.error("rope_is_neox_style is false but head_dim is missing: the interleaved-to-NeoX row "
                        "permutation works per head and needs it")
     if tensors:
-        d.tensors = _map_tensors(ckpt, cfg, d, permute_rope=not rope_is_neox)
+        d.tensors = _map_tensors(ckpt, cv, d, permute_rope=not rope_is_neox)
     return d
 
 
-def map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_rope: bool,
+def map_tensors(ckpt: Checkpoint, cv: ConfigView, d: Drafter, *, permute_rope: bool,
                 gguf_name_of: Callable[[str], str | None], kind: str, twice_hint: str,
                 rename: Callable[[str], str] | None = None) -> list[DrafterTensor]:
     """Checkpoint tensors -> DrafterTensors in the checkpoint's (= upstream's) order, each checked.
@@ -308,7 +258,7 @@ def map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_ro
         gguf_name = gguf_name_of(name)
         if gguf_name is None:
             raise InputFileError(f"unknown tensor {ref.name!r}: not part of a {kind} drafter", ref.path)
-        if gguf_name == EMBEDDING_TENSOR and cfg.get("has_embed_tokens") is False:
+        if gguf_name == EMBEDDING_TENSOR and cv.get("has_embed_tokens") is False:
             continue
         if gguf_name in seen:
             raise InputFileError(f"tensor {ref.name!r} appears twice ({twice_hint})", ref.path)
@@ -323,8 +273,8 @@ def map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_ro
     return out
 
 
-def _map_tensors(ckpt: Checkpoint, cfg: dict[str, Any], d: Drafter, *, permute_rope: bool) -> list[DrafterTensor]:
-    out = map_tensors(ckpt, cfg, d, permute_rope=permute_rope, gguf_name_of=hf_to_gguf, kind="z-lab DFlash",
+def _map_tensors(ckpt: Checkpoint, cv: ConfigView, d: Drafter, *, permute_rope: bool) -> list[DrafterTensor]:
+    out = map_tensors(ckpt, cv, d, permute_rope=permute_rope, gguf_name_of=hf_to_gguf, kind="z-lab DFlash",
                       twice_hint="with and without the model. prefix?")
     _check_tensors(out, d)
     return out

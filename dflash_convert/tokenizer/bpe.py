@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputFileError
 from ..format.keys import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED
+from ..sources.config import ConfigView
 from .pre_hashes import KNOWN_PRE_NAMES, PRE_TOKENIZER_HASHES
 from .probe import ProbeResult
 
@@ -91,7 +92,7 @@ def read_bpe_vocab(target_dir: Path, tj: dict[str, Any], tc: dict[str, Any], voc
     top = max(vocab.values())
     if top >= n:
         raise InputFileError(f"tokenizer has token id {top}, not below the draft's vocab_size {n}", where)
-    cleanup = bool(tc.get("clean_up_tokenization_spaces", False))
+    cleanup = ConfigView(tc, target_dir / "tokenizer_config.json").flag("clean_up_tokenization_spaces")
     reverse = {i: t for t, i in vocab.items()}
     del vocab
     if tokenizer_pre is not None and tokenizer_pre not in KNOWN_PRE_NAMES:

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import InputFileError
 from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED, ValueType
 from ..metadata import Metadata
+from ..sources.config import ConfigView
 from .bpe import added_tokens, full_vocab
 from .special import load_tokenizer_files, read_special_tokens
 
@@ -27,23 +28,24 @@ VISIBLE_TOKENS = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_c
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def _content(entry: Any) -> str | None:
+def _content(entry: Any, tcv: ConfigView, attr: str) -> str | None:
     if isinstance(entry, dict):
-        entry = entry.get("content")
+        entry = ConfigView(entry, tcv.path, f"{attr}.").get("content")
     return entry if isinstance(entry, str) else None
 
 
-def special_token_texts(tc: dict[str, Any]) -> list[str]:
+def special_token_texts(tc: dict[str, Any], where: Path | None = None) -> list[str]:
     """Named special tokens, then extra/additional ones, as a transformers tokenizer lists them."""
+    tcv = ConfigView(tc, where or Path("tokenizer_config.json"))
     out: list[str] = []
     for attr in NAMED_SPECIALS:
-        t = _content(tc.get(attr))
+        t = _content(tcv.get(attr), tcv, attr)
         if t is not None and t not in out:
             out.append(t)
-    extra = tc.get("extra_special_tokens", tc.get("additional_special_tokens")) or []
+    extra = tcv.get("extra_special_tokens", tcv.get("additional_special_tokens")) or []
     items = extra.values() if isinstance(extra, dict) else extra
     for e in items:
-        t = _content(e)
+        t = _content(e, tcv, "extra_special_tokens")
         if t is not None and t not in out:
             out.append(t)
     return out
@@ -60,7 +62,7 @@ def write_gemma4_vocab(md: Metadata, target_dir: Path) -> int:
         raise InputFileError("not a Gemma-4 style tokenizer (needs a byte-fallback BPE with a Sequence decoder)", tj_path)
     vocab = full_vocab(tj, tj_path)
     base = len(model["vocab"])
-    special_ids = {vocab[t] for t in special_token_texts(tc or {}) if t in vocab}
+    special_ids = {vocab[t] for t in special_token_texts(tc or {}, target_dir / "tokenizer_config.json") if t in vocab}
     added = sorted((i, a.content) for i, a in added_tokens(tj, tj_path).items() if i >= base)
     reverse = {i: t for t, i in vocab.items()}
 

@@ -16,6 +16,7 @@ from ..files import read_regular_bytes
 from ..format.keys import ADD_SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_ID_KEYS, ValueType, key
 from ..metadata import Metadata
 from ..sources.checkpoint import read_json
+from ..sources.config import ConfigView
 
 DEFAULT_KINDS: tuple[str, ...] = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 # A space inside a merge pair is stored as this character, as llama.cpp does (U+0120 'Ġ').
@@ -204,7 +205,7 @@ def _chat_template_files(target_dir: Path) -> str | list[dict[str, str]] | None:
     as_json = target_dir / "chat_template.json"
     if as_json.exists():
         data = read_json(as_json, "chat_template.json")
-        return data.get("chat_template") if isinstance(data, dict) else None
+        return ConfigView(data, as_json).get("chat_template") if isinstance(data, dict) else None
     return None
 
 
@@ -236,18 +237,26 @@ def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[st
             _normalizer_flags(st, tj["normalizer"])
         added = [a for a in tj.get("added_tokens") or [] if isinstance(a, dict)]
     tc = None if tc is None else dict(tc)
+    if tc is not None:
+        # the fields used below, typed before the post-processor fills in the ones it implies
+        tcv = ConfigView(tc, tc_path)
+        for kind in st.kinds + ("eot", "eom"):
+            tcv.get(f"add_{kind}_token")
+            tcv.get(f"{kind}_token")
+        tcv.get("chat_template")
     if tj is not None and isinstance(tj.get("post_processor"), dict):
         _from_post_processor(st, tj["post_processor"], tc)
     if tc:
-        template = tc.get("chat_template", _chat_template_files(target_dir))
+        tcv = ConfigView(tc, tc_path)
+        template = tcv.get("chat_template", _chat_template_files(target_dir))
         if template is None or isinstance(template, (str, list)):
             st.chat_template = template
         for kind in st.kinds:
-            flag = tc.get(f"add_{kind}_token")
-            if isinstance(flag, bool):
+            flag = tcv.get(f"add_{kind}_token")
+            if flag is not None:
                 st.add.setdefault(kind, flag)
-            entry = tc.get(f"{kind}_token")
-            content = entry.get("content") if isinstance(entry, dict) else entry
+            entry = tcv.get(f"{kind}_token")
+            content = ConfigView(entry, tc_path, f"{kind}_token.").get("content") if isinstance(entry, dict) else entry
             if not isinstance(content, str):
                 continue
             tid = next((a.get("id") for a in added if a.get("content") == content), None)
@@ -256,9 +265,10 @@ def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[st
     if cfg_path.exists():
         cfg = read_json(cfg_path, "config.json")
         if isinstance(cfg, dict):
-            text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+            top = ConfigView(cfg, cfg_path)
+            text_cfg = top.sub("text_config")
             for kind in st.kinds:
-                tid = cfg.get(f"{kind}_token_id")
+                tid = top.get(f"{kind}_token_id")
                 if tid is None:
                     tid = text_cfg.get(f"{kind}_token_id")
                 st.set_id(kind, tid, cfg_path)

@@ -1,14 +1,30 @@
-"""The validate-before-rename gate: convert, migrate and quantize never leave behind a file that
-their own validate fails. Used as ``write_gguf``'s ``verify`` hook; it keeps the report of the
-finished temporary file, so a command that reports validation (migrate) validates once."""
+"""The validate gates: convert, migrate and quantize never leave behind a file that their own validate
+fails, and quantize refuses an input that fails it.
+
+``ValidationGate`` is ``write_gguf``'s ``verify`` hook; it keeps the report of the finished temporary
+file, so a command that reports validation (migrate) validates once. ``require_valid_input`` is the
+input side (quantize): a file llama.cpp cannot run does not become another such file, with exit 0.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import DFlashError
 from . import validate
 from .report import FAIL, Report
+
+
+def failure_summary(report: Report) -> str | None:
+    """'id: message: first detail; and N more failing check(s)' for a failing report, None for a passing one."""
+    bad = [c for c in report.checks if c.status == FAIL]
+    if not bad:
+        return None
+    first = bad[0]
+    detail = f": {first.details[0]}" if first.details else ""
+    more = f"; and {len(bad) - 1} more failing check(s)" if len(bad) > 1 else ""
+    return f"{first.id}: {first.message}{detail}{more}"
 
 
 class ValidationGate:
@@ -22,9 +38,16 @@ class ValidationGate:
         report = validate(tmp)
         report.file = self.out  # the report is of the file as it will be named
         self.report = report
-        bad = [c for c in report.checks if c.status == FAIL]
-        if bad:
-            first = bad[0]
-            detail = f": {first.details[0]}" if first.details else ""
-            raise DFlashError(f"refusing to write a file that fails validate ({first.id}: {first.message}{detail}"
-                              f"{f'; and {len(bad) - 1} more failing check(s)' if len(bad) > 1 else ''})", self.out)
+        summary = failure_summary(report)
+        if summary is not None:
+            raise DFlashError(f"refusing to write a file that fails validate ({summary})", self.out)
+
+
+def require_valid_input(path: str | os.PathLike, skip_flag: str) -> Report:
+    """validate ``path``; raises (exit 1) when it fails, naming the first failure and ``skip_flag``."""
+    report = validate(path)
+    summary = failure_summary(report)
+    if summary is not None:
+        raise DFlashError(f"refusing an input that fails validate ({summary}); fix the file, or pass {skip_flag} "
+                          "to go ahead anyway", path)
+    return report

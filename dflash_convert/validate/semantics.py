@@ -21,10 +21,12 @@ from ..format.keys import (
     ADD_SPECIAL_TOKEN_KEYS,
     ARCH,
     ARCH_PREFIX,
+    I32_MAX,
     INT_TYPES,
     KEYS,
     SPECIAL_TOKEN_ID_KEYS,
     TOKENIZER_MODEL_BPE,
+    U32_MAX,
     ValueType,
     key,
 )
@@ -41,6 +43,8 @@ from ..format.rules import (
     HEAD_GLOBAL,
     HEAD_PER_LAYER,
     HIDDEN_ACTIVATIONS,
+    INT32_T,
+    INTEGER_READERS,
     LOADER_OPTIONAL_PER_LAYER,
     MAX_LAYERS,
     OPTIONAL_GLOBAL,
@@ -280,8 +284,17 @@ def check_hparams(r: Reading) -> Check:
             problems.append(f"{key(short)} is {v}: it must be a finite positive number")
     rot = d.n_rot
     D = dims.get("D")
-    if rot is not None and D and (rot > D or rot % 2):
-        problems.append(f"rope.dimension_count {rot} must be even and at most the head size {D}")
+    if rot is not None and rot <= 0:
+        problems.append(f"{key('rope_dimension_count')} is {rot}: no dimension rotates; llama.cpp checks nothing "
+                        "(src/llama-model.cpp reads it with no lower bound) and its rope op then never finishes "
+                        "(ggml/src/ggml-cpu/ops.cpp theta_scale = powf(freq_base, -2.0f/n_dims) with n_dims 0)")
+    elif rot is not None and D and rot > D:
+        problems.append(f"{key('rope_dimension_count')} {rot} exceeds the head size {D}: llama.cpp aborts "
+                        "(ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(n_dims <= ne0))")
+    elif rot is not None and rot % 2:
+        problems.append(f"{key('rope_dimension_count')} {rot} is odd: llama.cpp aborts "
+                        "(ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(n_dims % 2 == 0))")
+    problems += _section_problems(f.value("rope_dimension_sections"), D, rot if rot is not None else D, warnings)
     act_type = f.type_of("hidden_activation")
     if act_type is not None and act_type[0] == ValueType.STRING and d.hidden_act not in HIDDEN_ACTIVATIONS:
         problems.append(f"hidden_activation {d.hidden_act!r} is not one of {', '.join(HIDDEN_ACTIVATIONS)} "
@@ -297,6 +310,45 @@ def check_hparams(r: Reading) -> Check:
         warnings.append("hyper_connection.count > 0: the DeepSeek-V4 DSpark backbone, whose keys are not checked here")
     summary = f"{n} layers, hidden {E}, {H}/{KV} heads of {D}, FFN {dims.get('F')}"
     return check_from("hparams", problems, warnings, summary, "hyper-parameters llama.cpp rejects or mis-reads", summary)
+
+
+def _section_problems(value: object, D: int | None, n_rot: int | None, warnings: list[str]) -> list[str]:
+    """rope.dimension_sections as llama.cpp's M-RoPE runs them (a scalar is broadcast to all 4)."""
+    sections = [value] * ROPE_SECTIONS if type(value) is int else value
+    if not isinstance(sections, list) or len(sections) != ROPE_SECTIONS or not any(sections):
+        return []  # absent, mistyped or miscounted (other checks say so), or all zero: NeoX rope, sections unused
+    name = key("rope_dimension_sections")
+    if any(s < 0 for s in sections):
+        return [f"{name} {sections} has a negative entry: the M-RoPE sections are dimension counts "
+                "(ggml/src/ggml-cpu/ops.cpp ggml_mrope_cache_init sums them into sect_dims)"]
+    out = []
+    if not (sections[0] > 0 or sections[1] > 0 or sections[2] > 0):
+        out.append(f"{name} {sections} uses only the fourth section: llama.cpp aborts "
+                   "(ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(sections[0] > 0 || sections[1] > 0 || sections[2] > 0))")
+    total = sum(sections)
+    if D and total > D:
+        out.append(f"{name} {sections} sums to {total}, more than the {D} dimensions of a head the rope op "
+                   "rotates: llama.cpp aborts (ggml/src/ggml-cpu/ops.cpp GGML_ASSERT(sect_dims <= ne0))")
+    elif n_rot and 2 * (total - sections[0]) > 0 and 2 * total > n_rot:
+        warnings.append(f"{name} {sections} covers {total} rotary pairs but rope.dimension_count {n_rot} has "
+                        f"{n_rot // 2}: the sections past it never rotate")
+    return out
+
+
+def check_key_ranges(r: Reading) -> Check:
+    """Every integer key inside the range of the C type llama.cpp reads it into (format.rules.INTEGER_READERS)."""
+    problems = []
+    for short, (ctype, where) in INTEGER_READERS.items():
+        v = r.f.value(short)
+        values = v if isinstance(v, list) else [v] if type(v) is int else []
+        hi = I32_MAX if ctype == INT32_T else U32_MAX
+        bad = [x for x in values if not 0 <= x <= hi]
+        if bad:
+            how = "turns negative" if ctype == INT32_T and all(x > hi for x in bad) else "is out of range"
+            problems.append(f"{key(short)} {v} is outside 0..{hi}: llama.cpp reads it into {ctype}, where it {how} "
+                            f"({where})")
+    return check_from("keys.ranges", problems, [], "every integer key fits the C type llama.cpp reads it into",
+                      f"{len(problems)} integer key(s) llama.cpp would read as another value", "")
 
 
 def check_target_layers(r: Reading) -> Check:
@@ -539,13 +591,14 @@ def check_d2t(r: Reading) -> Check:
 def semantic_checks(reading: Reading) -> list[Check]:
     r = reading
     return [
-        check_architecture(r), check_required_keys(r), check_key_types(r), check_hparams(r), check_target_layers(r),
+        check_architecture(r), check_required_keys(r), check_key_types(r), check_key_ranges(r), check_hparams(r),
+        check_target_layers(r),
         check_swa(r), check_block_size(r), check_tokenizer(r), check_mask_token(r), check_inventory(r),
         check_shapes(r), check_types(r), check_tied_head(r), check_d2t(r), check_family(r),
     ]
 
 
 def skipped_semantics(reason: str) -> list[Check]:
-    ids = ("architecture", "keys.required", "keys.types", "hparams", "target_layers", "swa", "block_size", "tokenizer",
+    ids = ("architecture", "keys.required", "keys.types", "keys.ranges", "hparams", "target_layers", "swa", "block_size", "tokenizer",
            "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", D2T_TENSOR, "family")
     return [Check(i, SKIP, reason) for i in ids]
