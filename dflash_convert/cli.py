@@ -19,11 +19,25 @@ from .inspect_gguf import block_size, member_line, pairing_hint, read_summary, s
 from .migrate import migrate as run_migrate
 from .quantize import plan_quantize, write_quantize
 from .sources.gguf_drafter import describe, read_drafter
+from .terminal import visible
 from .validate import validate as run_validate
 from .validate.report import render_json, render_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
+
+
+def _say(line: str, err: bool = False) -> None:
+    """Print one line that may quote a file (a path, a key or tensor name, a value): escaped, so it
+    stays one line and no escape sequence from a file reaches the terminal (terminal.visible)."""
+    typer.echo(visible(line), err=err)
+
+
+class _VisibleFormatter(logging.Formatter):
+    """Warnings quote files too (a tensor name, a key): the same escaping as every other line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
 
 
 def _show_version(value: bool) -> None:
@@ -38,6 +52,8 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
     """Convert, inspect and check DFlash drafter GGUF files for llama.cpp."""
     # every command's warnings (a fallback type, a temporary file a killed run left) in one form
     logging.basicConfig(level=logging.WARNING, format="dflash-convert: warning: %(message)s", force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_VisibleFormatter("dflash-convert: warning: %(message)s"))
 
 
 def _quiet(quiet: bool) -> None:
@@ -56,7 +72,7 @@ def exit_code(e: DFlashError) -> int:
 
 
 def _fail(e: DFlashError) -> None:
-    typer.echo(f"dflash-convert: error: {e}", err=True)
+    _say(f"dflash-convert: error: {e}", err=True)
     raise typer.Exit(exit_code(e))
 
 
@@ -101,29 +117,29 @@ def convert(
     except OSError as e:
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
     if not quiet:
-        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
-                   f"file type {plan.type_name})")
+        _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
+             f"file type {plan.type_name})")
 
 
 def _print_plan(plan) -> None:
-    typer.echo(f"output: {plan.output}")
+    _say(f"output: {plan.output}")
     typer.echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
     typer.echo(f"keys ({len(plan.metadata)}):")
     late = key("source_files_sha256")
     for kv in plan.metadata:
         if kv.key == late:
-            typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} (computed when written)")
+            _say(f"  {kv.key:<48} {kv.vtype.name:<8} (computed when written)")
             continue
         value = kv.value
         if isinstance(value, list):
             value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
         elif isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} {short(value)}")
+        _say(f"  {visible(kv.key):<48} {kv.vtype.name:<8} {short(value)}")
     typer.echo(f"tensors ({len(plan.tensors)}, {_human(plan.total_bytes)}):")
     for t in plan.tensors:
         ne = ", ".join(map(str, t.ne))
-        typer.echo(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
+        _say(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
 
 
 @app.command()
@@ -141,20 +157,20 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
         g, d = read_summary(path)
     except DFlashError as e:
         _fail(e)
-    typer.echo(f"file: {g.path}")
-    typer.echo(f"architecture: {g.architecture}")
+    _say(f"file: {g.path}")
+    _say(f"architecture: {g.architecture}")
     typer.echo(f"keys ({len(g.metadata)}):")
     for k, v in g.metadata.items():
-        typer.echo(f"  {k:<48} {type_name(v):<14} {short(v.value)}")
+        _say(f"  {visible(k):<48} {type_name(v):<14} {short(v.value)}")
     total = sum(t.nbytes for t in g.tensors)
     typer.echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
     for t in g.tensors:
-        typer.echo(f"  {t.name:<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
+        _say(f"  {visible(t.name):<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
     if g.architecture == ARCH:
         typer.echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
-        typer.echo(member_line(d))
+        _say(member_line(d))
         typer.echo("pair with the target in llama.cpp:")
-        typer.echo(f"  {pairing_hint(d)}")
+        _say(f"  {pairing_hint(d)}")
 
 
 @app.command()
@@ -171,7 +187,7 @@ def validate(
     elif report.exit_code != 2:
         typer.echo(render_text(report))
     if report.exit_code == 2:
-        typer.echo(f"dflash-convert: error: {report.error_line()}", err=True)
+        _say(f"dflash-convert: error: {report.error_line()}", err=True)
     raise typer.Exit(report.exit_code)
 
 
@@ -204,10 +220,10 @@ def migrate(
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
     plan = result.plan
     total = sum(t.nbytes for t, _ in plan.tensors)
-    typer.echo(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
-               "copied byte for byte")
+    _say(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
+         "copied byte for byte")
     for note in plan.notes:
-        typer.echo(f"  {note}")
+        _say(f"  {note}")
     report = result.report
     if report.exit_code:
         typer.echo(render_text(report))
@@ -237,15 +253,15 @@ def quantize(
     try:
         plan = plan_quantize(src, out, qtype, keep_types=keep_type, allow_requantize=allow_requantize)
         if dry_run:
-            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
+            _say(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}
             for p in plan.tensors:
                 src_type = by_name[p.tensor.gguf_name].dtype
                 shape = "x".join(map(str, p.ne))
-                typer.echo(f"  {p.tensor.gguf_name:<32} {shape:<14} {src_type:<5} -> {p.ggml_type.name:<6} {_human(p.nbytes):>10}"
-                           + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--keep-type")) else ""))
+                _say(f"  {p.tensor.gguf_name:<32} {shape:<14} {src_type:<5} -> {p.ggml_type.name:<6} {_human(p.nbytes):>10}"
+                     + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--keep-type")) else ""))
             for note in plan.notes:
-                typer.echo(f"  {note}")
+                _say(f"  {note}")
             typer.echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
             return
         write_quantize(plan, force=force, progress=not quiet, threads=threads)
@@ -257,8 +273,8 @@ def quantize(
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
     if not quiet:
         for note in plan.notes:
-            typer.echo(f"note: {note}")
-        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
+            _say(f"note: {note}")
+        _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
 
 
 @app.command()
@@ -318,9 +334,9 @@ def capture(
     except OSError as e:
         _fail(DFlashError(f"{e.strerror or e}", e.filename))
     for note in res.notes:
-        typer.echo(f"note: {note}", err=True)
+        _say(f"note: {note}", err=True)
     if not quiet:
-        typer.echo(f"wrote {res.output}: {res.sequences} sequences, {res.tokens} tokens, layer inputs {res.layers}")
+        _say(f"wrote {res.output}: {res.sequences} sequences, {res.tokens} tokens, layer inputs {res.layers}")
 
 
 @app.command()
@@ -395,10 +411,10 @@ def main() -> None:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except InputFileError as e:
-        typer.echo(f"dflash-convert: error: {e}", err=True)
+        _say(f"dflash-convert: error: {e}", err=True)
         code = EXIT_UNREADABLE
     except DFlashError as e:
-        typer.echo(f"dflash-convert: error: {e}", err=True)
+        _say(f"dflash-convert: error: {e}", err=True)
         code = EXIT_REFUSED
     if received:
         name = signal.Signals(received[0]).name
