@@ -14,7 +14,7 @@ from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
 from .format.keys import ValueType
 from .format.rules import DEFAULT_BLOCK_SIZE
-from .sources.gguf import GGUFFile, GGUFValue, NumArray, read_gguf
+from .sources.gguf import GGUFFile, GGUFValue, NumArray, StrArray, read_gguf
 from .sources.gguf_drafter import read_lenient
 from .terminal import visible
 
@@ -56,7 +56,7 @@ def pairing_hint(d: Drafter) -> str:
 
 def short(value: Any, limit: int = 8) -> str:
     """A value in a few characters; strings as repr (escaped: nothing a terminal acts on, one line)."""
-    if isinstance(value, (list, NumArray)):
+    if isinstance(value, (list, NumArray, StrArray)):
         items = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value[:limit]]
         head = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in items)
         return f"[{head}{', ...' if len(value) > limit else ''}] ({len(value)})"
