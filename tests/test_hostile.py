@@ -614,6 +614,13 @@ def test_visible_escapes_every_control_and_keeps_printable_text():
     safe = json_safe(doc)
     assert json.loads(safe) == json.loads(doc) and safe.isascii() is False and "é" in safe
     assert all(line.isprintable() for line in safe.split("\n"))
+    # warnings quote files too: the command line's log format escapes them the same way
+    import logging
+
+    from dflash_convert.cli import _VisibleFormatter
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "tensor %s skipped", ("a\nb\x1b[2K",), None)
+    assert _VisibleFormatter("w: %(message)s").format(record) == "w: tensor a\\nb\\x1b[2K skipped"
 
 
 def test_a_key_name_cannot_forge_a_validate_line(tmp_path):
