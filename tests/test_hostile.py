@@ -824,3 +824,28 @@ def test_an_integer_array_too_long_to_read_fails_by_its_length(tmp_path):
     assert tl.status == "fail" and "dflash.target_layers has 70000 entries; llama.cpp reads at most 512" in tl.message
     types = report.check("keys.types")
     assert types.status == "fail" and any("dflash.attention.head_count has 70000 entries" in d for d in types.details)
+
+
+def test_millions_of_tiny_keys_or_tensors_are_refused_up_front(tmp_path):
+    """Each key or tensor costs a few hundred bytes of Python objects against ~20 in the file: past
+    65,536 of either (real files hold tens of keys, a few thousand tensors at most) the file is
+    refused before anything is read, with one line naming the count."""
+    import struct
+
+    from dflash_convert.sources.gguf import MAX_KEYS, MAX_TENSORS
+
+    keys = tmp_path / "keys.gguf"
+    items = b"".join(struct.pack("<Q", 7) + b"k%06d" % i + struct.pack("<IB", 0, 1) for i in range(MAX_KEYS + 1))
+    keys.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, MAX_KEYS + 1) + items)
+    tensors = tmp_path / "tensors.gguf"
+    tensors.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, MAX_TENSORS + 1, 0) + bytes(40 * (MAX_TENSORS + 1)))
+    for path, what in ((keys, f"metadata count {MAX_KEYS + 1} is more than the {MAX_KEYS} keys"),
+                       (tensors, f"tensor count {MAX_TENSORS + 1} is more than the {MAX_TENSORS} tensors")):
+        for command in ("inspect", "validate"):
+            r = cli(command, path)
+            assert r.returncode == 2 and what in one_error_line(r), r.stderr
+    # at the limit a file still reads
+    at_limit = tmp_path / "at-limit.gguf"
+    at_limit.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, MAX_KEYS) + items[:len(items) - 20])
+    r = cli("inspect", at_limit)
+    assert r.returncode == 0 and f"keys ({MAX_KEYS})" in r.stdout, r.stderr

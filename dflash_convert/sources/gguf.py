@@ -50,6 +50,11 @@ from ..format.keys import BOOLEAN, VALUE_TYPES, ValueType, key
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 ALIGNMENT_KEY = key("alignment")
+# the most keys and tensors read: each costs a few hundred bytes of Python objects against a dozen or
+# so in the file, so a file of millions of tiny keys would cost 10x its size; real files (drafters
+# and the biggest targets alike) hold tens of keys and at most a few thousand tensors
+MAX_KEYS = 1 << 16
+MAX_TENSORS = 1 << 16
 # smallest possible encodings, used to bound counts by the bytes that remain
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, one dim, type, offset
@@ -480,6 +485,13 @@ def _parse(buf: memoryview, path: Path, size: int, mm: mmap.mmap | None = None) 
         raise bad_count(kv_at, f"metadata count {n_kv} cannot fit in a {size}-byte file")
     if n_tensors * _MIN_TENSOR_INFO_BYTES > size - body:
         raise bad_count(tensors_at, f"tensor count {n_tensors} cannot fit in a {size}-byte file")
+    if n_kv > MAX_KEYS:
+        raise bad_count(kv_at, f"metadata count {n_kv} is more than the {MAX_KEYS} keys dflash-convert reads "
+                               "(a drafter holds about 40): refused, so that reading stays bounded by the file's size")
+    if n_tensors > MAX_TENSORS:
+        raise bad_count(tensors_at, f"tensor count {n_tensors} is more than the {MAX_TENSORS} tensors dflash-convert "
+                                    "reads (the biggest models hold a few thousand): refused, so that reading stays "
+                                    "bounded by the file's size")
 
     md: dict[str, GGUFValue] = {}
     for i in range(n_kv):
