@@ -27,19 +27,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from bench_check import ensure_gguf, ensure_target_with_heads  # noqa: E402
-from bench_convert import ensure_drafter  # noqa: E402
+from _common import full_size  # noqa: E402
 
 from dflash_convert.runtime.accept import anchor_drafts  # noqa: E402
 from dflash_convert.runtime.forward import block_tokens, contiguous_positions, run_gguf  # noqa: E402
 from dflash_convert.runtime.weights import load_weights  # noqa: E402
 from dflash_convert.sources.gguf_drafter import read_drafter  # noqa: E402
 from dflash_convert.sources.target import read_target  # noqa: E402
-from fixtures.targets import cache_root  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,11 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-anchor", type=int, default=4)
     args = ap.parse_args(argv)
 
-    root = cache_root() / "bench"
-    root.mkdir(parents=True, exist_ok=True)
-    src = ensure_drafter(root)
-    target_dir = ensure_target_with_heads(root)
-    gguf = ensure_gguf(root, src, target_dir, "F16")
+    setup = full_size(["F16"])
+    src, target_dir, gguf = setup.checkpoint, setup.target, setup.ggufs["F16"]
     d = read_drafter(gguf)
     t0 = time.perf_counter()
     w = load_weights(d, read_target(target_dir))

@@ -1,10 +1,7 @@
 """Benchmark: the in-process runner (``check``'s GGUF side) against the checkpoint's reference forward.
 
-The drafter is bench_convert's full-size synthetic one (the shapes of z-lab/Qwen3.6-27B-DFlash: 5
-layers, hidden 5120, FFN 17408, 32:8 heads of 128, 5 taps, vocab 248320). Its target directory gets
-full-size random BF16 ``embed_tokens`` and ``lm_head`` tensors (2 x 2.54 GB, generated once into the
-cache) so both sides read a real embedding and head. GGUFs: F16 (``convert --outtype f16``) and
-Q4_K_M (``convert --outtype Q4_K_M``), made once with this tree and cached.
+The drafter, its target with a full-size embedding and head, and the GGUFs (F16 and Q4_K_M by
+default, made once with this tree and cached) come from bench/_common.py.
 
 Each measurement runs in its own child process (so one side's weights never share memory with the
 other's) with the same torch thread count:
@@ -31,7 +28,6 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -39,54 +35,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from bench_convert import ensure_drafter, ensure_target, stamp_matches, wait_for_idle, write_synthetic_safetensors  # noqa: E402
-
-from fixtures.targets import cache_root  # noqa: E402
-
-HEADS_VERSION = "1"
-EMBED = "model.language_model.embed_tokens.weight"  # Qwen3.5/3.6 names (untied, as the 27B ships)
-HEAD = "lm_head.weight"
-VOCAB, HIDDEN = 248320, 5120
-
-
-def ensure_target_with_heads(root: Path) -> Path:
-    """The bench target dir plus a model.safetensors holding only the embedding and the head."""
-    out = root / "Qwen3.6-27B-target-heads"
-    stamp = out / "bench-fixture.json"
-    want = {"version": HEADS_VERSION, "tensors": [EMBED, HEAD], "shape": [VOCAB, HIDDEN]}
-    if (out / "model.safetensors").is_file() and stamp_matches(stamp, want):
-        return out
-    print(f"generating {out} (2 x {VOCAB * HIDDEN * 2 / 1e9:.2f} GB, once) ...", flush=True)
-    tmp = root / f".heads.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ensure_target(root), tmp)
-    write_synthetic_safetensors(tmp / "model.safetensors", [(EMBED, (VOCAB, HIDDEN), "matrix"),
-                                                           (HEAD, (VOCAB, HIDDEN), "matrix")], seed=1)
-    (tmp / "bench-fixture.json").write_text(json.dumps(want) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
-
-
-def ensure_gguf(root: Path, src: Path, target: Path, outtype: str) -> Path:
-    """A GGUF of the bench drafter made by this tree, cached beside the checkpoint."""
-    out = root / f"check-{outtype}.gguf"
-    stamp = root / f"check-{outtype}.json"
-    want = {"checkpoint_size": (src / "model.safetensors").stat().st_size, "outtype": outtype}
-    if out.is_file() and stamp_matches(stamp, want):
-        return out
-    print(f"converting {src.name} -> {out.name} ...", flush=True)
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "dflash_convert.cli", "convert", str(src), "--target-model-dir", str(target),
-                    "--outtype", outtype, "-o", str(out), "--force", "-q"], check=True, cwd=REPO)
-    stamp.write_text(json.dumps(want) + "\n")
-    print(f"  done in {time.perf_counter() - t0:.1f} s", flush=True)
-    return out
-
+from _common import full_size, type_list  # noqa: E402
+from bench_convert import wait_for_idle  # noqa: E402
 
 # --- the child process -----------------------------------------------------------------------------
 
@@ -172,12 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args)))
         return 0
 
-    root = cache_root() / "bench"
-    root.mkdir(parents=True, exist_ok=True)
-    src = ensure_drafter(root)
-    target = ensure_target_with_heads(root)
-    types = [t for t in args.types.split(",") if t]
-    ggufs = {t: ensure_gguf(root, src, target, t) for t in types}
+    types = type_list(args.types)
+    setup = full_size(types)
+    src, target, ggufs = setup.checkpoint, setup.target, setup.ggufs
     shape_from = next(iter(ggufs.values()))
     results = {"reference": _child("reference", args, src, target, shape_from)}
     for t, path in ggufs.items():

@@ -31,13 +31,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_check import ensure_gguf, ensure_target_with_heads  # noqa: E402
-from bench_convert import ensure_drafter, wait_for_idle  # noqa: E402
-
-from fixtures.targets import cache_root  # noqa: E402
+from _common import full_size, type_list  # noqa: E402
+from bench_convert import wait_for_idle  # noqa: E402
 
 BEFORE = "c8a92fa"  # main before the floor plan (issue 15)
 GNU_TIME = "/usr/bin/time"
@@ -68,12 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-wait", type=float, default=60.0)
     args = ap.parse_args(argv)
 
-    root = cache_root() / "bench"
-    root.mkdir(parents=True, exist_ok=True)
-    src = ensure_drafter(root)
-    target = ensure_target_with_heads(root)
-    types = [t for t in args.types.split(",") if t]
-    ggufs = {t: ensure_gguf(root, src, target, t) for t in types}
+    setup = full_size(type_list(args.types))
+    src, target, ggufs = setup.checkpoint, setup.target, setup.ggufs
 
     work = Path(tempfile.mkdtemp(prefix="bench-check-before-"))
     before = work / "tree"

@@ -35,6 +35,7 @@ from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features, target_for
 from .sources.gguf_drafter import read_drafter
 from .target import Target
+from .terminal import visible
 
 SCHEMA = "dflash-convert/accept/v1"
 # how the drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
@@ -86,21 +87,21 @@ class AcceptReport:
 
     def render_text(self) -> str:
         base = self.baseline or (self.results[0] if self.results else None)
-        lines = [f"accept: {self.sequences} sequences of {self.features}, llama-speculative-simple's greedy loop with "
+        lines = [f"accept: {self.sequences} sequences of {visible(self.features)}, llama-speculative-simple's greedy loop with "
                  f"--spec-draft-n-max {self.n_max} -n {self.new_tokens}, on {self.device} ({self.numerics} numerics)",
                  f"  {'file':<40} {'type':<7} {'MiB':>8} {'drafted':>8} {'accepted':>8} {'accept':>8} {'per step':>8} "
                  f"{'anchors':>8} {'vs base':>8}"]
         shown = ([self.baseline] if self.baseline is not None else []) + self.results
         for r in shown:
             diff = "" if base is None or r is base else f"{(r.loop.accept - base.loop.accept) * 100:+.1f}pp"
-            lines.append(f"  {r.name[-40:]:<40} {r.file_type:<7} {r.size / 2**20:>8.2f} {r.loop.n_drafted:>8} "
+            lines.append(f"  {visible(r.name)[-40:]:<40} {r.file_type:<7} {r.size / 2**20:>8.2f} {r.loop.n_drafted:>8} "
                          f"{r.loop.n_accept:>8} {r.loop.accept * 100:>7.2f}% {r.loop.mean_accepted:>8.2f} "
                          f"{r.anchors.mean_length:>8.2f} {diff:>8}")
         lines.append("  accept = n_accept / n_drafted of the live loop; per step = drafted tokens accepted per "
                      "verification; anchors = mean accepted prefix from every anchor")
         for r in shown:
             curve = " ".join(f"{p:.2f}" for p in r.anchors.slot_curve())
-            lines.append(f"  slot curve {r.name[-30:]}: {curve}")
+            lines.append(f"  slot curve {visible(r.name)[-30:]}: {curve}")
         return "\n".join(lines)
 
 

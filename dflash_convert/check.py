@@ -104,6 +104,7 @@ from .sources.features import FeaturesFile, read_features
 from .sources.gguf_drafter import read_drafter
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
+from .terminal import visible
 from .validate import validate
 from .validate.gate import failure_summary
 
@@ -223,7 +224,7 @@ class CheckReport:
 
     def render_text(self) -> str:
         m, t = self.metrics, self.thresholds
-        lines = [f"check {self.file}", f"  against {self.checkpoint} (llama.cpp semantics) on {self.device}",
+        lines = [f"check {visible(self.file)}", f"  against {visible(self.checkpoint)} (llama.cpp semantics) on {self.device}",
                  f"  file type {self.file_type}, judged as {self.precision_class}",
                  f"  hidden max abs error   {m['hidden_max_abs_err']:.3g}",
                  f"  hidden max rel error   {m['hidden_max_rel_err']:.3g}  (limit {t.hidden_max_rel:g})",
@@ -239,10 +240,10 @@ class CheckReport:
         q = m.get("against_reference_gguf")
         if q:
             how = ", the full-precision sibling found by name" if q.get("found_by_name") else ""
-            lines.append(f"  against {q['file']} ({q['file_type']}{how}): top-1 agreement {q['top1_agreement']:.3f}, "
+            lines.append(f"  against {visible(q['file'])} ({q['file_type']}{how}): top-1 agreement {q['top1_agreement']:.3f}, "
                          f"mean KL {q['kl_mean']:.3g}")
-        lines += [f"  warning: {w}" for w in self.warnings]
-        lines += [f"  FAIL: {f}" for f in self.failures]
+        lines += [f"  warning: {visible(w)}" for w in self.warnings]  # file-derived text: escaped, one line each
+        lines += [f"  FAIL: {visible(f)}" for f in self.failures]
         lines.append("PASS" if self.passed else "FAIL")
         return "\n".join(lines)
 

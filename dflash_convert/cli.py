@@ -39,6 +39,7 @@ from .quantize import (
 )
 from .quantize import sweep as run_sweep
 from .sources.gguf_drafter import describe, read_drafter
+from .terminal import visible
 from .validate import validate as run_validate
 from .validate.report import render_json, render_text
 
@@ -54,6 +55,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
 
 
+def _say(line: str, err: bool = False) -> None:
+    """Print one line that may quote a file (a path, a key or tensor name, a value): escaped, so it
+    stays one line and no escape sequence from a file reaches the terminal (terminal.visible)."""
+    typer.echo(visible(line), err=err)
+
+
+class _VisibleFormatter(logging.Formatter):
+    """Warnings quote files too (a tensor name, a key): the same escaping as every other line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
+
+
 def _show_version(value: bool) -> None:
     if value:
         typer.echo(f"dflash-convert {__version__}")
@@ -66,6 +80,8 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
     """Convert, inspect and check DFlash drafter GGUF files for llama.cpp."""
     # every command's warnings (a fallback type, a temporary file a killed run left) in one form
     logging.basicConfig(level=logging.WARNING, format="dflash-convert: warning: %(message)s", force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_VisibleFormatter("dflash-convert: warning: %(message)s"))
 
 
 def _quiet(quiet: bool) -> None:
@@ -85,17 +101,18 @@ def exit_code(e: DFlashError) -> int:
     return EXIT_UNREADABLE if isinstance(e, InputFileError) else EXIT_REFUSED
 
 
-def _say(line: str) -> None:
-    """One line on stderr; a stderr that went away costs the line, never a traceback (the exit code stays)."""
+def _err(line: str) -> None:
+    """One line on stderr, escaped like every line that may quote a file (terminal.visible); a stderr that
+    went away costs the line, never a traceback (the exit code stays)."""
     try:
-        sys.stderr.write(printable(line) + "\n")
+        sys.stderr.write(visible(printable(line)) + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
 
 
 def _fail(e: DFlashError) -> None:
-    _say(f"dflash-convert: error: {e}")
+    _err(f"dflash-convert: error: {e}")
     raise typer.Exit(exit_code(e))
 
 
@@ -147,29 +164,29 @@ def convert(
     except OSError as e:
         _fail_os(e, outfile)
     if not quiet:
-        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
-                   f"file type {plan.type_name})")
+        _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
+             f"file type {plan.type_name})")
 
 
 def _print_plan(plan) -> None:
-    typer.echo(f"output: {plan.output}")
+    _say(f"output: {plan.output}")
     typer.echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
     typer.echo(f"keys ({len(plan.metadata)}):")
     late = key("source_files_sha256")
     for kv in plan.metadata:
         if kv.key == late:
-            typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} (computed when written)")
+            _say(f"  {kv.key:<48} {kv.vtype.name:<8} (computed when written)")
             continue
         value = kv.value
         if isinstance(value, list):
             value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
         elif isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
-        typer.echo(f"  {kv.key:<48} {kv.vtype.name:<8} {short(value)}")
+        _say(f"  {visible(kv.key):<48} {kv.vtype.name:<8} {short(value)}")
     typer.echo(f"tensors ({len(plan.tensors)}, {_human(plan.total_bytes)}):")
     for t in plan.tensors:
         ne = ", ".join(map(str, t.ne))
-        typer.echo(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
+        _say(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
 
 
 @app.command()
@@ -187,22 +204,22 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
         g, d = read_summary(path)
     except DFlashError as e:
         _fail(e)
-    typer.echo(f"file: {g.path}")
-    typer.echo(f"architecture: {g.architecture}")
+    _say(f"file: {g.path}")
+    _say(f"architecture: {g.architecture}")
     typer.echo(f"keys ({len(g.metadata)}):")
     for k, v in g.metadata.items():
-        typer.echo(f"  {k:<48} {type_name(v):<14} {short(v.value)}")
+        _say(f"  {visible(k):<48} {type_name(v):<14} {short(v.value)}")
     total = sum(t.nbytes for t in g.tensors)
     typer.echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
     for t in g.tensors:
-        typer.echo(f"  {t.name:<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
+        _say(f"  {visible(t.name):<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
     if g.architecture == ARCH:
         typer.echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
-        typer.echo(member_line(d))
+        _say(member_line(d))
         if (how := chosen_line(g)) is not None:
-            typer.echo(how)
+            _say(how)
         typer.echo("pair with the target in llama.cpp:")
-        typer.echo(f"  {pairing_hint(d)}")
+        _say(f"  {pairing_hint(d)}")
 
 
 @app.command()
@@ -219,7 +236,7 @@ def validate(
     elif report.exit_code != 2:
         typer.echo(render_text(report))
     if report.exit_code == 2:
-        _say(f"dflash-convert: error: {report.error_line()}")
+        _err(f"dflash-convert: error: {report.error_line()}")
     raise typer.Exit(report.exit_code)
 
 
@@ -252,14 +269,14 @@ def migrate(
         _fail_os(e, out)
     plan = result.plan
     total = sum(t.nbytes for t, _ in plan.tensors)
-    typer.echo(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
-               "copied byte for byte")
+    _say(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
+         "copied byte for byte")
     for note in plan.notes:
-        typer.echo(f"  {note}")
+        _say(f"  {note}")
     report = result.report
     if report.exit_code:
         typer.echo(render_text(report))
-        _say("dflash-convert: error: the written file does not pass validate; see the failures above")
+        _err("dflash-convert: error: the written file does not pass validate; see the failures above")
     else:
         n = report.counts()
         typer.echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
@@ -329,15 +346,15 @@ def quantize(
                                    file_position=_tensor_types_before_file(_COMMAND_LINE))
         plan = plan_quantize(src, out, qtype, options=options, validate=not skip_validation)
         if dry_run:
-            typer.echo(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
+            _say(f"{plan.source} -> {plan.output}: {plan.ftype} ({key('file_type')} {plan.file_type})")
             by_name = {t.gguf_name: t for t in plan.drafter.tensors}
             for p in plan.tensors:
                 src_type = by_name[p.tensor.gguf_name].dtype
                 shape = "x".join(map(str, p.ne))
-                typer.echo(f"  {p.tensor.gguf_name:<32} {shape:<14} {src_type:<5} -> {p.ggml_type.name:<6} {_human(p.nbytes):>10}"
-                           + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--")) else ""))
+                _say(f"  {p.tensor.gguf_name:<32} {shape:<14} {src_type:<5} -> {p.ggml_type.name:<6} {_human(p.nbytes):>10}"
+                     + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--")) else ""))
             for note in plan.notes:
-                typer.echo(f"  {note}")
+                _say(f"  {note}")
             typer.echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
             return
         write_quantize(plan, force=force, progress=not quiet, threads=threads)
@@ -349,8 +366,8 @@ def quantize(
         _fail_os(e, out)
     if not quiet:
         for note in plan.notes:
-            typer.echo(f"note: {note}")
-        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
+            _say(f"note: {note}")
+        _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
 
 
 def _quantize_for_acceptance(src: Path, out: Path, qtype: str, features: Path, min_acceptance: float,
@@ -359,19 +376,19 @@ def _quantize_for_acceptance(src: Path, out: Path, qtype: str, features: Path, m
     try:
         chosen = quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir=target_model_dir,
                                          target_gguf=target_gguf, device=device, force=force, dry_run=dry_run,
-                                         progress=not quiet, threads=threads, log=None if quiet else typer.echo)
+                                         progress=not quiet, threads=threads, log=None if quiet else _say)
     except DFlashError as e:
         _fail(e)
     res, plan = chosen.search, chosen.plan
-    typer.echo(f"chosen: {plan.ftype} mix raised in {len(res.steps)} step(s): {res.result_bytes} tensor bytes "
+    _say(f"chosen: {plan.ftype} mix raised in {len(res.steps)} step(s): {res.result_bytes} tensor bytes "
                f"(plain {plan.ftype} {res.plain_bytes}, input {res.baseline_bytes}); held-out accept {res.result.accept:.4f} = "
                f"{res.relative:.4f} of the input's {res.baseline.accept:.4f} (plain {res.plain.accept:.4f})")
-    typer.echo(f"search: {res.evaluations} measurements, {res.quantized} tensors quantized, {res.seconds:.1f} s")
-    typer.echo("recipe: " + (" ".join(f"--tensor-type {shlex.quote(i)}" for i in chosen.tensor_types) or "(the plain mix)"))
-    typer.echo("llama-quantize writes the same file with: llama-quantize "
+    _say(f"search: {res.evaluations} measurements, {res.quantized} tensors quantized, {res.seconds:.1f} s")
+    _say("recipe: " + (" ".join(f"--tensor-type {shlex.quote(i)}" for i in chosen.tensor_types) or "(the plain mix)"))
+    _say("llama-quantize writes the same file with: llama-quantize "
                + " ".join(shlex.quote(a) for a in chosen.llama_quantize_args()))
     if not dry_run and not quiet:
-        typer.echo(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data)")
+        _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data)")
 
 
 @app.command()
@@ -400,9 +417,13 @@ def sweep(
             plot_sweep(report, plot, force=force)
     except DFlashError as e:
         _fail(e)
-    typer.echo(report.to_json() if json_out else report.render_text())
+    if json_out:
+        typer.echo(report.to_json())  # JSON escapes what it quotes
+    else:
+        for line in report.render_text().splitlines():
+            _say(line)
     if plot is not None and not json_out:
-        typer.echo(f"wrote {plot}")
+        _say(f"wrote {plot}")
 
 
 @app.command()
@@ -462,9 +483,9 @@ def capture(
     except OSError as e:
         _fail_os(e, out)
     for note in res.notes:
-        typer.echo(f"note: {note}", err=True)
+        _err(f"note: {note}")
     if not quiet:
-        typer.echo(f"wrote {res.output}: {res.sequences} sequences, {res.tokens} tokens, layer inputs {res.layers}")
+        _say(f"wrote {res.output}: {res.sequences} sequences, {res.tokens} tokens, layer inputs {res.layers}")
 
 
 @app.command()
@@ -598,16 +619,16 @@ def _invoke(args: list[str]) -> int:
         return e.exit_code
     except _click_exceptions.UsageError as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # a bare command: its help, on stderr, and the usage status
-            _say(e.format_message())
+            _err(e.format_message())
             return EXIT_USAGE
         where = e.ctx.command_path if e.ctx is not None else PROG
-        _say(f"dflash-convert: error: {e.format_message()} (see '{where} -h')")
+        _err(f"dflash-convert: error: {e.format_message()} (see '{where} -h')")
         return EXIT_USAGE
     except _click_exceptions.ClickException as e:
-        _say(f"dflash-convert: error: {e.format_message()}")
+        _err(f"dflash-convert: error: {e.format_message()}")
         return e.exit_code
     except typer.Abort:
-        _say("dflash-convert: error: aborted")
+        _err("dflash-convert: error: aborted")
         return EXIT_REFUSED
     return 0
 
@@ -642,24 +663,24 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except DFlashError as e:
-        _say(f"dflash-convert: error: {e}")
+        _err(f"dflash-convert: error: {e}")
         code = exit_code(e)
     except MemoryError:
-        _say("dflash-convert: error: out of memory; free memory or raise the limit and run again")
+        _err("dflash-convert: error: out of memory; free memory or raise the limit and run again")
         code = EXIT_REFUSED
     except OSError as e:
-        _say(f"dflash-convert: error: {e.filename}: {os_reason(e)}" if e.filename else f"dflash-convert: error: {os_reason(e)}")
+        _err(f"dflash-convert: error: {e.filename}: {os_reason(e)}" if e.filename else f"dflash-convert: error: {os_reason(e)}")
         code = EXIT_REFUSED
     except Exception as e:  # a bug of ours: still one line, and the way to see more
         if os.environ.get("DFLASH_CONVERT_TRACEBACK"):
             raise
         text = " ".join(str(e).split())[:300]
-        _say(f"dflash-convert: error: internal error: {type(e).__name__}: {text} "
+        _err(f"dflash-convert: error: internal error: {type(e).__name__}: {text} "
              "(DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")
         code = EXIT_REFUSED
     if received:
         name = signal.Signals(received[0]).name
-        _say(f"dflash-convert: interrupted by {name}; no partial output was left")
+        _err(f"dflash-convert: interrupted by {name}; no partial output was left")
         code = 128 + received[0]
     try:
         sys.stdout.flush()
@@ -668,7 +689,7 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError):
         pass
     if closed_stdout is not None and closed_stdout.written:
-        _say("dflash-convert: warning: standard output is closed; what this command printed there was discarded")
+        _err("dflash-convert: warning: standard output is closed; what this command printed there was discarded")
     try:
         sys.stderr.flush()
     except (OSError, ValueError):

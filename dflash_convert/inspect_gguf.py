@@ -14,8 +14,9 @@ from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, ValueType
 from .format.rules import DEFAULT_BLOCK_SIZE
-from .sources.gguf import GGUFFile, GGUFValue, NumArray, read_gguf
+from .sources.gguf import GGUFFile, GGUFValue, NumArray, StrArray, read_gguf
 from .sources.gguf_drafter import read_lenient
+from .terminal import visible
 
 
 def read_summary(path: str | Path) -> tuple[GGUFFile, Drafter]:
@@ -72,11 +73,12 @@ def pairing_hint(d: Drafter) -> str:
     n-max is block_size - 1 (the anchor slot), or block_size for DSpark sampling from the anchor."""
     m, spec = member(d)
     n_max = max(1, draft_tokens_per_block(m, block_size(d), d.sample_from_anchor))
-    return f"llama-server -m TARGET.gguf -md {d.origin.path} --spec-type {spec} --spec-draft-n-max {n_max} -fa on"
+    return f"llama-server -m TARGET.gguf -md {visible(d.origin.path)} --spec-type {spec} --spec-draft-n-max {n_max} -fa on"
 
 
 def short(value: Any, limit: int = 8) -> str:
-    if isinstance(value, (list, NumArray)):
+    """A value in a few characters; strings as repr (escaped: nothing a terminal acts on, one line)."""
+    if isinstance(value, (list, NumArray, StrArray)):
         items = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value[:limit]]
         head = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in items)
         return f"[{head}{', ...' if len(value) > limit else ''}] ({len(value)})"

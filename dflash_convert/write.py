@@ -29,6 +29,7 @@ from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLT
 from .format.keys import VALUE_TYPES, ValueType
 from .metadata import Metadata
 from .outputs import TemporaryOutput, clear_stale_partials
+from .terminal import visible
 
 log = logging.getLogger("dflash_convert")
 
@@ -205,7 +206,7 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
     if progress:
         from tqdm import tqdm  # only a progress bar on a terminal needs it
 
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {out.name}", disable=None, leave=False)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {visible(out.name)}", disable=None, leave=False)
     try:
         tmp = TemporaryOutput(out)
         try:

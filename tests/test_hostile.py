@@ -1175,3 +1175,296 @@ def test_round3_check_fails_a_file_that_fails_validate(tmp_path, drafter, qwen3_
     rep = check(bad, drafter, target_model_dir=t, device="cpu", context=7)
     assert not rep.passed and rep.exit_code == 1
     assert any("fails validate" in f and "llama_model_n_ctx_train" in f for f in rep.failures), rep.failures
+# --- round 3, 7: terminal safety ---------------------------------------------------------------------
+
+FORGED = "\n  pass  everything         fine\nresult: PASS (0 fail, 0 warn, 20 pass, 0 skipped)"
+HOSTILE_TEXT = "\x1b[2J\x1b]0;owned\x07\x9b31m\x7f\rover\u202eevil\x00"  # ESC/CSI/OSC, BEL, C1 CSI, DEL, CR, RLO, NUL
+
+
+def _hostile_drafter(path: Path) -> Path:
+    """A drafter that fails validate (no mask token id) and quotes hostile text in a key name, a
+    string value and a tensor name, one of which tries to forge validate's last line."""
+    from drafter_gguf import KV, drafter_parts, drop_keys, full_key, tensor, write_parts
+
+    from dflash_convert.format.keys import ValueType
+
+    keys, tensors = drop_keys(drafter_parts(), full_key("mask_token_id"))
+    keys += [KV("dflash.x" + FORGED + HOSTILE_TEXT, ValueType.UINT32, 1),
+             KV("general.description", ValueType.STRING, "text" + HOSTILE_TEXT + FORGED)]
+    tensors.append(tensor("blk.9." + HOSTILE_TEXT[:12] + ".weight", (32,)))
+    return write_parts(path, (keys, tensors))
+
+
+def _on_a_terminal(*args: object, env: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """Run the command with stdout and stderr on a pseudo-terminal (click strips ANSI codes only
+    when the output is not a terminal, so a pipe would hide the fault); (exit code, bytes shown)."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], stdin=subprocess.DEVNULL,
+                         stdout=slave, stderr=slave, env=dict(os.environ, **(env or {})))
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return p.wait(timeout=TIMEOUT), out.replace(b"\r\n", b"\n")  # the terminal's own newline translation
+
+
+def _nothing_raw(shown: bytes) -> None:
+    for raw in (b"\x1b", b"\x07", b"\x7f", b"\r", b"\x00", "\x9b".encode(), "\u202e".encode()):
+        assert raw not in shown, (raw, shown[:2000])
+
+
+def test_visible_escapes_every_control_and_keeps_printable_text():
+    from dflash_convert.terminal import json_safe, visible
+
+    assert visible("plain ascii, ünïcödé, 中文 / path.gguf") == "plain ascii, ünïcödé, 中文 / path.gguf"
+    assert visible("a\nb\rc\td\x1b[31me\x7f\x9b\u202e\U000e0041") == "a\\nb\\rc\\td\\x1b[31me\\x7f\\x9b\\u202e\\U000e0041"
+    assert visible(os.fsdecode(b"/tmp/\xff\xfe.gguf")) == "/tmp/\\xff\\xfe.gguf"  # surrogateescape: the bytes
+    assert visible(Path("x\ny")) == "x\\ny"
+    doc = json.dumps({"k": "a\x7f\x9b\u202e\udcff\U000e0041é\n"}, ensure_ascii=False, indent=2)
+    safe = json_safe(doc)
+    assert json.loads(safe) == json.loads(doc) and safe.isascii() is False and "é" in safe
+    assert all(line.isprintable() for line in safe.split("\n"))
+    # warnings quote files too: the command line's log format escapes them the same way
+    import logging
+
+    from dflash_convert.cli import _VisibleFormatter
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "tensor %s skipped", ("a\nb\x1b[2K",), None)
+    assert _VisibleFormatter("w: %(message)s").format(record) == "w: tensor a\\nb\\x1b[2K skipped"
+
+
+def test_a_key_name_cannot_forge_a_validate_line(tmp_path):
+    path = _hostile_drafter(tmp_path / "forged.gguf")
+    r = cli("validate", path)
+    assert r.returncode == 1, r.stderr
+    results = [ln for ln in r.stdout.splitlines() if ln.startswith("result:")]
+    assert results == [r.stdout.splitlines()[-1]] and results[0].startswith("result: FAIL"), r.stdout
+    assert not any(ln.lstrip().startswith("pass  everything") for ln in r.stdout.splitlines())
+    assert "dflash.x\\n  pass  everything" in r.stdout and "\\nresult: PASS" in r.stdout  # shown, escaped
+    # every line is one of ours: the header, a check, a detail, the result
+    for ln in r.stdout.splitlines()[1:-1]:
+        assert ln.startswith("  ") and ln[2:6].strip() in ("pass", "warn", "fail", "skip", ""), ln
+    # --json keeps the exact key name
+    doc = json.loads(cli("validate", "--json", path).stdout)
+    details = [d for c in doc["checks"] for d in c["details"]]
+    assert any(d.startswith("dflash.x" + FORGED + HOSTILE_TEXT) for d in details), details
+
+
+def test_no_escape_sequence_from_a_file_reaches_the_terminal(tmp_path):
+    path = _hostile_drafter(tmp_path / "hostile.gguf")
+    code, shown = _on_a_terminal("inspect", path)
+    assert code == 0, shown
+    _nothing_raw(shown)
+    text = shown.decode()
+    assert "\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\x7f\\rover\\u202eevil\\x00" in text  # the key name, visibly
+    assert "blk.9.\\x1b[2J\\x1b]0;ow" in text  # the tensor name
+    assert not any(ln.startswith("result:") for ln in text.splitlines())
+    code, shown = _on_a_terminal("validate", path)
+    assert code == 1
+    _nothing_raw(shown)
+    assert [ln for ln in shown.decode().splitlines() if ln.startswith("result:")][0].startswith("result: FAIL")
+    code, shown = _on_a_terminal("validate", "--json", path)
+    assert code == 1
+    _nothing_raw(shown)
+    doc = json.loads(shown.decode())
+    assert any(HOSTILE_TEXT in d for c in doc["checks"] for d in c["details"])  # the real values, exact
+
+
+def test_error_lines_escape_what_they_quote(tmp_path):
+    # a path with a newline and an escape sequence: still one error line, shown escaped
+    r = cli("inspect", tmp_path / "a\nresult: PASS\x1b[2K.gguf")
+    line = one_error_line(r)
+    assert r.returncode == 2 and "a\\nresult: PASS\\x1b[2K.gguf" in line
+    # a file whose magic is an escape sequence: the reader's message quotes it, escaped
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"\x1b[2J" + b"\0" * 64)
+    code, shown = _on_a_terminal("validate", bad)
+    assert code == 2
+    _nothing_raw(shown)
+    assert b"not a GGUF file" in shown
+    # an input error quoting a hostile duplicate key
+    import struct
+
+    from gguf_bytes import kv_u32
+
+    dup = tmp_path / "dup.gguf"
+    k = "dup\n\x1b[2Kkey"
+    dup.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + kv_u32(k, 1) + kv_u32(k, 2))
+    code, shown = _on_a_terminal("inspect", dup)
+    assert code == 2
+    _nothing_raw(shown)
+    lines = [ln for ln in shown.decode().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "duplicate metadata key" in lines[0] and "dup\\n\\x1b[2Kkey" in lines[0], lines
+
+
+def test_non_utf8_path_names_print_escaped_and_never_crash(tmp_path, drafter, qwen3_target):
+    good = _hostile_drafter(tmp_path / "good.gguf")
+    folder = os.fsencode(tmp_path)
+    name = folder + b"/\xff\xfe\x1b[31m.gguf"
+    os.link(good, name)
+    strict = {"PYTHONIOENCODING": "utf-8:strict"}  # a UTF-8 terminal: a lone surrogate printed raw would crash
+    for args, want in ((["inspect"], 0), (["validate"], 1), (["validate", "--json"], 1)):
+        r = subprocess.run([sys.executable, "-m", "dflash_convert.cli", *args, name], capture_output=True, timeout=TIMEOUT,
+                           env=dict(os.environ, **strict))
+        assert r.returncode == want and b"Traceback" not in r.stderr, r.stderr
+        assert b"\x1b" not in r.stdout and b"\xff" not in r.stdout
+        if "--json" in args:
+            assert os.fsencode(json.loads(r.stdout)["file"]) == name  # the exact bytes, as JSON escapes
+        else:
+            assert b"\\xff\\xfe\\x1b[31m.gguf" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "dflash_convert.cli", "inspect", folder + b"/missing-\xff.gguf"],
+                       capture_output=True, timeout=TIMEOUT, env=dict(os.environ, **strict))
+    lines = r.stderr.decode().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "missing-\\xff.gguf" in lines[0] and "Traceback" not in lines[0]
+    out = tmp_path / "o\n\x1b[2K.gguf"
+    r = cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", out)
+    assert r.returncode == 0 and r.stdout.count("\n") == 1 and "o\\n\\x1b[2K.gguf" in r.stdout, r.stdout
+
+
+# --- round 3, 8: memory bounded for hostile GGUFs ------------------------------------------------------
+
+# the peak resident memory of a command, measured in a child of its own (RUSAGE_CHILDREN is the
+# largest of every waited-for child: the test process's other children must not count)
+_PEAK = ("import resource, subprocess, sys\n"
+         "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
+         "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n")
+
+
+def _peak_rss(*args: object) -> tuple[int, int]:
+    """(exit code, peak RSS in bytes) of ``dflash-convert ARGS``."""
+    r = subprocess.run([sys.executable, "-c", _PEAK, sys.executable, "-m", "dflash_convert.cli", *map(str, args)],
+                       capture_output=True, text=True, timeout=300)
+    code, peak = r.stdout.split()
+    return int(code), int(peak)
+
+
+def _spliced(path: Path, short: str, sub: int, count: int, items: bytes) -> Path:
+    """A complete small drafter with one more key, ``short``, an array of ``count`` items given as
+    their bytes; the key is padded to the alignment so the tensor data moves as a whole."""
+    import struct
+
+    from drafter_gguf import drafter_parts, drop_keys, full_key, write_parts
+
+    raw = write_parts(path.with_name("small.gguf"), drop_keys(drafter_parts(), full_key(short))).read_bytes()
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", raw, 4)
+    name = full_key(short).encode()
+    head = struct.pack("<Q", len(name)) + name + struct.pack("<IIQ", 9, sub, count)
+    assert (len(head) + len(items)) % 32 == 0
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv + 1) + head + items + raw[24:])
+    return path
+
+
+def string_heavy_gguf(path: Path, size: int = 40 << 20, length: int = 3) -> Path:
+    """A drafter whose tokenizer.ggml.tokens holds ``size`` bytes of ``length``-byte strings (millions of them)."""
+    import struct
+
+    import numpy as np
+
+    n = size // (8 + length)
+    items = np.zeros(n, dtype=[("n", "<u8"), ("s", f"S{length}")])
+    items["n"] = length
+    items["s"] = np.random.default_rng(0).integers(97, 123, (n, length), dtype=np.uint8).view(f"S{length}")[:, 0]
+    body = items.tobytes()
+    name_len = len("tokenizer.ggml.tokens")
+    pad = (-(8 + name_len + 16 + len(body) + 8)) % 32  # a last string of pad bytes aligns the key
+    return _spliced(path, "tok_tokens", 8, n + 1, body + struct.pack("<Q", pad) + b"z" * pad)
+
+
+def int_heavy_gguf(path: Path, size: int = 40 << 20) -> Path:
+    """A drafter whose tokenizer.ggml.token_type is an INT8 array of ``size`` entries none of them a cached small int."""
+    import numpy as np
+
+    name_len = len("tokenizer.ggml.token_type")
+    n = size + (-(8 + name_len + 16 + size)) % 32
+    return _spliced(path, "tok_token_type", 1, n, np.random.default_rng(0).integers(-128, -6, n, dtype="i1").tobytes())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss units and madvise as on Linux")
+@pytest.mark.parametrize("build", [string_heavy_gguf, int_heavy_gguf], ids=["strings", "ints"])
+def test_inspect_and_validate_memory_is_bounded_by_the_file(tmp_path, build):
+    """Peak memory of inspect and validate on a ~40 MB file of millions of short array items stays
+    under twice the file's size over the same command on a small file (it was ~6x for strings,
+    ~50x for integers that Python does not cache)."""
+    big = build(tmp_path / "big.gguf")
+    small = tmp_path / "small.gguf"
+    size = big.stat().st_size
+    assert size > 30 << 20
+    for args, want in ((["inspect"], 0), (["validate"], 1), (["validate", "--json"], 1)):
+        base_code, base = _peak_rss(*args, small)
+        code, peak = _peak_rss(*args, big)
+        assert base_code in (0, 1) and code == want, (args, code)
+        extra = peak - base
+        assert extra < 2 * size + (16 << 20), f"{args}: {extra / 2**20:.0f} MiB over the baseline for a {size / 2**20:.0f} MiB file"
+
+
+def test_string_arrays_are_held_compact_and_read_exactly(tmp_path):
+    """The reader keeps a string array as one buffer and offsets, and still gives every item exactly."""
+    from drafter_gguf import read_parts, write_parts
+
+    from dflash_convert.sources.gguf import StrArray, read_gguf
+
+    path = string_heavy_gguf(tmp_path / "big.gguf", size=1 << 20)
+    g = read_gguf(path)
+    tokens = g.metadata["tokenizer.ggml.tokens"].value
+    assert isinstance(tokens, StrArray) and len(tokens) == (1 << 20) // 11 + 1
+    assert tokens.offsets.itemsize == 4 and len(tokens.data) == 3 * (len(tokens) - 1) + len(tokens[-1])
+    raw = path.read_bytes()
+    first = raw.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 4 + 4 + 8
+    assert tokens[0] == raw[first + 8:first + 11] and tokens[-1] == b"z" * len(tokens[-1])
+    assert tokens[1:3] == [raw[first + 19:first + 22], raw[first + 30:first + 33]]
+    assert tokens == list(tokens) and tokens == StrArray.of(list(tokens)) and tokens != list(tokens)[:-1]
+    assert g.get("tokenizer.ggml.tokens")[:2] == [t.decode() for t in tokens[:2]]
+    # written back through the writer (as migrate and quantize copy keys), byte for byte
+    assert write_parts(tmp_path / "again.gguf", read_parts(path)).read_bytes() == raw
+
+
+def test_an_integer_array_too_long_to_read_fails_by_its_length(tmp_path):
+    """target_layers and a per-layer key with 70,000 entries: never expanded into Python ints,
+    failed by their length (llama.cpp reads at most 512 into either)."""
+    from drafter_gguf import KV, drafter_parts, full_key, kv, set_key, write_parts
+
+    from dflash_convert.format.keys import ValueType
+
+    keys, tensors = set_key(drafter_parts(), kv("target_layers", [1] * 70_000))
+    heads = full_key("head_count")
+    keys = [KV(heads, ValueType.ARRAY, [2] * 70_000, ValueType.INT32) if k.key == heads else k for k in keys]
+    report = validate(write_parts(tmp_path / "long.gguf", (keys, tensors)))
+    assert report.exit_code == 1
+    tl = report.check("target_layers")
+    assert tl.status == "fail" and "dflash.target_layers has 70000 entries; llama.cpp reads at most 512" in tl.message
+    types = report.check("keys.types")
+    assert types.status == "fail" and any("dflash.attention.head_count has 70000 entries" in d for d in types.details)
+
+
+def test_millions_of_tiny_keys_or_tensors_are_refused_up_front(tmp_path):
+    """Each key or tensor costs a few hundred bytes of Python objects against ~20 in the file: past
+    65,536 of either (real files hold tens of keys, a few thousand tensors at most) the file is
+    refused before anything is read, with one line naming the count."""
+    import struct
+
+    from dflash_convert.sources.gguf import MAX_KEYS, MAX_TENSORS
+
+    keys = tmp_path / "keys.gguf"
+    items = b"".join(struct.pack("<Q", 7) + b"k%06d" % i + struct.pack("<IB", 0, 1) for i in range(MAX_KEYS + 1))
+    keys.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, MAX_KEYS + 1) + items)
+    tensors = tmp_path / "tensors.gguf"
+    tensors.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, MAX_TENSORS + 1, 0) + bytes(40 * (MAX_TENSORS + 1)))
+    for path, what in ((keys, f"metadata count {MAX_KEYS + 1} is more than the {MAX_KEYS} keys"),
+                       (tensors, f"tensor count {MAX_TENSORS + 1} is more than the {MAX_TENSORS} tensors")):
+        for command in ("inspect", "validate"):
+            r = cli(command, path)
+            assert r.returncode == 2 and what in one_error_line(r), r.stderr
+    # at the limit a file still reads
+    at_limit = tmp_path / "at-limit.gguf"
+    at_limit.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, MAX_KEYS) + items[:len(items) - 20])
+    r = cli("inspect", at_limit)
+    assert r.returncode == 0 and f"keys ({MAX_KEYS})" in r.stdout, r.stderr

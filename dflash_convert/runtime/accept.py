@@ -28,7 +28,6 @@ from ..drafter import Drafter
 from ..errors import DFlashError
 from ..sources.features import FeaturesFile
 from .forward import (
-    _ffn,
     _kv,
     _layer_mm,
     _mm,
@@ -36,6 +35,7 @@ from .forward import (
     block_tokens,
     contiguous_positions,
     cpu_matmul_input,
+    layer_tail,
     position_rows,
     rms_norm,
     rope_cos_sin,
@@ -176,18 +176,7 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
             probs = probs.to(cache_dtype).to(dt)
         attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
                 + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
-        o = _layer_mm(lw, "wo", attn, cpu_matmul)
-        if d.value_scale:
-            o = o * d.value_scale
-        if lw.post_attn_norm is not None:
-            o = rms_norm(o, eps, lw.post_attn_norm)
-        x = x + o
-        y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, False, cpu_matmul)
-        if lw.post_ffw_norm is not None:
-            y = rms_norm(y, eps, lw.post_ffw_norm)
-        x = x + y
-        if lw.out_scale is not None:
-            x = x * lw.out_scale
+        x = layer_tail(d, lw, x, attn, False, cpu_matmul)  # no fp16 GELU table here, as before
     hidden = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1].reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)

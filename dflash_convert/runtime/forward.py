@@ -368,6 +368,29 @@ def contiguous_positions(n_ctx: int, n_block: int, start: int = 0) -> torch.Tens
 
 
 @torch.no_grad()
+def layer_tail(d: Drafter, lw: LayerWeights, x: torch.Tensor, attn: torch.Tensor, gelu_fp16_table: bool,
+               cpu_matmul: bool) -> torch.Tensor:
+    """The rest of a layer after attention, as llama.cpp's dflash graph computes it: the output
+    projection (times value_scale), the post-attention norm, the residual, the FFN with its
+    post-FFW norm and residual, the layer's output scale. ``x``: the layer's input, [rows, E];
+    ``attn``: the attention output, [rows, H*D]. Shared by the single draft (run_gguf) and the
+    batched drafts of every anchor (runtime.accept)."""
+    eps = d.rms_eps
+    o = _layer_mm(lw, "wo", attn, cpu_matmul)
+    if d.value_scale:
+        o = o * d.value_scale
+    if lw.post_attn_norm is not None:
+        o = rms_norm(o, eps, lw.post_attn_norm)
+    x = x + o
+    y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, gelu_fp16_table, cpu_matmul)
+    if lw.post_ffw_norm is not None:
+        y = rms_norm(y, eps, lw.post_ffw_norm)
+    x = x + y
+    if lw.out_scale is not None:
+        x = x * lw.out_scale
+    return x
+
+
 def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, block_ids: torch.Tensor,
              positions: torch.Tensor, *, causal: bool | None = None, kv_cache_dtype: torch.dtype | None = None,
              gelu_fp16_table: bool = False, cpu_matmul: bool = False) -> ForwardResult:
@@ -415,18 +438,7 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
         k = apply_rope_neox(torch.cat([k_ctx, k_blk]), cos, sin)
         v = torch.cat([v_ctx, v_blk])
         attn = attend(q, k, v, masks[window_of[il]], kq_scale, lw.sinks, kv_cache_dtype)
-        o = _layer_mm(lw, "wo", attn, cpu_matmul)
-        if d.value_scale:
-            o = o * d.value_scale
-        if lw.post_attn_norm is not None:
-            o = rms_norm(o, eps, lw.post_attn_norm)
-        x = x + o
-        y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, gelu_fp16_table, cpu_matmul)
-        if lw.post_ffw_norm is not None:
-            y = rms_norm(y, eps, lw.post_ffw_norm)
-        x = x + y
-        if lw.out_scale is not None:
-            x = x * lw.out_scale
+        x = layer_tail(d, lw, x, attn, gelu_fp16_table, cpu_matmul)
     hidden = rms_norm(x, eps, weights.output_norm)
     out = hidden[1:] if not cpu_matmul else cpu_matmul_input(hidden[1:], weights.head.source.dtype)
     logits = scatter_d2t(weights.head.project(out), weights.d2t, d.vocab_size)

@@ -3,7 +3,13 @@
 Every count and length read from the file is checked against the bytes that remain before it is
 used, so a hostile file cannot make us allocate more than its own size or loop forever: strings
 and arrays are capped at llama.cpp's limits and must fit in the rest of the file, numeric arrays
-are kept as one compact copy of their bytes (``NumArray``), never as a list of Python objects.
+are kept as one compact copy of their bytes (``NumArray``) and string arrays as one buffer of their
+bytes with an offsets array (``StrArray``), never as a list of Python objects: a string array
+costs at most the bytes it takes in the file (its 8-byte length prefixes become offsets of 4 or 8
+bytes), and an item becomes a Python object only when a caller asks for it. The file is mapped,
+and the mapped pages behind the parser are handed back as it goes (``MADV_DONTNEED``), so the
+pages of the file and the copy of its values are never both resident: reading a file costs about
+its metadata's size once, plus a constant (tests/test_hostile.py measures it).
 Tensor infos are checked for name length, dimension count, element-count overflow, known types,
 block alignment, and data offsets (aligned, inside the file, non-overlapping and packed in table
 order, as llama.cpp's ``gguf_init_from_file`` requires) with sizes consistent with shape and type.
@@ -44,6 +50,11 @@ from ..format.keys import BOOLEAN, VALUE_TYPES, ValueType, key
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 ALIGNMENT_KEY = key("alignment")
+# the most keys and tensors read: each costs a few hundred bytes of Python objects against a dozen or
+# so in the file, so a file of millions of tiny keys would cost 10x its size; real files (drafters
+# and the biggest targets alike) hold tens of keys and at most a few thousand tensors
+MAX_KEYS = 1 << 16
+MAX_TENSORS = 1 << 16
 # smallest possible encodings, used to bound counts by the bytes that remain
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, 1-byte name, n_dims, one dim, type, offset
@@ -96,10 +107,81 @@ class NumArray(Sequence):
         return f"[{head}{', ...' if len(self) > 8 else ''}]"
 
 
+class StrArray(Sequence):
+    """A string GGUF array held as its items' bytes in one buffer plus ``len + 1`` offsets.
+
+    Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
+    list of bytes); each item is made only when asked for, so holding a vocabulary costs its bytes
+    and 4 or 8 bytes an item, not a Python object (about 40 bytes or more) an item.
+    """
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: bytes | bytearray, offsets: np.ndarray) -> None:
+        self.data = data  # never changed after parsing
+        self.offsets = offsets
+
+    @classmethod
+    def of(cls, items: Sequence[bytes | str]) -> StrArray:
+        """A StrArray of a list of items (str encoded as UTF-8)."""
+        raw = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in items]
+        offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in raw], out=offsets[1:])
+        return cls(b"".join(raw), offsets)
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("StrArray index out of range")
+        return bytes(self.data[int(self.offsets[i]):int(self.offsets[i + 1])])
+
+    def __iter__(self) -> Iterator[bytes]:
+        data, offsets = self.data, self.offsets
+        chunk = 1 << 16  # offsets as Python ints a chunk at a time: iterating stays lazy
+        for a in range(0, len(self), chunk):
+            o = offsets[a:a + chunk + 1].tolist()
+            for j in range(len(o) - 1):
+                yield bytes(data[o[j]:o[j + 1]])
+
+    def tolist(self) -> list[bytes]:
+        return list(self)
+
+    def texts(self) -> list[str]:
+        """Every item decoded (invalid UTF-8 replaced)."""
+        return [b.decode("utf-8", "replace") for b in self]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StrArray):
+            return (len(self) == len(other) and bool(np.array_equal(self.offsets - self.offsets[0], other.offsets - other.offsets[0]))
+                    and self.data[int(self.offsets[0]):int(self.offsets[-1])] == other.data[int(other.offsets[0]):int(other.offsets[-1])])
+        if isinstance(other, (list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        head = ", ".join(map(repr, self[:8]))
+        return f"[{head}{', ...' if len(self) > 8 else ''}]"
+
+
 @dataclass
 class GGUFValue:
     vtype: ValueType
-    value: Any  # python scalar; bytes for strings; NumArray for numeric arrays; list of bytes for string arrays
+    value: Any  # python scalar; bytes for strings; NumArray for numeric arrays; StrArray for string arrays
     sub: ValueType | None = None
 
     def text(self) -> str:
@@ -181,7 +263,7 @@ class GGUFFile:
             return v.text()
         if v.vtype == ValueType.ARRAY:
             if v.sub == ValueType.STRING:
-                return [s.decode("utf-8", "replace") for s in v.value]
+                return v.value.texts()
             return v.value.tolist()
         return v.value
 
@@ -201,9 +283,27 @@ class GGUFFile:
         """Nothing stays open: tensor data is read by position on demand."""
 
 
+_PAGE = mmap.PAGESIZE
+_RELEASE_EVERY = 4 << 20  # hand mapped pages back in steps of this many bytes
+
+
 class _Cursor:
-    def __init__(self, buf: memoryview, path: Path) -> None:
+    def __init__(self, buf: memoryview, path: Path, mm: mmap.mmap | None = None) -> None:
         self.buf, self.pos, self.path = buf, 0, path
+        self.mm, self.released = mm, 0  # pages before ``released`` are handed back to the kernel
+
+    def release(self) -> None:
+        """Hand back the mapped pages the parser has passed: their values are copied out, so the
+        file's pages and the copies are not resident at once (a no-op where madvise is missing)."""
+        end = self.pos // _PAGE * _PAGE
+        if self.mm is None or end - self.released < _RELEASE_EVERY or not hasattr(self.mm, "madvise"):
+            return
+        try:
+            self.mm.madvise(mmap.MADV_DONTNEED, self.released, end - self.released)
+        except (OSError, ValueError, AttributeError):  # not supported here: memory is still bounded, by 2x
+            self.mm = None
+            return
+        self.released = end
 
     def fail(self, msg: str) -> InputFileError:
         return InputFileError(f"{msg} (at byte {self.pos})", self.path)
@@ -264,22 +364,58 @@ class _Cursor:
         if sub == ValueType.STRING:
             # each string needs at least its 8-byte length: bound the count before looping
             self.need(count * 8, f"{what} ({count} strings)")
-            return GGUFValue(ValueType.ARRAY, [self.string(f"{what}[{i}]") for i in range(count)], sub)
+            return GGUFValue(ValueType.ARRAY, self.strings(what, count), sub)
         info = VALUE_TYPES[sub]
         size = info.size
         self.need(count * size, f"{what} ({count} items)")
-        view = np.frombuffer(self.buf, dtype=info.numpy, count=count, offset=self.pos)
-        if info.kind == BOOLEAN:
-            if count and int(view.max()) > 1:
+        data = np.empty(count, dtype=bool if info.kind == BOOLEAN else info.numpy)
+        start, step = self.pos, max(1, _RELEASE_EVERY // size)
+        for a in range(0, count, step):  # copied a few MiB at a time, the pages behind handed back as it goes
+            n = min(step, count - a)
+            view = np.frombuffer(self.buf, dtype=info.numpy, count=n, offset=start + a * size)
+            if info.kind == BOOLEAN and int(view.max()) > 1:
                 i = int(np.argmax(view > 1))
-                raise self.fail(f"{what}[{i}]: bool value {int(view[i])} is neither 0 nor 1")
-            data = view.astype(bool)
-        else:
-            data = view.copy()
-        del view
+                self.pos = start
+                raise self.fail(f"{what}[{a + i}]: bool value {int(view[i])} is neither 0 nor 1")
+            data[a:a + n] = view
+            del view
+            self.pos = start + (a + n) * size
+            self.release()
         data.flags.writeable = False
-        self.pos += count * size
+        self.pos = start + count * size
         return GGUFValue(ValueType.ARRAY, NumArray(data), sub)
+
+    def strings(self, what: str, count: int) -> StrArray:
+        """``count`` strings (already bounded by the bytes that remain) as one buffer and offsets."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        # offsets never need more than the length prefixes they replace; uint32 when the rest of the file is < 4 GiB
+        offsets = np.zeros(count + 1, dtype=np.uint32 if end - pos < 1 << 32 else np.int64)  # calloc: pages on first write
+        put = memoryview(offsets).cast("B").cast(offsets.dtype.char)
+        data = bytearray()
+        unpack = struct.Struct("<Q").unpack_from
+        total, mark = 0, pos + _RELEASE_EVERY
+        for i in range(count):
+            if pos + 8 > end:
+                self.pos = pos
+                raise self.fail(f"truncated: {what}[{i}] length needs 8 bytes, {end - pos} remain")
+            n = unpack(buf, pos)[0]
+            if n > GGUF_MAX_STRING_LENGTH:
+                self.pos = pos + 8
+                raise self.fail(f"{what}[{i}] length {n} exceeds llama.cpp's limit of {GGUF_MAX_STRING_LENGTH} bytes")
+            pos += 8
+            if pos + n > end:
+                self.pos = pos
+                raise self.fail(f"truncated: {what}[{i}] needs {n} bytes, {end - pos} remain")
+            data += buf[pos:pos + n]
+            pos += n
+            total += n
+            put[i + 1] = total
+            if pos > mark:
+                self.pos, mark = pos, pos + _RELEASE_EVERY
+                self.release()
+        self.pos = pos
+        self.release()
+        return StrArray(data, offsets)
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
@@ -299,7 +435,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
     try:
         buf = memoryview(mm)
         try:
-            return _parse(buf, path, size)
+            return _parse(buf, path, size, mm)
         finally:
             try:
                 buf.release()
@@ -323,8 +459,8 @@ def _check_version(c: _Cursor, version: int) -> None:
         raise c.fail(f"GGUF version {version} is newer than {GGUF_VERSION}, the newest llama.cpp 0c1e57098 reads")
 
 
-def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
-    c = _Cursor(buf, path)
+def _parse(buf: memoryview, path: Path, size: int, mm: mmap.mmap | None = None) -> GGUFFile:
+    c = _Cursor(buf, path, mm)
     c.need(4, "magic")
     if bytes(buf[:4]) != GGUF_MAGIC:
         raise InputFileError(f"not a GGUF file (magic {bytes(buf[:4])!r})", path)
@@ -349,6 +485,13 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
         raise bad_count(kv_at, f"metadata count {n_kv} cannot fit in a {size}-byte file")
     if n_tensors * _MIN_TENSOR_INFO_BYTES > size - body:
         raise bad_count(tensors_at, f"tensor count {n_tensors} cannot fit in a {size}-byte file")
+    if n_kv > MAX_KEYS:
+        raise bad_count(kv_at, f"metadata count {n_kv} is more than the {MAX_KEYS} keys dflash-convert reads "
+                               "(a drafter holds about 40): refused, so that reading stays bounded by the file's size")
+    if n_tensors > MAX_TENSORS:
+        raise bad_count(tensors_at, f"tensor count {n_tensors} is more than the {MAX_TENSORS} tensors dflash-convert "
+                                    "reads (the biggest models hold a few thousand): refused, so that reading stays "
+                                    "bounded by the file's size")
 
     md: dict[str, GGUFValue] = {}
     for i in range(n_kv):
@@ -362,6 +505,7 @@ def _parse(buf: memoryview, path: Path, size: int) -> GGUFFile:
         if key in md:
             raise c.fail(f"duplicate metadata key {key!r}")
         md[key] = c.value(c.u32(f"type of {key}"), key)
+        c.release()
 
     alignment = GGUF_DEFAULT_ALIGNMENT
     if ALIGNMENT_KEY in md:

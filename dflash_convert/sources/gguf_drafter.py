@@ -38,12 +38,25 @@ def as_float(v: GGUFValue | None) -> float | None:
     return float(v.value) if v is not None and v.vtype in FLOAT_TYPES else None
 
 
+# the longest integer array turned into a list of Python ints (up to 36 bytes an entry, against 1 to
+# 8 in the file): llama.cpp reads no model key into more than LLAMA_MAX_LAYERS (512) entries, so a
+# longer array is refused whatever it holds (validate says so from its length), never expanded
+MAX_INT_LIST = 1 << 16
+
+
 def as_ints(v: GGUFValue | None) -> list[int] | None:
+    """An integer or bool array as a list of ints; None for anything else, or for an array longer
+    than MAX_INT_LIST (``too_long`` tells the two apart)."""
     if v is None:
         return None
-    if v.vtype == ValueType.ARRAY and v.sub in INT_TYPES | {ValueType.BOOL}:
-        return [int(x) for x in v.value]
+    if v.vtype == ValueType.ARRAY and v.sub in INT_TYPES | {ValueType.BOOL} and len(v.value) <= MAX_INT_LIST:
+        return [int(x) for x in v.value.tolist()]  # bools as 0/1
     return None
+
+
+def too_long(v: GGUFValue | None) -> bool:
+    """An array as_ints will not expand: longer than MAX_INT_LIST."""
+    return v is not None and v.vtype == ValueType.ARRAY and len(v.value) > MAX_INT_LIST
 
 
 def as_text(v: GGUFValue | None) -> str | None:
@@ -93,6 +106,8 @@ class KeyFindings:
 
 def _typed(v: GGUFValue) -> Any:
     """A key's value as validate compares it: int, float, text, or a list of ints; None for anything else."""
+    if v.vtype == ValueType.ARRAY and v.sub not in INT_TYPES | {ValueType.BOOL}:
+        return None  # string and float arrays: no check compares them as values (lengths are kept)
     for read in (as_int, as_float, as_text, as_ints):
         got = read(v)
         if got is not None:
@@ -116,7 +131,8 @@ def read_lenient(g: GGUFFile) -> tuple[Drafter, KeyFindings]:
     for short in KEYS:
         v = g.metadata.get(key(short))
         if v is not None:
-            f.values[short] = _typed(v)
+            # vocabulary-sized arrays (token types, scores, tokens) are only counted, never expanded
+            f.values[short] = None if key(short).startswith(TOKENIZER_PREFIX) and v.vtype == ValueType.ARRAY else _typed(v)
             if v.vtype == ValueType.ARRAY:
                 f.lengths[short] = len(v.value)
     for short in PER_LAYER_KEYS:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ConfigError, InputFileError
 from ..files import check_regular_file
-from ..format.keys import TOKENIZER_PREFIX, key
+from ..format.keys import TOKENIZER_PREFIX, ValueType, key
 from ..format.rules import DRAFTER_ARCHS, EMBEDDING_TENSOR, OUTPUT_TENSOR
 from ..format.tensors import TARGET_WEIGHT_NAMES
 from ..metadata import Metadata
@@ -60,7 +60,7 @@ def target_from_gguf(g: GGUFFile) -> Target:
     hidden = blocks = nextn = None
     if arch:
         hidden, blocks, nextn = (g.get(key(s, arch)) for s in ("embedding_length", "block_count", "nextn_predict_layers"))
-    tokens = g.get(key("tok_tokens"))
+    tokens = g.metadata.get(key("tok_tokens"))  # counted, never decoded
 
     def as_int(v: Any) -> int | None:
         return v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -80,7 +80,7 @@ def target_from_gguf(g: GGUFFile) -> Target:
         architecture=arch,
         hidden_size=as_int(hidden),
         n_layers=decoder_layers(as_int(blocks), as_int(nextn)),
-        vocab_size=len(tokens) if isinstance(tokens, list) else None,
+        vocab_size=len(tokens.value) if tokens is not None and tokens.vtype == ValueType.ARRAY else None,
         uses_mrope=False,  # as the converter always did for --target-gguf: the degenerate sections equal NeoX
         tokenizer=tokenizer,
         weights=weights,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..files import FdCache
 from ..format.keys import GENERAL_PREFIX
-from ..sources.gguf import GGUFTensor, read_gguf
+from ..sources.gguf import GGUFTensor, StrArray, read_gguf
 
 CHUNK_BYTES = 16 << 20
 
@@ -44,7 +44,7 @@ def differences(ours: str | Path, theirs: str | Path) -> list[str]:
         if (x.vtype, x.sub) != (y.vtype, y.sub):
             diffs.append(f"{k}: type {x.vtype.name}/{x.sub} vs upstream {y.vtype.name}/{y.sub}")
         elif x.value != y.value:
-            if isinstance(x.value, list) and len(x.value) == len(y.value):
+            if isinstance(x.value, (list, StrArray)) and len(x.value) == len(y.value):
                 i = next(i for i, (p, q) in enumerate(zip(x.value, y.value, strict=True)) if p != q)
                 diffs.append(f"{k}: differs at [{i}]: {x.value[i]!r} vs upstream {y.value[i]!r}")
             else:

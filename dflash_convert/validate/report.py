@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..terminal import json_safe, visible
+
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 STATUSES = (PASS, WARN, FAIL, SKIP)
 SCHEMA_ID = "dflash-convert/validate/v1"
@@ -102,15 +104,19 @@ class Report:
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(report.to_json(), indent=2, ensure_ascii=False)
+    """The JSON document, values exact (``json_safe`` only escapes what JSON leaves raw)."""
+    return json_safe(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
 
 
 def render_text(report: Report) -> str:
+    """One line per check and per detail. Every piece that may quote the file (its path, a key or
+    tensor name, a string value) is passed through ``visible``: a newline or an escape sequence in
+    the file cannot forge or hide a line."""
     width = max((len(c.id) for c in report.checks), default=10)
-    lines = [f"validate {report.file}" + (f" against {report.target}" if report.target else "")]
+    lines = [f"validate {visible(report.file)}" + (f" against {visible(report.target)}" if report.target else "")]
     for c in report.checks:
-        lines.append(f"  {c.status:<4}  {c.id:<{width}}  {c.message}")
-        lines.extend(f"  {'':<4}  {'':<{width}}    - {d}" for d in c.details)
+        lines.append(f"  {c.status:<4}  {c.id:<{width}}  {visible(c.message)}")
+        lines.extend(f"  {'':<4}  {'':<{width}}    - {visible(d)}" for d in c.details)
     n = report.counts()
     lines.append(f"result: {report.result.upper()} ({n[FAIL]} fail, {n[WARN]} warn, {n[PASS]} pass, {n[SKIP]} skipped)")
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from ..format.keys import (
     KEYS,
     SPECIAL_TOKEN_ID_KEYS,
     TOKENIZER_MODEL_BPE,
+    TOKENIZER_PREFIX,
     U32_MAX,
     ValueType,
     key,
@@ -59,7 +60,7 @@ from ..format.rules import (
     storage_class,
 )
 from ..format.tensors import EXPECTED_HF_SHAPES, REQUIRED_GLOBAL, REQUIRED_PER_LAYER, generic_name, layer_name, layer_of
-from ..sources.gguf_drafter import KeyFindings
+from ..sources.gguf_drafter import MAX_INT_LIST, KeyFindings
 from .family import check_family
 from .report import FAIL, SKIP, WARN, Check, check_from, passed
 
@@ -214,6 +215,10 @@ def check_required_keys(r: Reading) -> Check:
                       f"{len(problems)} required key(s) missing", "")
 
 
+def _too_long(short: str, n: int) -> str:
+    return f"{key(short)} has {n} entries; llama.cpp reads at most {MAX_LAYERS} (\"array length ... exceeds max\")"
+
+
 def check_key_types(r: Reading) -> Check:
     known = known_keys()
     problems, warnings = [], []
@@ -227,6 +232,9 @@ def check_key_types(r: Reading) -> Check:
             want = " or ".join(type_name(*t) for t in accepted)
             problems.append(f"{name} is {type_name(vtype, sub)}, llama.cpp expects {want} "
                             "(\"key ... has wrong type\")")
+    for short, n in r.f.lengths.items():  # arrays too long to read at all (never expanded, see MAX_INT_LIST)
+        if n > MAX_INT_LIST and not key(short).startswith(TOKENIZER_PREFIX) and r.f.types[key(short)][1] in INT_TYPES | {ValueType.BOOL}:
+            problems.append(_too_long(short, n))
     return check_from("keys.types", problems, warnings, "every key llama.cpp reads has the type it expects",
                       f"{len(problems)} key(s) with the wrong type", "unknown dflash.* keys")
 
@@ -357,6 +365,8 @@ def check_target_layers(r: Reading) -> Check:
         return Check("target_layers", FAIL, f"{key('target_layers')} is missing: \"DFlash model requires 'target_layers' in "
                      "GGUF metadata\"; convert the checkpoint again (its dflash_config.target_layer_ids + 1)")
     ids = r.target_layers
+    if ids is None and r.f.lengths.get("target_layers", 0) > MAX_INT_LIST:
+        return Check("target_layers", FAIL, _too_long("target_layers", r.f.lengths["target_layers"]))
     if ids is None or t[1] not in (ValueType.INT32, ValueType.UINT32):
         return Check("target_layers", FAIL, f"{key('target_layers')} is {type_name(*t)}, llama.cpp reads an "
                      "INT32 or UINT32 array")
@@ -396,6 +406,8 @@ def check_swa(r: Reading) -> Check:
         return passed("swa", "no sliding-window attention")
     if pattern_t is None:
         return Check("swa", FAIL, f"sliding_window {window} but no sliding_window_pattern (\"array key not found\")")
+    if pattern is None and f.lengths.get("sliding_window_pattern", 0) > MAX_INT_LIST:
+        return Check("swa", FAIL, _too_long("sliding_window_pattern", f.lengths["sliding_window_pattern"]))
     if pattern is None:
         return Check("swa", FAIL, f"sliding_window_pattern is {type_name(*pattern_t)}, not a BOOL/INT32/UINT32 array")
     problems, warnings = [], []

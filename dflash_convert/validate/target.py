@@ -17,7 +17,7 @@ from ..errors import DFlashError
 from ..format.keys import SPECIAL_TOKEN_ID_KEYS, TOKENIZER_PREFIX, ValueType, key
 from ..format.rules import D2T_TENSOR, DRAFTER_ARCHS, FIXED_TYPES, LAST_LAYER_OUTPUT_ARCHS, LAYER_INPUT_TARGET_ARCHS, TOKENIZER_IDENTITY_KEYS
 from ..metadata import Metadata
-from ..sources.gguf import NumArray, read_gguf
+from ..sources.gguf import NumArray, StrArray, read_gguf
 from ..sources.target import read_target_dir, target_from_gguf
 from ..target import GGUF, Target
 from ..tokenizer import borrow_from_dir
@@ -34,6 +34,8 @@ def _plain(vtype: ValueType, value: Any) -> Any:
     if vtype == ValueType.ARRAY:
         if isinstance(value, NumArray):
             return value.tolist()
+        if isinstance(value, StrArray):
+            return value  # compares equal to a list of the same bytes; held compact, never expanded
         return [v.encode("utf-8") if isinstance(v, str) else v for v in value]
     return value
 
