@@ -14,8 +14,10 @@ and that layer's K/V projections), so a step that raises one layer's FFN recompu
 
 ``search_mix`` starts from a llama-quantize mix and raises one tensor group at a time (per layer:
 attention, FFN; ``fc``; the drafter's own output head) to its tensors' next type in
-``RAISE_LADDER``, taking at each step the group with the most accepted tokens gained per byte on a
-calibration half of the sequences, until the held-out half reaches the fraction asked for.
+``RAISE_LADDER``, taking at each step the group with the most expected accepted tokens gained per
+byte on a calibration half of the sequences (``MixEvaluator.expected_length``: smooth where the live
+loop's count moves in whole tokens), until the held-out half's live-loop acceptance reaches the
+fraction asked for.
 ``recipe`` turns the chosen types into ``--tensor-type`` items that reproduce them through
 llama-quantize's own rules (every tensor whose type differs pinned by its exact name).
 """
@@ -40,7 +42,7 @@ from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
 from .pipeline import PlannedTensor
 from .plan import QuantizeOptions, plan_tensor, quantize_planned
-from .runtime.accept import LoopCount, context_kv, live_loop
+from .runtime.accept import LoopCount, anchor_drafts, context_kv, live_loop, sequence_inputs
 from .runtime.dequant import dequantize
 from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
 from .sources.features import FeaturesFile
@@ -48,6 +50,8 @@ from .sources.gguf_drafter import read_drafter
 from .target import Target
 from .tensor_source import n_rows
 
+ANCHOR_STRIDE = 2  # every second anchor of the calibration half scores a mix (bounds the search's cost)
+SOFT_BATCH = 8  # anchors per pass when scoring: their logits over the vocabulary are held at once
 QUANT_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")  # per-layer matrices a mix assigns types to
 Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized tensors of a mix
 
@@ -141,7 +145,7 @@ class MixEvaluator:
         self._encoded: dict[tuple[str, GGMLType], np.ndarray] = {}
         self._values: dict[tuple[str, GGMLType], torch.Tensor] = {}
         self._ctx: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._results: dict[tuple, LoopCount] = {}
+        self._results: dict[tuple, LoopCount | float] = {}
         self.evaluations = 0  # live-loop runs over a split
         self.quantized = 0  # tensors quantized (each (tensor, type) once)
 
@@ -205,13 +209,7 @@ class MixEvaluator:
             out.head = LazyMatrix.of(self.values(OUTPUT_TENSOR, t), "drafter output head", t.name)
         return out
 
-    def accept(self, types: Types, indices: list[int]) -> LoopCount:
-        """The live loop's count over sequences ``indices`` with the tensors stored as ``types``."""
-        memo = (tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices))
-        if memo in self._results:
-            return self._results[memo]
-        w = self.weights(types)
-
+    def _context_of(self, types: Types, w: DrafterWeights) -> Callable[[int, torch.Tensor], list]:
         def context_of(seq: int, features: torch.Tensor) -> list:
             keys = [self._ctx_key(types, seq, il) for il in range(self.d.n_layers)]
             missing = [il for il, k in enumerate(keys) if k not in self._ctx]
@@ -221,11 +219,50 @@ class MixEvaluator:
                     self._ctx[keys[il]] = got[il]  # type: ignore[assignment]
             return [self._ctx[k] for k in keys]
 
+        return context_of
+
+    def accept(self, types: Types, indices: list[int]) -> LoopCount:
+        """The live loop's count over sequences ``indices`` with the tensors stored as ``types``."""
+        memo = ("loop", tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices))
+        if memo in self._results:
+            return self._results[memo]  # type: ignore[return-value]
+        w = self.weights(types)
         self.evaluations += 1
         count = live_loop(self.d, w, self.feats, self.slots, self.n_max, like_cpu=self.like_cpu, indices=indices,
-                          context_of=context_of)
+                          context_of=self._context_of(types, w))
         self._results[memo] = count
         return count
+
+    @torch.no_grad()
+    def expected_length(self, types: Types, indices: list[int], stride: int = ANCHOR_STRIDE) -> float:
+        """The search's calibration score: the expected accepted length, sum over k of prod_{j<=k} p_j with
+        p_j the drafter's probability of the target's token at slot j, averaged over every ``stride``-th
+        anchor of sequences ``indices``. The live loop's count moves in whole tokens and saturates on a
+        few sequences; this moves with every logit, and is highest where greedy drafts are accepted."""
+        memo = ("soft", tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices), stride)
+        if memo in self._results:
+            return self._results[memo]  # type: ignore[return-value]
+        w = self.weights(types)
+        context_of = self._context_of(types, w)
+        total, count = 0.0, 0
+        for i in indices:
+            features, tokens, prompt_length = sequence_inputs(self.feats, i, self.slots)
+            ids = torch.tensor(tokens)
+            anchors = list(range(prompt_length - 1, len(tokens) - 1 - self.n_max, stride))
+            ctx = context_of(i, features)
+            for at in range(0, len(anchors), SOFT_BATCH):
+                part = anchors[at:at + SOFT_BATCH]
+                _, logits = anchor_drafts(self.d, w, features, ids, part, self.n_max, batch=SOFT_BATCH, keep_logits=True,
+                                          cpu_matmul=self.like_cpu, ctx_kv=ctx,
+                                          kv_cache_dtype=torch.float16 if self.like_cpu else None)  # type: ignore[misc]
+                want = torch.stack([ids[c + 1:c + 1 + self.n_max] for c in part])
+                p = torch.log_softmax(logits.double(), dim=-1).gather(-1, want[..., None])[..., 0].exp()
+                total += float(torch.cumprod(p, dim=-1).sum())
+                count += len(part)
+        self.evaluations += 1
+        score = total / count if count else 0.0
+        self._results[memo] = score
+        return score
 
 
 def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile, n_max: int, *,
@@ -281,7 +318,7 @@ def raise_group(state: Types, names: list[str], ncols: dict[str, int]) -> Types 
 class SearchStep:
     group: str
     tensor_bytes: int
-    calibration: float  # live-loop accept on the calibration half after the step
+    calibration: float  # expected accepted length on the calibration half after the step
     held_out: float  # and on the held-out half
 
 
@@ -333,28 +370,29 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
     baseline = ev.accept(base_types, held)
     goal = min_acceptance * baseline.accept
     plain = current = ev.accept(state, held)
-    say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}")
+    say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}; calibration "
+        f"expected length {ev.expected_length(base_types, cal):.3f}")
     say(f"  {ftype} (llama-quantize's mix): {nbytes_of(state)} tensor bytes, held-out accept {plain.accept:.4f}")
     groups = tensor_groups(d, set(state))
     steps: list[SearchStep] = []
     reached = current.accept >= goal
     while not reached and (max_steps is None or len(steps) < max_steps):
-        here = ev.accept(state, cal)
+        here = ev.expected_length(state, cal)
         options = [(label, s) for label, names in groups if (s := raise_group(state, names, ncols)) is not None]
         if not options:
             break
         scored = []
         for label, s in options:
-            gain = ev.accept(s, cal).accept - here.accept
+            gain = ev.expected_length(s, cal) - here
             cost = max(1, nbytes_of(s) - nbytes_of(state))
             scored.append((gain > 0, gain / cost if gain > 0 else gain, -cost, label, s))
             ev.retain(state)  # a candidate's bytes stay (quantized once); its decoded values go
         *_, label, state = max(scored, key=lambda x: x[:3])
         ev.retain(state)
         current = ev.accept(state, held)
-        steps.append(SearchStep(label, nbytes_of(state), ev.accept(state, cal).accept, current.accept))
-        say(f"  step {len(steps)}: raise {label}: {nbytes_of(state)} tensor bytes, calibration accept "
-            f"{steps[-1].calibration:.4f}, held-out {current.accept:.4f}")
+        steps.append(SearchStep(label, nbytes_of(state), ev.expected_length(state, cal), current.accept))
+        say(f"  step {len(steps)}: raise {label}: {nbytes_of(state)} tensor bytes, calibration expected length "
+            f"{steps[-1].calibration:.3f}, held-out accept {current.accept:.4f}")
         reached = current.accept >= goal
     items = recipe(d, ftype, state)
     return SearchResult(ftype, min_acceptance, baseline, plain, current, total_bytes(planned), nbytes_of(state),
