@@ -46,6 +46,7 @@ from .plan import (
     quantized_metadata,
     read_tensor_type_file,
 )
+from .runtime.counts import LoopCount
 from .sources.features import read_features, target_for
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
@@ -179,20 +180,9 @@ class SweepRow:
     file_bytes: int
     tensor_bytes: int
     bits_per_weight: float  # 8 * tensor bytes / tensor elements
-    n_drafted: int
-    n_accept: int
-    steps: int
+    loop: LoopCount  # the live loop's count on every captured sequence
     pareto: bool = False  # no other row is as small and accepts as much, one of them strictly
     baseline: bool = False  # the input file itself
-
-    @property
-    def accept(self) -> float:
-        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Drafted tokens accepted per verification step (llama-speculative-simple's mean)."""
-        return self.n_accept / self.steps if self.steps else 0.0
 
 
 @dataclass
@@ -212,8 +202,9 @@ class SweepReport:
         return {"schema": SWEEP_SCHEMA, "source": str(self.source), "features": self.features, "n_max": self.n_max,
                 "new_tokens": self.new_tokens, "sequences": self.sequences, "numerics": self.numerics,
                 "rows": [{"type": r.file_type, "file_bytes": r.file_bytes, "tensor_bytes": r.tensor_bytes,
-                          "bits_per_weight": r.bits_per_weight, "n_drafted": r.n_drafted, "n_accept": r.n_accept,
-                          "accept": r.accept, "mean_accepted_per_step": r.mean_accepted, "pareto": r.pareto,
+                          "bits_per_weight": r.bits_per_weight, "n_drafted": r.loop.n_drafted,
+                          "n_accept": r.loop.n_accept, "accept": r.loop.accept,
+                          "mean_accepted_per_step": r.loop.mean_accepted, "pareto": r.pareto,
                           "input": r.baseline} for r in self.rows]}
 
     def render_text(self) -> str:
@@ -223,7 +214,7 @@ class SweepReport:
         for r in self.rows:
             mark = "*" if r.pareto else ""
             lines.append(f"  {r.file_type + (' (in)' if r.baseline else ''):<8} {r.file_bytes:>12} {r.tensor_bytes:>13} "
-                         f"{r.bits_per_weight:>6.2f} {r.accept * 100:>7.2f}% {r.mean_accepted:>9.2f}  {mark}")
+                         f"{r.bits_per_weight:>6.2f} {r.loop.accept * 100:>7.2f}% {r.loop.mean_accepted:>9.2f}  {mark}")
         lines.append("  accept = n_accept / n_drafted; per step = drafted tokens accepted per verification; "
                      "* = on the Pareto front (nothing smaller accepts as much)")
         return "\n".join(lines)
@@ -235,8 +226,8 @@ SWEEP_SCHEMA = "dflash-convert/sweep/v1"
 def mark_pareto(rows: list[SweepRow]) -> None:
     """Mark the rows no other row dominates (as small or smaller and accepting as much or more, one strictly)."""
     for r in rows:
-        r.pareto = not any(o is not r and o.tensor_bytes <= r.tensor_bytes and o.accept >= r.accept
-                           and (o.tensor_bytes < r.tensor_bytes or o.accept > r.accept) for o in rows)
+        r.pareto = not any(o is not r and o.tensor_bytes <= r.tensor_bytes and o.loop.accept >= r.loop.accept
+                           and (o.tensor_bytes < r.tensor_bytes or o.loop.accept > r.loop.accept) for o in rows)
 
 
 def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] | tuple[str, ...] = DEFAULT_SWEEP_TYPES, *,
@@ -267,7 +258,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
     loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=like_cpu)
     in_bytes = sum(tensor_nbytes(GGMLType[t.dtype], tuple(reversed(t.shape)) or (1,)) for t in d.tensors)
     report.rows.append(SweepRow(file_type_of(d), Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
-                                loop.n_drafted, loop.n_accept, loop.steps, baseline=True))
+                                loop, baseline=True))
     say(f"  {report.rows[-1].file_type} (input): accept {loop.accept:.4f}")
     with tempfile.TemporaryDirectory(prefix="dflash-convert-sweep-") as tmp:
         for ftype in ftypes:
@@ -276,7 +267,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
             write_quantize(plan, progress=False, threads=threads)
             loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=like_cpu)
             report.rows.append(SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements,
-                                        loop.n_drafted, loop.n_accept, loop.steps))
+                                        loop))
             out.unlink()
             say(f"  {ftype}: {plan.total_bytes} tensor bytes, accept {loop.accept:.4f}")
     mark_pareto(report.rows)
@@ -309,7 +300,7 @@ def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = Fal
     path = check_output_path(out, [report.source, Path(report.features)], force=force)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     xs = [r.tensor_bytes / 2**20 for r in report.rows]
-    ys = [r.accept * 100 for r in report.rows]
+    ys = [r.loop.accept * 100 for r in report.rows]
     ax.scatter(xs, ys, c=["tab:red" if r.pareto else "tab:gray" for r in report.rows], zorder=3)
     for x, y, r in zip(xs, ys, report.rows, strict=True):
         ax.annotate(r.file_type + (" (in)" if r.baseline else ""), (x, y), textcoords="offset points", xytext=(4, 4),

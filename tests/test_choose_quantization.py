@@ -22,6 +22,7 @@ from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
 from dflash_convert.mix_search import mix_plan, quantized_types, recipe, tensor_groups
 from dflash_convert.quantize import SweepRow, mark_pareto, quantize_for_acceptance
+from dflash_convert.runtime.counts import LoopCount
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.sources.gguf_drafter import read_drafter
 from fixtures.trained import TrainedPair, build_trained_pair, drafter_gguf
@@ -103,8 +104,8 @@ def test_sweep_refuses_clearly(files, tmp_path):
 
 
 def test_pareto_marking():
-    rows = [SweepRow("a", 0, 100, 1, 10, 5, 1), SweepRow("b", 0, 200, 1, 10, 5, 1), SweepRow("c", 0, 300, 1, 10, 7, 1),
-            SweepRow("d", 0, 150, 1, 10, 4, 1)]
+    rows = [SweepRow(name, 0, size, 1, LoopCount(n_drafted=10, n_accept=n, steps=1))
+            for name, size, n in [("a", 100, 5), ("b", 200, 5), ("c", 300, 7), ("d", 150, 4)]]
     mark_pareto(rows)
     assert [r.pareto for r in rows] == [True, False, True, False]
 
