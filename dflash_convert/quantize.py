@@ -372,6 +372,8 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
 
     if numerics not in ("cpu", "exact"):
         raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
+        raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
     check_output_path(out, [src, features], force=force)
     feats = read_features(features)
