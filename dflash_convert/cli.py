@@ -25,6 +25,7 @@ from .conversion import plan_conversion, write_plan
 from .errors import DFlashError, InputFileError, printable
 from .files import os_reason
 from .format.keys import ARCH, key
+from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .inspect_gguf import block_size, chosen_line, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
 from .outputs import check_output_path
@@ -298,10 +299,10 @@ def quantize(
                                           help="llama-quantize's: a regular expression searched in the tensor name; the "
                                                "first that matches gives the type (repeatable, in order)."),
     tensor_type_file: Path | None = typer.Option(None, "--tensor-type-file", help="PATTERN=TYPE items, whitespace-separated."),
-    output_tensor_type: str | None = typer.Option(None, "--output-tensor-type", metavar="TYPE", help="The type of output.weight."),
+    output_tensor_type: str | None = typer.Option(None, "--output-tensor-type", metavar="TYPE", help=f"The type of {OUTPUT_TENSOR}."),
     token_embedding_type: str | None = typer.Option(None, "--token-embedding-type", metavar="TYPE",
-                                                    help="The type of token_embd.weight."),
-    leave_output_tensor: bool = typer.Option(False, "--leave-output-tensor", help="Do not quantize output.weight.", metavar=""),
+                                                    help=f"The type of {EMBEDDING_TENSOR}."),
+    leave_output_tensor: bool = typer.Option(False, "--leave-output-tensor", help=f"Do not quantize {OUTPUT_TENSOR}.", metavar=""),
     pure: bool = typer.Option(False, "--pure", help="No mix rules: every quantized tensor takes the type's default.", metavar=""),
     override_kv: list[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
                                           help="Set a key in the output (int, float, bool, str), as llama-quantize does."),

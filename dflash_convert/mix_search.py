@@ -305,7 +305,7 @@ def tensor_groups(d: Drafter, names: set[str]) -> list[tuple[str, list[str]]]:
         for label, suffixes in LAYER_GROUPS:
             got = [layer_name(il, s) for s in suffixes if layer_name(il, s) in names]
             if got:
-                out.append((f"blk.{il}.{label}", got))
+                out.append((layer_name(il, label), got))
     for label, members in GLOBAL_GROUPS[1:]:
         got = [m for m in members if m in names]
         if got:

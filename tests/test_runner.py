@@ -543,7 +543,8 @@ def test_cpu_matmul_rounding_matches_libllama_on_q8_0(world, probe):
     get, root = world
     case = get("dense")
     path = root / "dense-self-contained-Q8_0.gguf"
-    quantize(_self_contained(case, root), path, "Q8_0")
+    # self-contained on purpose (token_embd, no output.weight: validate's tied_head fails it), so unvalidated
+    quantize(_self_contained(case, root), path, "Q8_0", validate=False)
     g = read_gguf(path)
     d = drafter_from_gguf(g)
     w = load_weights(d)
