@@ -34,8 +34,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_check import ensure_gguf, ensure_target_with_heads  # noqa: E402
-from bench_convert import ensure_drafter  # noqa: E402
+from _common import full_size as full_size_inputs  # noqa: E402
 
 from dflash_convert.format.features import SCHEMA  # noqa: E402
 from dflash_convert.mix_search import MixEvaluator, file_acceptance, mix_plan, quantized_types, search_mix  # noqa: E402
@@ -43,7 +42,6 @@ from dflash_convert.sources.features import read_features, target_for  # noqa: E
 from dflash_convert.sources.gguf_drafter import read_drafter  # noqa: E402
 from dflash_convert.sources.target import read_target  # noqa: E402
 from dflash_convert.write_features import FeatureWriter  # noqa: E402
-from fixtures.targets import cache_root  # noqa: E402
 
 
 def trained(args: argparse.Namespace, tmp: Path) -> dict:
@@ -86,12 +84,9 @@ def synthetic_features(path: Path, d, sequences: int, prompt: int, new_tokens: i
 
 
 def full_size(args: argparse.Namespace, tmp: Path) -> dict:
-    root = cache_root() / "bench"
-    root.mkdir(parents=True, exist_ok=True)
-    src = ensure_drafter(root)
-    target_dir = ensure_target_with_heads(root)
-    gguf = ensure_gguf(root, src, target_dir, "F16")
-    d = read_drafter(gguf)
+    inputs = full_size_inputs(["F16"])
+    target_dir = inputs.target
+    d = read_drafter(inputs.ggufs["F16"])
     feats = read_features(synthetic_features(tmp / "features.safetensors", d, 2, args.context, args.new_tokens))
     target = read_target(target_dir)
     t0 = time.perf_counter()
