@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["## Trained pair (full-attention drafter, F16)", "",
                   f"{t['sequences']} captured sequences, -n {t['new_tokens']}, from {t['start']} to 0.98: "
                   f"{'reached' if t['reached'] else 'not reached'} in {t['steps']} steps, {t['measurements']} measurements "
-                  f"(live loop over a half), {t['quantized']} tensors quantized, **{t['search_s']:.1f} s**; one live loop "
+                  f"(a live loop or a calibration score over one half), {t['quantized']} tensors quantized, **{t['search_s']:.1f} s**; one live loop "
                   f"over all sequences takes {t['one_live_loop_s']:.1f} s. Held-out accept {t['held_out']:.4f} "
                   f"(unquantized {t['baseline_held_out']:.4f}).", ""]
     if "full-size" in out:
