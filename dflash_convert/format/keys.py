@@ -93,6 +93,11 @@ KEYS: dict[str, tuple[str, ValueType, ValueType | None]] = {
     "source_config_sha256": ("general.source.config_sha256", STR, None),
     "source_files": ("general.source.files", ValueType.ARRAY, STR),
     "source_files_sha256": ("general.source.files_sha256", ValueType.ARRAY, STR),
+    # the Hugging Face repos a conversion read, when given as repo ids: id and resolved commit SHA
+    "source_hf_repo": ("general.source.hf_repo", STR, None),
+    "source_hf_commit": ("general.source.hf_commit", STR, None),
+    "target_hf_repo": ("general.target.hf_repo", STR, None),
+    "target_hf_commit": ("general.target.hf_commit", STR, None),
     # architecture hyper-parameters
     "block_count": ("{arch}.block_count", U32, None),
     "context_length": ("{arch}.context_length", U32, None),
@@ -166,6 +171,17 @@ CHOSEN_KEYS: dict[str, tuple[str, str]] = {  # short name -> (key, --override-kv
     "tensor_type_count": (CHOSEN_PREFIX + "tensor_type_count", "int"),
 }
 CHOSEN_TENSOR_TYPE = CHOSEN_PREFIX + "tensor_type.{i}"  # str: one --tensor-type item of the recipe, i from 0
+
+# general.* keys only we write (provenance): parity with upstream compares every other general.* key.
+# Upstream's own general.source.* keys (url, repo_url, doi, uuid) are not among them.
+PROVENANCE_KEYS: frozenset[str] = frozenset(KEYS[k][0] for k in (
+    "converter", "converter_version", "source_config_sha256", "source_files", "source_files_sha256",
+    "source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit"))
+PROVENANCE_PREFIXES: tuple[str, ...] = (CHOSEN_PREFIX,)  # whole namespaces of ours (quantize's choice)
+
+
+def is_provenance_key(name: str) -> bool:
+    return name in PROVENANCE_KEYS or name.startswith(PROVENANCE_PREFIXES)
 
 
 SPECIAL_TOKEN_ID_KEYS: dict[str, str] = {
