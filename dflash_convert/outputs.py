@@ -126,11 +126,11 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
     if out.exists():
         if out.is_dir():
             raise DFlashError("output is a directory", out)
+        st = os.stat(out)
+        if not stat.S_ISREG(st.st_mode):  # said first: --force would not help, so it is not offered
+            raise DFlashError(f"output is {kind_of(st.st_mode)}; only a regular file is replaced", out)
         if not force:
             raise DFlashError("output exists; pass --force to replace it", out)
-        st = os.stat(out)
-        if not stat.S_ISREG(st.st_mode):
-            raise DFlashError(f"output is {kind_of(st.st_mode)}; only a regular file is replaced", out)
     parent = out.parent if str(out.parent) else Path(".")
     try:
         os.stat(parent)

@@ -247,6 +247,22 @@ def test_fifos_and_devices_are_refused_by_every_command(tmp_path, drafter, qwen3
     assert not (tmp_path / "o.gguf").exists()
 
 
+def test_a_fifo_as_output_is_named_as_a_fifo_not_offered_force(tmp_path, drafter, qwen3_target):
+    """--force cannot make a FIFO a file: the message says what the output is, with or without it."""
+    out = tmp_path / "o.gguf"
+    os.mkfifo(out)
+    gguf = tmp_path / "in.gguf"
+    assert cli("convert", drafter, "--target-model-dir", qwen3_target, "-o", gguf).returncode == 0
+    for args in (("convert", drafter, "--target-model-dir", qwen3_target, "-o", out), ("quantize", gguf, out, "Q8_0"),
+                 ("migrate", gguf, out)):
+        for force in ((), ("--force",)):
+            r = cli(*args, *force)
+            assert r.returncode != 0, (args, force, r.stderr)
+            line = one_error_line(r)
+            assert "output is a FIFO" in line and "--force" not in line, (args, force, line)
+    assert stat.S_ISFIFO(os.lstat(out).st_mode)
+
+
 # --- 5. signals --------------------------------------------------------------------------------------
 
 PHASES = ("header", "data", "finish", "verify", "renamed")
