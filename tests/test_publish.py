@@ -23,7 +23,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from dflash_convert.errors import DFlashError, InputFileError
-from dflash_convert.publish import CARD_NAME, SUMS_NAME, publish, sha256_of
+from dflash_convert.publish import CARD_NAME, SUMS_NAME, publish, sha256_of, summary_rows
 from dflash_convert.quantize import quantize
 from dflash_convert.validate import validate
 from dflash_convert.validate.report import LLAMA_CPP_COMMIT
@@ -233,3 +233,25 @@ def test_signals_leave_nothing(drafter, qwen3_target, tmp_path, phase, sig, code
     assert r.returncode == code, r.stderr
     assert "Traceback" not in r.stderr and "no partial output was left" in r.stderr
     nothing_left(tmp_path, out)
+
+
+def test_check_measures_each_file_and_the_card_shows_it(drafter, qwen3_target, tmp_path):
+    """--check: check against the checkpoint per file (the target dir then needs its embedding)."""
+    import torch
+    from safetensors.torch import save_file
+
+    target = tmp_path / "target"
+    shutil.copytree(qwen3_target, target)
+    cfg = json.loads((target / "config.json").read_text())
+    emb = (torch.randn(cfg["vocab_size"], cfg["hidden_size"], generator=torch.Generator().manual_seed(7)) * 0.05)
+    save_file({"model.embed_tokens.weight": emb.to(torch.bfloat16)}, str(target / "model.safetensors"))
+    out = tmp_path / "release"
+    rel = publish(drafter, target, out, types="BF16,Q8_0", check=True, device="cpu")
+    for f in rel.files:
+        assert f.fidelity is not None and f.fidelity["result"] == "pass" and f.fidelity["precision_class"] == f.type_name
+        assert 0.85 <= f.fidelity["top1_agreement_tie_aware"] <= 1.0 and f.fidelity["kl_mean"] >= 0.0
+    assert "| validate | fidelity (check) |" in rel.card
+    assert f"| pass | pass: top-1 {rel.files[1].fidelity['top1_agreement_tie_aware']:.3f}" in rel.card
+    rows = summary_rows(rel)
+    assert rows[0].endswith("fidelity") and all("pass: top-1" in r for r in rows[1:])
+    ModelCard((out / CARD_NAME).read_text(), ignore_metadata_errors=False)
