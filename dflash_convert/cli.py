@@ -565,7 +565,9 @@ def publish(
         return
     for line in summary_rows(release):
         _say(line)
-    _say(f"wrote {release.out_dir}: {len(release.files)} files, their validate reports, SHA256SUMS and README.md")
+    n = len(release.files)
+    _say(f"wrote {release.out_dir}: {n} GGUF file{'s' if n != 1 else ''}, {'their' if n != 1 else 'its'} validate "
+         "report, SHA256SUMS and README.md")
     if release.uploaded is not None:
         _say(f"uploaded to {upload}: {release.uploaded}")
 

@@ -463,6 +463,36 @@ def upload_release(folder: Path, repo_id: str, token: str, names: list[str]) -> 
 # --- publish ------------------------------------------------------------------------------------
 
 
+class FileBar:
+    """One progress bar per file of the release (its steps: written, validated, checked), left on the screen;
+    the writer's own byte bar runs beneath it while the file is written. Nothing without ``progress``, or
+    off a terminal."""
+
+    def __init__(self, name: str, steps: int, progress: bool) -> None:
+        self.bar = None
+        self.name = visible(name)
+        if progress:
+            from tqdm import tqdm  # only a progress bar on a terminal needs it
+
+            self.bar = tqdm(total=steps, desc=self.name, unit="step", leave=True, disable=None, bar_format="{bar:12} {desc}")
+
+    def doing(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(f"{self.name}: {what}")
+
+    def step(self, then: str) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_description_str(f"{self.name}: {then}")
+
+    def __enter__(self) -> FileBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _fidelity(path: Path, src: Path, target_dir: Path, device: str) -> dict[str, Any]:
     from .check import check as run_check  # imports torch: only --check pays for it
 
@@ -519,23 +549,36 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
     target_label = target_repo or _resolved(target_dir).name
     with StagingDir(out) as staging:
         folder = staging.path
-        base_name = default_output(src, base).name if base else f".scratch-{AUTO}.gguf"
-        plan = plan_conversion(src, target_dir, outfile=folder / base_name, outtype=(base or AUTO).lower(),
-                               tokenizer_pre=tokenizer_pre)
-        base_path = write_plan(plan, progress=progress)
-        release.base_type = plan.type_name
+        # the full-precision file first (every quantized file comes from it), the release in the order asked
+        order = [base, *(t for t in names if t != base)] if base else names
+        base_path: Path | None = None
+        if base is None:
+            with FileBar(f"scratch {AUTO} conversion", 1, progress) as bar:
+                plan = plan_conversion(src, target_dir, outfile=folder / f".scratch-{AUTO}.gguf", outtype=AUTO,
+                                       tokenizer_pre=tokenizer_pre)
+                base_path = write_plan(plan, progress=progress)
+                release.base_type = plan.type_name
+                bar.step("written (not released)")
         files: dict[str, ReleaseFile] = {}
-        for t in names:
-            if t == base:
-                path = base_path
-            elif t in FLOAT_INPUTS:  # another float type: converted from the checkpoint too, never through a rounding
-                path = write_plan(plan_conversion(src, target_dir, outfile=folder / default_output(src, t).name,
-                                                  outtype=t.lower(), tokenizer_pre=tokenizer_pre), progress=progress)
-            else:
-                path = quantize(base_path, folder / default_output(src, t).name, t, progress=progress).output
-            files[t] = _validated(path, target_dir, target_label, t, folder)
-            if check:
-                files[t].fidelity = _fidelity(path, src, target_dir, device)
+        for t in order:
+            name = default_output(src, t).name
+            with FileBar(name, 3 if check else 2, progress) as bar:
+                bar.doing("writing")
+                if t in FLOAT_INPUTS:  # converted from the checkpoint, never through another rounding
+                    plan = plan_conversion(src, target_dir, outfile=folder / name, outtype=t.lower(), tokenizer_pre=tokenizer_pre)
+                    path = write_plan(plan, progress=progress)
+                    if t == base:
+                        base_path, release.base_type = path, plan.type_name
+                else:
+                    assert base_path is not None
+                    path = quantize(base_path, folder / name, t, progress=progress).output
+                bar.step("validating")
+                files[t] = _validated(path, target_dir, target_label, t, folder)
+                if check:
+                    bar.step("checking")
+                    files[t].fidelity = _fidelity(path, src, target_dir, device)
+                bar.step(f"validate {files[t].validate}" + (f", check {files[t].fidelity['result']}" if check else ""))
+        assert base_path is not None
         prov = read_provenance(base_path, src, target_dir, drafter_repo=drafter_repo, target_repo=target_repo,
                                target_revision=target_revision)
         if base is None:

@@ -255,3 +255,71 @@ def test_check_measures_each_file_and_the_card_shows_it(drafter, qwen3_target, t
     rows = summary_rows(rel)
     assert rows[0].endswith("fidelity") and all("pass: top-1" in r for r in rows[1:])
     ModelCard((out / CARD_NAME).read_text(), ignore_metadata_errors=False)
+
+
+def _on_a_terminal(*args: object) -> tuple[int, str]:
+    """Run the command with stderr on a pseudo-terminal (80x24), as a user sees it: (exit code, what it showed)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    p = subprocess.Popen([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=follower, env=env)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    out, _ = p.communicate(timeout=TIMEOUT)
+    os.close(leader)
+    return p.returncode, shown.decode("utf-8", "replace") + out.decode()
+
+
+def test_one_bar_per_file_quiet_with_q_and_a_summary_table(drafter, qwen3_target, tmp_path):
+    code, shown = _on_a_terminal("publish", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "a",
+                                 "--types", "BF16,Q8_0")
+    assert code == 0, shown
+    for name in ("Qwen3-tiny-DFlash-BF16.gguf", "Qwen3-tiny-DFlash-Q8_0.gguf"):
+        assert f"{name}: validate pass" in shown  # the file's bar, left on the screen at its last step
+        assert f"writing {name}" in shown  # the writer's byte bar beneath it
+    table = shown[shown.index("file "):].splitlines()
+    assert table[0].split() == ["file", "type", "size", "sha256", "validate"]
+    assert table[1].split()[:2] == ["Qwen3-tiny-DFlash-BF16.gguf", "BF16"] and table[1].split()[-1] == "pass"
+    code, shown = _on_a_terminal("publish", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "b",
+                                 "--types", "BF16,Q8_0", "-q")
+    assert code == 0, shown
+    assert "validate pass" not in shown and "writing " not in shown and "\r" not in shown.split("file ", 1)[0]
+    assert "Qwen3-tiny-DFlash-Q8_0.gguf" in shown.split("file ", 1)[1]  # the summary table stays
+
+
+def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(released, drafter, qwen3_target, tmp_path):
+    from drafter_gguf import kv, read_parts, set_key, write_parts
+
+    from dflash_convert.publish import read_provenance
+
+    rel, out = released
+    parts = read_parts(out / rel.files[0].name)
+    for short, value in (("source_hf_repo", DRAFTER_REPO), ("source_hf_commit", "1" * 40),
+                         ("target_hf_repo", TARGET_REPO), ("target_hf_commit", TARGET_REV)):
+        parts = set_key(parts, kv(short, value))
+    tagged = write_parts(tmp_path / "tagged.gguf", parts)
+    p = read_provenance(tagged, drafter, qwen3_target, drafter_repo=None, target_repo=None, target_revision=None)
+    assert (p.drafter, p.drafter_revision, p.target, p.target_revision, p.drafter_is_repo) == (
+        DRAFTER_REPO, "1" * 40, TARGET_REPO, TARGET_REV, True)
+    other = read_provenance(tagged, drafter, qwen3_target, drafter_repo="me/fork", target_repo="Qwen/Qwen3-8B-Base",
+                            target_revision=None)
+    assert (other.drafter, other.drafter_revision, other.target, other.target_revision) == (
+        "me/fork", None, "Qwen/Qwen3-8B-Base", None)  # a recorded revision is of the recorded repo only
+    plain = read_provenance(out / rel.files[0].name, drafter, qwen3_target, drafter_repo=None, target_repo=None,
+                            target_revision=None)
+    assert (plain.drafter, plain.target, plain.drafter_is_repo, plain.target_revision) == (
+        drafter.name, qwen3_target.name, False, None)
