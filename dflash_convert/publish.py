@@ -31,7 +31,7 @@ from .conversion import default_output, plan_conversion, write_plan
 from .errors import DFlashError, InputFileError
 from .files import open_regular, read_regular_bytes
 from .format.family import draft_tokens_per_block
-from .format.keys import key
+from .format.keys import ARCH, key
 from .inspect_gguf import block_size, member
 from .outputs import exchange_paths, rename_no_replace, temporary_name
 from .plan import AUTO, FLOAT_INPUTS, parse_ftype
@@ -52,7 +52,7 @@ CARD_NAME = "README.md"
 REPORT_SUFFIX = ".validate.json"
 STAGING_SUFFIX = ".dflash-partial"
 CARD_LIMIT = 1 << 20  # bytes of a source model card read; a card is a few KiB, a larger one is not a card
-TAGS = ("gguf", "dflash", "speculative-decoding", "llama.cpp")
+TAGS = ("gguf", ARCH, "speculative-decoding", "llama.cpp")  # the architecture name is the hub tag
 DEFAULT_PIPELINE_TAG = "text-generation"
 TOKEN_HELP = "set HF_TOKEN or log in with `hf auth login`"
 
