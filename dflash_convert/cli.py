@@ -29,6 +29,8 @@ from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .inspect_gguf import block_size, chosen_line, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
 from .outputs import check_output_path
+from .publish import DEFAULT_TYPES, summary_rows
+from .publish import publish as run_publish
 from .quantize import (
     DEFAULT_SWEEP_TYPES,
     plan_quantize,
@@ -512,6 +514,62 @@ def accept(
     except DFlashError as e:
         _fail(e)
     typer.echo(report.to_json() if json_out else report.render_text())
+
+
+@app.command()
+def publish(
+    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors)."),
+    target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target model dir every file is converted "
+                                          "for and validated against (with --check: its embedding safetensors too)."),
+    out_dir: str = typer.Option(..., "-o", "--output", metavar="RELEASE_DIR", help="The release directory to create."),
+    types: str = typer.Option(",".join(DEFAULT_TYPES), "--types", metavar="T1,T2,...",
+                              help="The files: float types are converted from the checkpoint, the others quantized "
+                                   "from the first float type (else from a scratch auto conversion)."),
+    check: bool = typer.Option(False, "--check", help="Also run check against the checkpoint; its fidelity goes in the "
+                               "card, and a file that fails stops the release (needs torch).", metavar=""),
+    upload: str | None = typer.Option(None, "--upload", metavar="ORG/NAME", help="Push the release with huggingface_hub "
+                                      "once every file passed (token: HF_TOKEN or the login cache; HF_ENDPOINT honoured)."),
+    drafter_repo: str | None = typer.Option(None, "--drafter-repo", metavar="ORG/NAME",
+                                            help="The drafter's hub repo for the card (default: the file's provenance, else the directory name)."),
+    target_repo: str | None = typer.Option(None, "--target-repo", metavar="ORG/NAME",
+                                           help="The target's hub repo for the card (default: the file's provenance, else the directory name)."),
+    target_revision: str | None = typer.Option(None, "--target-revision", metavar="REV", help="The target's revision for the card."),
+    tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="As convert's: the llama.cpp pre-tokenizer name."),
+    device: str = typer.Option("auto", "--device", help="With --check: auto (CUDA when present), cpu or cuda."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the files and types and write nothing.", metavar=""),
+    force: bool = typer.Option(False, "--force", help="Replace an existing release directory (swapped in at the end).", metavar=""),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars, no warnings (the summary table stays).", metavar=""),
+) -> None:
+    """Convert once, quantize each type, validate every file against the target; write the files, their validate
+    reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is released or
+    uploaded when any file fails."""
+    _quiet(quiet)
+    try:
+        release = run_publish(src_dir, target_model_dir, out_dir, types=types, check=check, upload=upload, dry_run=dry_run,
+                              force=force, progress=not quiet, drafter_repo=drafter_repo, target_repo=target_repo,
+                              target_revision=target_revision, tokenizer_pre=tokenizer_pre, device=device)
+    except DFlashError as e:
+        _fail(e)
+    except BrokenPipeError:
+        raise  # the reader went away (| head): main() exits quietly
+    except OSError as e:
+        _fail_os(e, out_dir)
+    if dry_run:
+        _say(f"release: {release.out_dir}; every quantized type from {release.base_type}")
+        for f in release.files:
+            _say(f"  {f.type_name:<8} {f.name} (+ {f.report_name})")
+        _say(f"  and {', '.join(n for n in release.names if n not in {f.name for f in release.files} | {f.report_name for f in release.files})}")
+        if upload is not None:
+            _say(f"then upload to {upload}")
+        typer.echo("dry run: nothing written")
+        return
+    for line in summary_rows(release):
+        _say(line)
+    n = len(release.files)
+    _say(f"wrote {release.out_dir}: {n} GGUF file{'s' if n != 1 else ''}, {'their' if n != 1 else 'its'} validate "
+         "report, SHA256SUMS and README.md")
+    if release.uploaded is not None:
+        _say(f"uploaded to {upload}: {release.uploaded}")
 
 
 @app.command()

@@ -152,6 +152,7 @@ NAME_MAX = 255  # bytes of one path component on Linux filesystems
 PARTIAL_SUFFIX = ".dflash-partial"
 _LEGACY_PARTIAL = ".partial-"  # what earlier versions left behind: .<name>.partial-<pid>
 _RENAME_NOREPLACE = 1  # linux/fs.h
+_RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
@@ -194,20 +195,31 @@ def stale_partials(out: Path) -> list[Path]:
     return sorted(found)
 
 
-def _renameat2_no_replace(src: Path, dst: Path) -> bool:
-    """rename(2) that fails with EEXIST when ``dst`` exists; False where the platform has no renameat2."""
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """renameat2(2) with ``flags``; False where the platform or the file system has no such call or flag."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.renameat2
     except (OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # no such call, or a filesystem without the flag
         return False
     raise OSError(err, os.strerror(err), os.fspath(dst))
+
+
+def _renameat2_no_replace(src: Path, dst: Path) -> bool:
+    """rename(2) that fails with EEXIST when ``dst`` exists; False where the platform has no renameat2."""
+    return _renameat2(src, dst, _RENAME_NOREPLACE)
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE: a directory is replaced without a
+    moment where neither exists); False where the platform or file system cannot, and nothing moved."""
+    return _renameat2(a, b, _RENAME_EXCHANGE)
 
 
 def rename_no_replace(src: Path, dst: Path) -> None:

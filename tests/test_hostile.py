@@ -866,7 +866,7 @@ def test_an_unforeseen_exception_is_one_line(tmp_path):
 
 # --- round 3, 6: exit codes ------------------------------------------------------------------------------
 
-COMMANDS = ("convert", "quantize", "validate", "migrate", "inspect", "check", "capture", "accept", "version")
+COMMANDS = ("convert", "quantize", "validate", "migrate", "inspect", "check", "capture", "accept", "publish", "version")
 
 
 def test_usage_errors_exit_64_never_2(tmp_path):
