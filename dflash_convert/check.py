@@ -95,6 +95,7 @@ from .runtime.accept import gguf_drafts, measure, reference_drafts
 from .runtime.capture import load_target_model, run_target
 from .runtime.device import resolve_device
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
+from .runtime.dspark import markov_chain
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
 from .runtime.reference import load_reference, reference_features, reference_forwards, semantics_differ
 from .runtime.weights import load_weights
@@ -231,6 +232,11 @@ class CheckReport:
                  f"  top-1 agreement        {m['top1_agreement']:.3f}  ({m['top1_matches']}/{m['slots']}; "
                  f"{m['top1_agreement_tie_aware']:.3f} counting near-ties, min {t.top1_min:g})",
                  f"  mean KL(ref || gguf)   {m['kl_mean']:.3g}  (limit {t.kl_max:g})"]
+        if "draft_top1_agreement" in m:  # DSpark: the gates compare slots conditioned on the checkpoint's draft
+            lines.append(f"  own-chain draft        {m['draft_top1_agreement']:.3f}  ({m['draft_matches']}/{m['slots']} of the "
+                         "file's greedy Markov chain equal to the checkpoint's)")
+        if "confidence_max_abs_err" in m:  # DSpark's confidence head
+            lines.append(f"  confidence max abs err {m['confidence_max_abs_err']:.3g}  (limit {t.hidden_max_rel:g})")
         a = m.get("acceptance")
         if a:
             f, c = a["file"], a["checkpoint"]
@@ -391,18 +397,25 @@ def find_sibling(path: str | Path, type_name: str) -> Path | None:
 
 
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
-                   ref: ForwardResult) -> dict[str, np.ndarray]:
-    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens."""
+                   ref: ForwardResult, draft_slots: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens. A DSpark
+    drafter's logits are the Markov-conditioned ones the driver reads; it adds ``draft_slots`` (the block
+    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``."""
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.float32).numpy()
 
     def i64(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.int64).numpy()
 
-    return {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
-            "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
-            "logits_gguf": f32(gguf.logits), "logits_ref": f32(ref.logits),
-            "tokens_gguf": i64(gguf.tokens), "tokens_ref": i64(ref.tokens)}
+    out = {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
+           "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
+           "logits_gguf": f32(gguf.logits), "logits_ref": f32(ref.logits),
+           "tokens_gguf": i64(gguf.tokens), "tokens_ref": i64(ref.tokens)}
+    if draft_slots is not None:
+        out["draft_slots"] = i64(draft_slots)
+        if gguf.confidence is not None and ref.confidence is not None:
+            out["confidence_gguf"], out["confidence_ref"] = f32(gguf.confidence), f32(ref.confidence)
+    return out
 
 
 def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> list[str]:
@@ -418,6 +431,73 @@ def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> list[str]:
             raise DFlashError(f"cannot write: {e.strerror or e}", out) from e
         tmp.commit(replace=True)
     return notes
+
+
+# --- DSpark ------------------------------------------------------------------------------------
+
+
+def dspark_common_slots(got: ForwardResult, want: ForwardResult, file: Drafter,
+                        checkpoint: Drafter) -> tuple[ForwardResult, ForwardResult, str | None]:
+    """Both DSpark drafts cut to the block slots both sides draft, and a failure line when those differ.
+
+    Why: a file whose ``sample_from_anchor`` disagrees with its checkpoint drafts ``block_size`` slots
+    where the checkpoint drafts ``block_size - 1`` (or the reverse); the check must fail naming that,
+    not stop on the shapes. The drafted rows end at the block's last slot on both sides.
+    """
+    n = min(got.tokens.shape[0], want.tokens.shape[0])
+    note = None
+    if got.tokens.shape[0] != want.tokens.shape[0]:
+        note = (f"drafted slots differ: the file drafts {got.tokens.shape[0]} slots per block, the checkpoint "
+                f"{want.tokens.shape[0]} (sample_from_anchor: file {file.sample_from_anchor is not False}, checkpoint "
+                f"{checkpoint.sample_from_anchor is not False})")
+
+    def tail(r: ForwardResult) -> ForwardResult:
+        conf = None if r.confidence is None else r.confidence[-n:]
+        return ForwardResult(hidden=r.hidden, logits=r.logits[-n:], tokens=r.tokens[-n:], confidence=conf,
+                             head_logits=r.head_logits)
+
+    return tail(got), tail(want), note
+
+
+def conditioned_like(weights: Any, got: ForwardResult, want: ForwardResult, ids: torch.Tensor) -> ForwardResult:
+    """The file's DSpark heads over its own states, each slot conditioned on the checkpoint's draft.
+
+    Why: the Markov chain feeds each slot's argmax to the next, so one near-tie flipped by rounding
+    makes every later slot of a quantized file differ from the checkpoint's, however exact its heads.
+    The gates compare slot by slot under the same conditioning; the free-running agreement of the two
+    drafts (what the driver proposes) is reported beside them (``draft_top1_agreement``).
+    """
+    m = markov_chain(weights.markov, got.head_logits, got.hidden, ids[0], weights.d2t, forced=want.tokens[:-1])
+    return ForwardResult(hidden=got.hidden, logits=m.logits[-want.tokens.shape[0]:], tokens=m.tokens[-want.tokens.shape[0]:],
+                         confidence=None if m.confidence is None else m.confidence[-want.tokens.shape[0]:],
+                         head_logits=got.head_logits)
+
+
+def given_ref_arrays(given: ForwardResult) -> dict[str, np.ndarray]:
+    """DSpark's ``--save-io`` extras: the file's logits (and confidences) conditioned on the checkpoint's draft."""
+    out = {"logits_gguf_given_ref": given.logits.detach().to("cpu", torch.float32).numpy()}
+    if given.confidence is not None:
+        out["confidence_gguf_given_ref"] = given.confidence.detach().to("cpu", torch.float32).numpy()
+    return out
+
+
+def confidence_failures(got: ForwardResult, want: ForwardResult, metrics: dict[str, Any], limits: Thresholds) -> list[str]:
+    """DSpark's confidence head: ``confidence_max_abs_err`` into ``metrics``, a failure line past its limit.
+
+    The confidences are probabilities the driver compares with ``--spec-draft-p-min``; their limit is the
+    class's ``hidden_max_rel`` as an absolute error (a sigmoid moves at most a quarter of its input's
+    change, and that input is a dot product of the normed states whose error the hidden gate bounds).
+    """
+    if got.confidence is None and want.confidence is None:
+        return []
+    if got.confidence is None or want.confidence is None:
+        side = "the file" if got.confidence is None else "the checkpoint"
+        return [f"confidence head differs: {side} has none"]
+    err = float((got.confidence.detach().cpu().double() - want.confidence.detach().cpu().double()).abs().max())
+    metrics["confidence_max_abs_err"] = err
+    if not err <= limits.hidden_max_rel:
+        return [f"confidences differ: max abs error {err:.3g} > {limits.hidden_max_rel:g}"]
+    return []
 
 
 # --- the check ---------------------------------------------------------------------------------
@@ -529,12 +609,23 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     semantics = ("llama.cpp", "reference") if semantics_differ(model) else ("llama.cpp",)
     drafts = reference_forwards(model, ref_feats, ids, pos, semantics)
     want = drafts["llama.cpp"]
+    failures = []
+    own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
+    if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)
+        got, want, slot_note = dspark_common_slots(got, want, d, model.drafter)
+        if slot_note:
+            failures.append(slot_note)
+        else:
+            own_draft, got = got, conditioned_like(weights, got, want, ids)
     if want.logits.shape != got.logits.shape:
         raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
                              "different vocabulary or block size", checkpoint_dir)
     limits = THRESHOLDS[cls]
     metrics = compare(got, want, limits.tie_margin, limits.tie_sd)
-    failures = []
+    failures += confidence_failures(got, want, metrics, limits)
+    if own_draft is not None:
+        match, n = int((own_draft.tokens.cpu() == want.tokens.cpu()).sum()), int(want.tokens.numel())
+        metrics["draft_top1_agreement"], metrics["draft_matches"] = match / n if n else 1.0, match
     if not metrics["hidden_max_rel_err"] <= limits.hidden_max_rel:
         failures.append(f"hidden states differ: max rel error {metrics['hidden_max_rel_err']:.3g} > {limits.hidden_max_rel:g} "
                         f"(max abs error {metrics['hidden_max_abs_err']:.3g})")
@@ -594,7 +685,11 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                                                  "found_by_name": found_by_name, **q}
 
     if out is not None:
-        warnings += write_npz_atomic(out, save_io_arrays(feats, ids, pos, got, want))
+        slots = torch.arange(len(ids) - got.tokens.shape[0], len(ids)) if weights.markov is not None else None
+        arrays = save_io_arrays(feats, ids, pos, own_draft or got, want, slots)
+        if own_draft is not None:
+            arrays.update(given_ref_arrays(got))
+        warnings += write_npz_atomic(out, arrays)
     return CheckReport(file=str(draft_gguf), checkpoint=str(checkpoint_dir), device=str(dev), file_type=ft_name,
                        precision_class=cls, metrics=metrics, thresholds=limits, failures=failures, warnings=warnings,
                        semantics_gap=gap)

@@ -103,17 +103,26 @@ class MarkovDraft:
 
 @torch.no_grad()
 def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
-                 d2t: torch.Tensor | None, round_input: RoundInput | None = None) -> MarkovDraft:
+                 d2t: torch.Tensor | None, round_input: RoundInput | None = None,
+                 forced: torch.Tensor | None = None) -> MarkovDraft:
     """llama.cpp's Markov head over blocks: ``logits`` [..., n_block, V] of every slot (target ids,
     -inf off a d2t vocabulary), ``hidden`` [..., n_block, E] the final-normed states, ``anchor`` [...]
     the block's token 0. Leading dimensions are independent blocks. ``round_input`` rounds each head
-    matmul's activations as the CPU backend does (``runtime.forward.cpu_matmul_input``)."""
+    matmul's activations as the CPU backend does (``runtime.forward.cpu_matmul_input``).
+
+    ``forced`` [..., n_drafted - 1]: condition each slot after the first on these tokens instead of the
+    chain's own argmax (another side's draft: ``check`` compares slots conditioned alike, so a near-tie
+    flipped early does not make every later slot differ).
+    """
     lead, n, V = logits.shape[:-2], logits.shape[-2], logits.shape[-1]
     prev = anchor.reshape(-1).to(logits.device, torch.int64)
     base = logits.reshape(-1, n, V)
     z = hidden.reshape(-1, n, hidden.shape[-1])
+    given = None if forced is None else forced.reshape(prev.shape[0], -1).to(logits.device, torch.int64)
     cols, confs = [], []
-    for i in range(head.first_slot, n):
+    for j, i in enumerate(range(head.first_slot, n)):
+        if given is not None and j > 0:
+            prev = given[:, j - 1]
         row = head.w1[prev]  # [A, R]
         r = row if round_input is None else round_input(row, head.w2_type)
         bias = r @ head.w2.T
@@ -133,7 +142,7 @@ def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, a
             if head.conf_b is not None:
                 c = c + head.conf_b
             confs.append(torch.sigmoid(c))
-        prev = col.argmax(dim=-1)
+        prev = col.argmax(dim=-1)  # the graph's greedy chain (ggml_argmax)
     out = torch.stack(cols, dim=1)
     n_out = out.shape[1]
     conf = torch.stack(confs, dim=1).reshape(*lead, n_out) if confs else None

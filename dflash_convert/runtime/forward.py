@@ -65,6 +65,7 @@ class ForwardResult:
     logits: torch.Tensor  # [n_drafted, vocab] for the predicted slots, target vocabulary ids
     tokens: torch.Tensor  # [n_drafted] int64 argmax target ids
     confidence: torch.Tensor | None = None  # [n_drafted] DSpark's confidence head, when the file has one
+    head_logits: torch.Tensor | None = None  # DSpark: [n_block, vocab] the output head's, before the Markov bias
 
 
 @dataclass
@@ -450,7 +451,7 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
     logits = scatter_d2t(weights.head.project(out), weights.d2t, d.vocab_size)
     if weights.markov is not None:  # DSpark: each drafted slot conditioned on the token before it (runtime.dspark)
         m = markov_chain(weights.markov, logits, hidden, ids[0], weights.d2t, cpu_matmul_input if cpu_matmul else None)
-        return ForwardResult(hidden=hidden, logits=m.logits, tokens=m.tokens, confidence=m.confidence)
+        return ForwardResult(hidden=hidden, logits=m.logits, tokens=m.tokens, confidence=m.confidence, head_logits=logits)
     return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
 
 
