@@ -231,3 +231,145 @@ def test_save_io_carries_the_markov_logits_and_confidences(world, tmp_path):
         assert np.array_equal(z["tokens_gguf"], z["tokens_ref"])
         assert np.allclose(z["logits_gguf"], z["logits_gguf_given_ref"], equal_nan=True)
     shutil.rmtree(tmp_path)
+
+
+# --- ground truth: libllama itself -------------------------------------------------------------------
+
+PROBE_SOURCE = r"""
+// One DSpark draft through libllama, as common/speculative.cpp's draft-dspark drives it: inject the
+// target features, decode the block [anchor, mask...] with every slot an output, dump each slot's
+// logits (the Markov-conditioned ones) and its confidence (nextn embeddings, first value of each row).
+#include "llama.h"
+#include "llama-ext.h"
+#include <cstdio>
+#include <vector>
+
+static void quiet(ggml_log_level, const char *, void *) {}
+
+int main(int argc, char ** argv) {
+    if (argc != 3) { fprintf(stderr, "usage: probe draft.gguf io.bin\n"); return 2; }
+    llama_log_set(quiet, nullptr);
+    llama_backend_init();
+    FILE * f = fopen(argv[2], "rb");
+    int32_t hdr[3];  // n_ctx, width, n_block
+    if (!f || fread(hdr, 4, 3, f) != 3) return 3;
+    const int n_ctx = hdr[0], width = hdr[1], n_block = hdr[2];
+    std::vector<float> feats((size_t) n_ctx * width);
+    std::vector<int32_t> ids(n_block);
+    if (fread(feats.data(), 4, feats.size(), f) != feats.size() || fread(ids.data(), 4, n_block, f) != (size_t) n_block) return 3;
+    fclose(f);
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (!model) return 4;
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 256; cp.n_batch = 256; cp.n_ubatch = 256; cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = 1;
+    cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) return 5;
+    llama_set_embeddings_nextn(ctx, true, true);
+    llama_set_causal_attn(ctx, false);
+    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    for (int i = 0; i < n_ctx; ++i) {
+        const llama_embd e = { feats.data() + (size_t) i * width, 1, (size_t) width };
+        const int idx = llama_batch_ext_add_embd(batch, 0, e);
+        const llama_pos p = i;
+        llama_batch_ext_set_pos(batch, idx, &p);
+        llama_batch_ext_set_output_logits(batch, idx, false);
+    }
+    if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 6;
+    llama_batch_ext_clear(batch);
+    for (int i = 0; i < n_block; ++i) {
+        const int idx = llama_batch_ext_add_token(batch, 0, ids[i]);
+        const llama_pos p = n_ctx + i;
+        llama_batch_ext_set_pos(batch, idx, &p);
+        llama_batch_ext_set_output_logits(batch, idx, true);
+    }
+    if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 7;
+    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    const int n_embd = llama_model_n_embd(model);
+    const float * conf = llama_get_embeddings_nextn(ctx);
+    FILE * o = fopen(argv[2], "wb");
+    const int32_t out_hdr[2] = { n_vocab, conf != nullptr };
+    fwrite(out_hdr, 4, 2, o);
+    for (int i = 0; i < n_block; ++i) fwrite(llama_get_logits_ith(ctx, i), 4, n_vocab, o);
+    for (int i = 0; conf && i < n_block; ++i) fwrite(conf + (size_t) i * n_embd, 4, 1, o);
+    fclose(o);
+    llama_batch_ext_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    """The probe, compiled against the cached llama.cpp build (skips when there is none)."""
+    import subprocess
+
+    from fixtures.targets import cache_root
+    from fixtures.upstream import SDIST_DIR, build_dir
+
+    tree = cache_root() / "sdist" / SDIST_DIR / "vendor" / "llama.cpp"
+    lib = build_dir() / "bin"
+    if not (lib / "libllama.so").exists() or not (tree / "src" / "llama-ext.h").is_file() or shutil.which("g++") is None:
+        pytest.skip("llama.cpp build from the cached sdist (libllama.so, headers) or g++ not available")
+    out = tmp_path_factory.mktemp("dspark-probe")
+    (out / "probe.cpp").write_text(PROBE_SOURCE)
+    exe = out / "probe"
+    r = subprocess.run(["g++", "-O1", "-std=c++17", f"-I{tree / 'include'}", f"-I{tree / 'src'}", f"-I{tree / 'ggml' / 'include'}",
+                        str(out / "probe.cpp"), "-o", str(exe), f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
+                        f"-Wl,-rpath,{lib}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot compile the libllama probe: {r.stderr[-500:]}")
+    return exe
+
+
+def _self_contained(world, name: str) -> Path:
+    """The F32 GGUF with the target's embedding written in (the tied head is the target's too): the probe
+    has no target context."""
+    from drafter_gguf import Tensor, set_tensor
+
+    from dflash_convert.format.ggml import GGMLType
+    from dflash_convert.format.rules import EMBEDDING_TENSOR
+
+    root, tgt, get = world
+    path = get(name)[1]
+    d = read_drafter(path)
+    w = load_weights(d, read_target(tgt))
+    if w.embed_from == "drafter":
+        return path
+    assert w.head is w.embed  # the fixture target ties its head: the embedding alone makes the file whole
+    v = w.embed.full().to(torch.float32).numpy()
+    parts = set_tensor(read_parts(path), Tensor(EMBEDDING_TENSOR, (v.shape[1], v.shape[0]), GGMLType.F32, v.astype("<f4").tobytes()))
+    return write_parts(root / f"{name}-self-contained.gguf", parts)
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MEMBERS))
+def test_runner_matches_libllama(world, probe, name, tmp_path):
+    import subprocess
+
+    d, w, feats, ids, pos, _, _ = _runs(world, name)
+    got = run_gguf(d, w, feats, ids, pos, gelu_fp16_table=d.hidden_act != "silu")
+    io = tmp_path / "io.bin"
+    io.write_bytes(np.array([CTX, feats.shape[1], len(ids)], np.int32).tobytes() + feats.numpy().astype("<f4").tobytes()
+                   + ids.numpy().astype("<i4").tobytes())
+    r = subprocess.run([str(probe), str(_self_contained(world, name)), str(io)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"probe failed ({r.returncode}): {r.stderr[-2000:]}"
+    raw = np.fromfile(io, np.uint8)
+    n_vocab, has_conf = (int(x) for x in raw[:8].view(np.int32))
+    body = raw[8:].view(np.float32)
+    first = len(ids) - got.tokens.shape[0]
+    logits = torch.from_numpy(body[: len(ids) * n_vocab].reshape(len(ids), n_vocab).copy())[first:]
+    assert has_conf and got.confidence is not None
+    conf = torch.from_numpy(body[len(ids) * n_vocab:].copy())[first:]
+    assert torch.equal(got.tokens, logits.argmax(-1))  # the draft llama.cpp's driver proposes, token for token
+    finite = torch.isfinite(logits)
+    assert torch.equal(finite, torch.isfinite(got.logits))
+    assert float((got.logits - logits)[finite].abs().max()) < (1e-3 if d.hidden_act != "silu" else 1e-4)
+    assert float((got.confidence - conf).abs().max()) < 1e-4
