@@ -88,6 +88,7 @@ import torch
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
+from .format.family import draft_tokens_per_block, member_of
 from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import GGMLType
 from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
@@ -521,7 +522,8 @@ def file_inputs(d: Drafter, model, captured: FeaturesFile, context: int) -> tupl
 
 def compare_acceptance(d: Drafter, weights, model, captured: FeaturesFile, cls: str) -> dict[str, Any]:
     """The file's live-loop acceptance on the captured sequences next to its checkpoint's (reference forward)."""
-    n_max = d.block_size - 1
+    # the driver's most drafted tokens per block: block_size for a DSpark drafter sampling from the anchor
+    n_max = draft_tokens_per_block(member_of({t.gguf_name for t in d.tensors}), d.block_size, d.sample_from_anchor)
     file_loop, file_anchors = measure(gguf_drafts(d, weights, n_max), captured, captured.slots_for(d.target_layers, "the file"),
                                       n_max)
     ck_loop, ck_anchors = measure(reference_drafts(model, n_max), captured,

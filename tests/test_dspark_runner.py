@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from dflash_convert import convert
 from dflash_convert.check import THRESHOLDS, check, synthetic_inputs
-from dflash_convert.errors import InputFileError
+from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.family import CONF_PROJ_BIAS, MARKOV_W1, MARKOV_W2
 from dflash_convert.quantize import quantize
 from dflash_convert.runtime.dspark import driver_draft
@@ -123,6 +123,37 @@ def test_bonus_anchor_layout_drafts_the_mask_slots_only(world):
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got.logits))
     assert torch.allclose(got.logits[finite], want[finite], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["dspark", "speculators"])
+def test_batched_anchor_drafts_are_the_single_drafts(world, name):
+    """The acceptance measurement (runtime.accept) drafts from many anchors at once: each must be the draft
+    run_gguf and the reference make from that anchor alone, through the Markov chain, in the driver's layout."""
+    from dflash_convert.format.family import draft_tokens_per_block
+    from dflash_convert.runtime.accept import anchor_drafts, reference_drafts
+    from dflash_convert.runtime.forward import block_tokens, contiguous_positions
+
+    _, tgt, get = world
+    src, f32 = get(name)
+    d = read_drafter(f32)
+    target = read_target(tgt)
+    w = load_weights(d, target)
+    n_max = draft_tokens_per_block("DSpark", d.block_size, d.sample_from_anchor)
+    assert n_max == MEMBERS[name][1]
+    g = torch.Generator().manual_seed(5)
+    L = 12
+    feats = torch.randn(L, len(d.target_layers) * d.hidden_size, generator=g)
+    tokens = torch.randint(5, d.vocab_size, (L,), generator=g)
+    anchors = [3, 7, 11]
+    batched = anchor_drafts(d, w, feats, tokens, anchors, n_max)
+    ref = reference_drafts(load_reference(read_checkpoint(src), target), n_max)(feats, tokens, anchors)
+    for row, c in enumerate(anchors):
+        ids = block_tokens(d, int(tokens[c]))
+        single = run_gguf(d, w, feats[:c], ids, contiguous_positions(c, len(ids)))
+        assert torch.equal(batched[row], single.tokens[:n_max]), c
+    assert torch.equal(batched, ref)
+    with pytest.raises(DFlashError, match="n_max"):
+        anchor_drafts(d, w, feats, tokens, anchors, n_max + 1)
 
 
 def test_driver_cuts_the_draft_below_p_min():
