@@ -73,6 +73,12 @@ Also reported, never failing the check:
   ``find_sibling``) is used when it exists.
 
 ``save_io`` writes the inputs and both sides' outputs to an ``.npz`` (schema in ``save_io_arrays``).
+
+DSpark files (``markov_w1.weight``): both sides run the Markov chain and confidence head
+(``runtime.dspark``); the gates compare the file's slots conditioned on the checkpoint's draft
+(``conditioned_like``), the free-running agreement is ``draft_top1_agreement``, the confidences are
+gated by ``confidence_max_abs_err <= hidden_max_rel``, and a different block layout is a named failure
+(``dspark_common_slots``). docs/check.md has the details and the ``.npz`` arrays it adds.
 """
 
 from __future__ import annotations

@@ -36,6 +36,15 @@ row of ``mask_embedding.pt`` written over the mask id (rounded to that table's d
 it into the table does); the head is the drafter's ``lm_head``, else
 the target's head (its embedding when the target ties them). A reduced vocabulary scatters the
 ``Vd`` logits to the target ids ``i + d2t[i]`` in a -inf row, as vLLM does.
+
+DSpark checkpoints: the Markov and confidence heads run on the checkpoint's own tensors
+(``runtime.dspark.checkpoint_markov_chain``, in the draft vocabulary before the scatter), in the
+block layout of ``sample_from_anchor``; the same in both semantics (no published DSpark code is
+known whose rules differ). A full-vocabulary ``lm_head`` without own embeddings is not used: the
+target's head is, as upstream's converter drops that head. Gemma-4 DSpark (``Gemma4DSparkModel``):
+V is the K projection through a weightless RMSNorm (``attention_k_eq_v``), Gemma's sandwich norms
+and ``layer_scalar`` apply, attention is scaled by ``attention.scale`` (1), and proportional RoPE
+rotates only the first ``partial_rotary_factor * head_dim / 2`` pairs, read from the config.
 """
 
 from __future__ import annotations
