@@ -404,3 +404,17 @@ def test_runner_matches_libllama(world, probe, name, tmp_path):
     assert torch.equal(finite, torch.isfinite(got.logits))
     assert float((got.logits - logits)[finite].abs().max()) < (1e-3 if d.hidden_act != "silu" else 1e-4)
     assert float((got.confidence - conf).abs().max()) < 1e-4
+
+
+def test_cli_check_fails_a_flipped_layout_with_one_line_per_cause(world):
+    from conftest import run_cli
+
+    root, tgt, get = world
+    src, f32 = get("dspark")
+    out = write_parts(root / "dspark-anchor-flipped-cli.gguf", _flipped_anchor(read_parts(f32)))
+    r = run_cli("check", out, "--checkpoint", src, "--target-model-dir", tgt, "--device", "cpu", "--context", str(CTX))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL: drafted slots differ: the file drafts 15 slots per block, the checkpoint 16" in r.stdout
+    assert "Traceback" not in r.stderr
+    ok = run_cli("check", f32, "--checkpoint", src, "--target-model-dir", tgt, "--device", "cpu", "--context", str(CTX))
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith("PASS"), ok.stdout + ok.stderr

@@ -228,7 +228,7 @@ def _reject_other_members(d: Drafter) -> None:
     names = {t.gguf_name for t in d.tensors}
     other = sorted(n for n in names if (n in HEAD_GLOBAL and n not in MARKOV_TENSORS) or generic_name(n) in HEAD_PER_LAYER)
     if other:
-        raise DFlashError(f"this drafter has {other[0]}: DSpark / DFlash2 heads are not run here (classic DFlash only)",
+        raise DFlashError(f"this drafter has {other[0]}: DFlash2 heads are not run here (classic DFlash and DSpark only)",
                           d.source)
     known_layer = set(LAYER_ROLES.values()) | {scale_name(LAYER_ROLES[r]) for r in SCALED_ROLES}
     known_global = {FC_TENSOR, scale_name(FC_TENSOR), ENC_NORM_TENSOR, OUTPUT_NORM_TENSOR, EMBEDDING_TENSOR,
