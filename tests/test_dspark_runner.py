@@ -154,6 +154,8 @@ def test_batched_anchor_drafts_are_the_single_drafts(world, name):
     assert torch.equal(batched, ref)
     with pytest.raises(DFlashError, match="n_max"):
         anchor_drafts(d, w, feats, tokens, anchors, n_max + 1)
+    with pytest.raises(DFlashError, match="at most block_size"):
+        run_gguf(d, w, feats[:3], block_tokens(d, 5, d.block_size + 1), contiguous_positions(3, d.block_size + 1))
 
 
 def test_driver_cuts_the_draft_below_p_min():

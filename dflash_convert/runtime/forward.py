@@ -415,6 +415,9 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
     """
     dev, dt = weights.device, weights.dtype
     n_ctx = check_inputs(d, target_hidden, block_ids, positions)
+    if weights.markov is not None and block_ids.shape[0] > d.block_size:
+        # llama.cpp skips the Markov head for such a block; the driver never decodes one
+        raise DFlashError(f"a DSpark block holds at most block_size = {d.block_size} tokens, got {block_ids.shape[0]}")
     feats, ids, pos = target_hidden.to(dev, dt), block_ids.to(dev), positions.to(dev)
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
     causal = bool(d.causal) if causal is None else causal
