@@ -73,6 +73,12 @@ Also reported, never failing the check:
   ``find_sibling``) is used when it exists.
 
 ``save_io`` writes the inputs and both sides' outputs to an ``.npz`` (schema in ``save_io_arrays``).
+
+DSpark files (``markov_w1.weight``): both sides run the Markov chain and confidence head
+(``runtime.dspark``); the gates compare the file's slots conditioned on the checkpoint's draft
+(``conditioned_like``), the free-running agreement is ``draft_top1_agreement``, the confidences are
+gated by ``confidence_max_abs_err <= hidden_max_rel``, and a different block layout is a named failure
+(``dspark_common_slots``). docs/check.md has the details and the ``.npz`` arrays it adds.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ import torch
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
+from .format.family import draft_tokens_per_block, member_of
 from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import GGMLType
 from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
@@ -95,6 +102,7 @@ from .runtime.accept import gguf_drafts, measure, reference_drafts
 from .runtime.capture import load_target_model, run_target
 from .runtime.device import resolve_device
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
+from .runtime.dspark import markov_chain
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
 from .runtime.reference import load_reference, reference_features, reference_forwards, semantics_differ
 from .runtime.weights import load_weights
@@ -231,6 +239,11 @@ class CheckReport:
                  f"  top-1 agreement        {m['top1_agreement']:.3f}  ({m['top1_matches']}/{m['slots']}; "
                  f"{m['top1_agreement_tie_aware']:.3f} counting near-ties, min {t.top1_min:g})",
                  f"  mean KL(ref || gguf)   {m['kl_mean']:.3g}  (limit {t.kl_max:g})"]
+        if "draft_top1_agreement" in m:  # DSpark: the gates compare slots conditioned on the checkpoint's draft
+            lines.append(f"  own-chain draft        {m['draft_top1_agreement']:.3f}  ({m['draft_matches']}/{m['slots']} of the "
+                         "file's greedy Markov chain equal to the checkpoint's)")
+        if "confidence_max_abs_err" in m:  # DSpark's confidence head
+            lines.append(f"  confidence max abs err {m['confidence_max_abs_err']:.3g}  (limit {t.hidden_max_rel:g})")
         a = m.get("acceptance")
         if a:
             f, c = a["file"], a["checkpoint"]
@@ -391,18 +404,25 @@ def find_sibling(path: str | Path, type_name: str) -> Path | None:
 
 
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
-                   ref: ForwardResult) -> dict[str, np.ndarray]:
-    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens."""
+                   ref: ForwardResult, draft_slots: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens. A DSpark
+    drafter's logits are the Markov-conditioned ones the driver reads; it adds ``draft_slots`` (the block
+    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``."""
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.float32).numpy()
 
     def i64(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.int64).numpy()
 
-    return {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
-            "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
-            "logits_gguf": f32(gguf.logits), "logits_ref": f32(ref.logits),
-            "tokens_gguf": i64(gguf.tokens), "tokens_ref": i64(ref.tokens)}
+    out = {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
+           "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
+           "logits_gguf": f32(gguf.logits), "logits_ref": f32(ref.logits),
+           "tokens_gguf": i64(gguf.tokens), "tokens_ref": i64(ref.tokens)}
+    if draft_slots is not None:
+        out["draft_slots"] = i64(draft_slots)
+        if gguf.confidence is not None and ref.confidence is not None:
+            out["confidence_gguf"], out["confidence_ref"] = f32(gguf.confidence), f32(ref.confidence)
+    return out
 
 
 def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> list[str]:
@@ -418,6 +438,73 @@ def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> list[str]:
             raise DFlashError(f"cannot write: {e.strerror or e}", out) from e
         tmp.commit(replace=True)
     return notes
+
+
+# --- DSpark ------------------------------------------------------------------------------------
+
+
+def dspark_common_slots(got: ForwardResult, want: ForwardResult, file: Drafter,
+                        checkpoint: Drafter) -> tuple[ForwardResult, ForwardResult, str | None]:
+    """Both DSpark drafts cut to the block slots both sides draft, and a failure line when those differ.
+
+    Why: a file whose ``sample_from_anchor`` disagrees with its checkpoint drafts ``block_size`` slots
+    where the checkpoint drafts ``block_size - 1`` (or the reverse); the check must fail naming that,
+    not stop on the shapes. The drafted rows end at the block's last slot on both sides.
+    """
+    n = min(got.tokens.shape[0], want.tokens.shape[0])
+    note = None
+    if got.tokens.shape[0] != want.tokens.shape[0]:
+        note = (f"drafted slots differ: the file drafts {got.tokens.shape[0]} slots per block, the checkpoint "
+                f"{want.tokens.shape[0]} (sample_from_anchor: file {file.sample_from_anchor is not False}, checkpoint "
+                f"{checkpoint.sample_from_anchor is not False})")
+
+    def tail(r: ForwardResult) -> ForwardResult:
+        conf = None if r.confidence is None else r.confidence[-n:]
+        return ForwardResult(hidden=r.hidden, logits=r.logits[-n:], tokens=r.tokens[-n:], confidence=conf,
+                             head_logits=r.head_logits)
+
+    return tail(got), tail(want), note
+
+
+def conditioned_like(weights: Any, got: ForwardResult, want: ForwardResult, ids: torch.Tensor) -> ForwardResult:
+    """The file's DSpark heads over its own states, each slot conditioned on the checkpoint's draft.
+
+    Why: the Markov chain feeds each slot's argmax to the next, so one near-tie flipped by rounding
+    makes every later slot of a quantized file differ from the checkpoint's, however exact its heads.
+    The gates compare slot by slot under the same conditioning; the free-running agreement of the two
+    drafts (what the driver proposes) is reported beside them (``draft_top1_agreement``).
+    """
+    m = markov_chain(weights.markov, got.head_logits, got.hidden, ids[0], weights.d2t, forced=want.tokens[:-1])
+    return ForwardResult(hidden=got.hidden, logits=m.logits[-want.tokens.shape[0]:], tokens=m.tokens[-want.tokens.shape[0]:],
+                         confidence=None if m.confidence is None else m.confidence[-want.tokens.shape[0]:],
+                         head_logits=got.head_logits)
+
+
+def given_ref_arrays(given: ForwardResult) -> dict[str, np.ndarray]:
+    """DSpark's ``--save-io`` extras: the file's logits (and confidences) conditioned on the checkpoint's draft."""
+    out = {"logits_gguf_given_ref": given.logits.detach().to("cpu", torch.float32).numpy()}
+    if given.confidence is not None:
+        out["confidence_gguf_given_ref"] = given.confidence.detach().to("cpu", torch.float32).numpy()
+    return out
+
+
+def confidence_failures(got: ForwardResult, want: ForwardResult, metrics: dict[str, Any], limits: Thresholds) -> list[str]:
+    """DSpark's confidence head: ``confidence_max_abs_err`` into ``metrics``, a failure line past its limit.
+
+    The confidences are probabilities the driver compares with ``--spec-draft-p-min``; their limit is the
+    class's ``hidden_max_rel`` as an absolute error (a sigmoid moves at most a quarter of its input's
+    change, and that input is a dot product of the normed states whose error the hidden gate bounds).
+    """
+    if got.confidence is None and want.confidence is None:
+        return []
+    if got.confidence is None or want.confidence is None:
+        side = "the file" if got.confidence is None else "the checkpoint"
+        return [f"confidence head differs: {side} has none"]
+    err = float((got.confidence.detach().cpu().double() - want.confidence.detach().cpu().double()).abs().max())
+    metrics["confidence_max_abs_err"] = err
+    if not err <= limits.hidden_max_rel:
+        return [f"confidences differ: max abs error {err:.3g} > {limits.hidden_max_rel:g}"]
+    return []
 
 
 # --- the check ---------------------------------------------------------------------------------
@@ -441,7 +528,8 @@ def file_inputs(d: Drafter, model, captured: FeaturesFile, context: int) -> tupl
 
 def compare_acceptance(d: Drafter, weights, model, captured: FeaturesFile, cls: str) -> dict[str, Any]:
     """The file's live-loop acceptance on the captured sequences next to its checkpoint's (reference forward)."""
-    n_max = d.block_size - 1
+    # the driver's most drafted tokens per block: block_size for a DSpark drafter sampling from the anchor
+    n_max = draft_tokens_per_block(member_of({t.gguf_name for t in d.tensors}), d.block_size, d.sample_from_anchor)
     file_loop, file_anchors = measure(gguf_drafts(d, weights, n_max), captured, captured.slots_for(d.target_layers, "the file"),
                                       n_max)
     ck_loop, ck_anchors = measure(reference_drafts(model, n_max), captured,
@@ -529,12 +617,23 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     semantics = ("llama.cpp", "reference") if semantics_differ(model) else ("llama.cpp",)
     drafts = reference_forwards(model, ref_feats, ids, pos, semantics)
     want = drafts["llama.cpp"]
+    failures = []
+    own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
+    if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)
+        got, want, slot_note = dspark_common_slots(got, want, d, model.drafter)
+        if slot_note:
+            failures.append(slot_note)
+        else:
+            own_draft, got = got, conditioned_like(weights, got, want, ids)
     if want.logits.shape != got.logits.shape:
         raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
                              "different vocabulary or block size", checkpoint_dir)
     limits = THRESHOLDS[cls]
     metrics = compare(got, want, limits.tie_margin, limits.tie_sd)
-    failures = []
+    failures += confidence_failures(got, want, metrics, limits)
+    if own_draft is not None:
+        match, n = int((own_draft.tokens.cpu() == want.tokens.cpu()).sum()), int(want.tokens.numel())
+        metrics["draft_top1_agreement"], metrics["draft_matches"] = match / n if n else 1.0, match
     if not metrics["hidden_max_rel_err"] <= limits.hidden_max_rel:
         failures.append(f"hidden states differ: max rel error {metrics['hidden_max_rel_err']:.3g} > {limits.hidden_max_rel:g} "
                         f"(max abs error {metrics['hidden_max_abs_err']:.3g})")
@@ -594,7 +693,11 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                                                  "found_by_name": found_by_name, **q}
 
     if out is not None:
-        warnings += write_npz_atomic(out, save_io_arrays(feats, ids, pos, got, want))
+        slots = torch.arange(len(ids) - got.tokens.shape[0], len(ids)) if weights.markov is not None else None
+        arrays = save_io_arrays(feats, ids, pos, own_draft or got, want, slots)
+        if own_draft is not None:
+            arrays.update(given_ref_arrays(got))
+        warnings += write_npz_atomic(out, arrays)
     return CheckReport(file=str(draft_gguf), checkpoint=str(checkpoint_dir), device=str(dev), file_type=ft_name,
                        precision_class=cls, metrics=metrics, thresholds=limits, failures=failures, warnings=warnings,
                        semantics_gap=gap)

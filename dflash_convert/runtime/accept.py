@@ -7,7 +7,8 @@ sees the target features of positions ``0 .. c-1`` and the block ``[t[c], mask, 
 ``c .. c+B-1``. So every draft the live loop would make is computed here without the target, and
 what the target would accept is the longest prefix equal to its own greedy tokens.
 
-``anchor_drafts`` computes the same draft as ``runtime.forward.run_gguf`` for each anchor, batched:
+``anchor_drafts`` computes the same draft as ``runtime.forward.run_gguf`` for each anchor, batched
+(a DSpark drafter's through its Markov chain, from slot 0 when it samples from the anchor):
 the fc + hidden norm of the context and each layer's context K/V are computed once for the whole
 sequence (a block attends to them, never changes them), and blocks from many anchors go through the
 layers together, each attending to its own context prefix through the mask. ``live_loop`` replays
@@ -28,6 +29,7 @@ from ..drafter import Drafter
 from ..errors import DFlashError
 from ..sources.features import FeaturesFile
 from .counts import LoopCount
+from .dspark import markov_chain
 from .forward import (
     _kv,
     _layer_mm,
@@ -91,8 +93,9 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     sequence's ``context_kv`` when the caller keeps it (computed here otherwise).
     """
     B = d.block_size
-    if not 1 <= n_max <= B - 1:
-        raise DFlashError(f"n_max {n_max} must be in 1..{B - 1} (block size {B} minus the anchor slot)")
+    most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
+    if not 1 <= n_max <= most:
+        raise DFlashError(f"n_max {n_max} must be in 1..{most} (block size {B}" + (")" if most == B else " minus the anchor slot)"))
     dev = w.device
     L = features.shape[0]
     if any(not 0 <= c < L for c in anchors):
@@ -178,6 +181,13 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
         attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
                 + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
         x = layer_tail(d, lw, x, attn, False, cpu_matmul)  # no fp16 GELU table here, as before
+    if w.markov is not None:  # DSpark: every slot through the head, then the Markov chain (runtime.dspark)
+        states = rms_norm(x, eps, w.output_norm)
+        read = cpu_matmul_input(states, w.head.source.dtype) if cpu_matmul else states
+        logits = scatter_d2t(w.head.project(read), w.d2t, d.vocab_size).reshape(A, B, -1)
+        chain = markov_chain(w.markov, logits, states.reshape(A, B, -1), ids[:, 0], w.d2t,
+                             cpu_matmul_input if cpu_matmul else None)
+        return chain.logits[:, :n_max]
     hidden = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1].reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)

@@ -32,12 +32,14 @@ from ..sources.safetensors import TensorRef
 from ..tensor_source import NeoxPermuted, RowOverride, TensorSource
 from .weights import source_values
 
-# fields of Drafter that change what the forward computes (origin, context length, key positions
-# and the family's parts are not among them: the runner refuses the other members)
+# fields of Drafter that change what the forward computes (origin, context length and key positions
+# are not among them; of the family's parts only DSpark's, which the runner runs)
 FORWARD_FIELDS = ("n_layers", "hidden_size", "intermediate_size", "n_head", "n_head_kv", "head_dim", "rms_eps",
                   "vocab_size", "mask_token_id", "target_layers", "block_size", "rope_theta", "rope_scaling",
                   "rope_sections", "n_rot", "sliding_window", "swa_pattern", "causal", "value_scale",
-                  "embedding_scale", "hidden_act", "draft_vocab_size", "attention_scale")
+                  "embedding_scale", "hidden_act", "draft_vocab_size", "attention_scale",
+                  # DSpark: the block layout and the heads the driver reads
+                  "sample_from_anchor", "markov", "has_confidence_head")
 
 # relative RMS error a storage type may add to a weight (measured on normal-distributed rows with
 # our quantizers, then doubled for headroom: F16 2.1e-4, BF16 1.6e-3, Q8_0 3.6e-3, Q6_K 8e-3,
@@ -115,6 +117,15 @@ def _neox_rows(v: torch.Tensor, head_dim: int) -> torch.Tensor:
     return v.reshape(-1, head_dim // 2, 2, row).transpose(1, 2).reshape(v.shape)
 
 
+def _squeezed(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """A shape without its leading 1s: llama-quantize drops a tensor's trailing ggml dimensions of 1
+    (DSpark's conf_proj {E+R, 1} comes out {E+R}), the same values either way."""
+    dims = tuple(int(n) for n in shape)
+    while len(dims) > 1 and dims[0] == 1:
+        dims = dims[1:]
+    return dims
+
+
 def _rows(t: DrafterTensor) -> int:
     return int(t.shape[0]) if t.shape else 1
 
@@ -173,7 +184,7 @@ def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device 
         c = ours.get(t.gguf_name)
         if c is None:
             continue
-        if tuple(t.shape) != tuple(c.shape):
+        if _squeezed(t.shape) != _squeezed(c.shape):
             out.append(f"{t.gguf_name}: shape {list(t.shape)}, checkpoint's {c.hf_name} {list(c.shape)}")
             continue
         limit = WEIGHT_REL_RMS.get(t.dtype, 0.5)

@@ -22,7 +22,9 @@ not is kept here on purpose (``runtime.reference`` has the reference's own seman
   factor) (the yarn_* keys are not read for dflash); ``rope_freqs.weight`` divides the angles on the
   NeoX path only;
 * logit_scale and final_logit_softcapping are not applied (only DFlash2, which is refused, applies
-  them); a ``d2t`` drafter's logits are scattered into a -inf row of the target vocabulary.
+  them); a ``d2t`` drafter's logits are scattered into a -inf row of the target vocabulary;
+* DSpark (``markov_w1.weight``): the Markov and confidence heads of ``runtime.dspark`` follow, over
+  every slot; with ``sample_from_anchor`` (the default) slot 0 drafts too.
 
 Numerics: everything is computed in the weights' dtype (float32 by default), as ggml's CPU backend
 does with an F32 GGUF, an F32 KV cache and flash attention off; RoPE angles are formed exactly as
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from ..drafter import Drafter
 from ..errors import DFlashError
 from ..format.rules import ROPE_SECTIONS
+from .dspark import markov_chain
 from .weights import DrafterWeights, LayerWeights
 
 DEFAULT_ROPE_BASE = 10000.0  # llama_model_base::load_hparams when rope.freq_base is absent
@@ -55,11 +58,14 @@ GELU_SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 
 @dataclass
 class ForwardResult:
-    """One draft: final-norm hidden states of every block slot, logits and greedy tokens of slots 1.."""
+    """One draft: final-norm hidden states of every block slot, logits and greedy tokens of the drafted
+    slots (1.., or for DSpark sampling from the anchor 0..; its logits are the Markov-conditioned ones)."""
 
     hidden: torch.Tensor  # [n_block, hidden] output of the final norm
-    logits: torch.Tensor  # [n_block - 1, vocab] for the predicted slots, target vocabulary ids
-    tokens: torch.Tensor  # [n_block - 1] int64 argmax target ids
+    logits: torch.Tensor  # [n_drafted, vocab] for the predicted slots, target vocabulary ids
+    tokens: torch.Tensor  # [n_drafted] int64 argmax target ids
+    confidence: torch.Tensor | None = None  # [n_drafted] DSpark's confidence head, when the file has one
+    head_logits: torch.Tensor | None = None  # DSpark: [n_block, vocab] the output head's, before the Markov bias
 
 
 @dataclass
@@ -409,6 +415,9 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
     """
     dev, dt = weights.device, weights.dtype
     n_ctx = check_inputs(d, target_hidden, block_ids, positions)
+    if weights.markov is not None and block_ids.shape[0] > d.block_size:
+        # llama.cpp skips the Markov head for such a block; the driver never decodes one
+        raise DFlashError(f"a DSpark block holds at most block_size = {d.block_size} tokens, got {block_ids.shape[0]}")
     feats, ids, pos = target_hidden.to(dev, dt), block_ids.to(dev), positions.to(dev)
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
     causal = bool(d.causal) if causal is None else causal
@@ -440,8 +449,12 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
         attn = attend(q, k, v, masks[window_of[il]], kq_scale, lw.sinks, kv_cache_dtype)
         x = layer_tail(d, lw, x, attn, gelu_fp16_table, cpu_matmul)
     hidden = rms_norm(x, eps, weights.output_norm)
-    out = hidden[1:] if not cpu_matmul else cpu_matmul_input(hidden[1:], weights.head.source.dtype)
+    read = hidden if weights.markov is not None else hidden[1:]  # DSpark's heads read slot 0 too
+    out = read if not cpu_matmul else cpu_matmul_input(read, weights.head.source.dtype)
     logits = scatter_d2t(weights.head.project(out), weights.d2t, d.vocab_size)
+    if weights.markov is not None:  # DSpark: each drafted slot conditioned on the token before it (runtime.dspark)
+        m = markov_chain(weights.markov, logits, hidden, ids[0], weights.d2t, cpu_matmul_input if cpu_matmul else None)
+        return ForwardResult(hidden=hidden, logits=m.logits, tokens=m.tokens, confidence=m.confidence, head_logits=logits)
     return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
 
 

@@ -36,6 +36,15 @@ row of ``mask_embedding.pt`` written over the mask id (rounded to that table's d
 it into the table does); the head is the drafter's ``lm_head``, else
 the target's head (its embedding when the target ties them). A reduced vocabulary scatters the
 ``Vd`` logits to the target ids ``i + d2t[i]`` in a -inf row, as vLLM does.
+
+DSpark checkpoints: the Markov and confidence heads run on the checkpoint's own tensors
+(``runtime.dspark.checkpoint_markov_chain``, in the draft vocabulary before the scatter), in the
+block layout of ``sample_from_anchor``; the same in both semantics (no published DSpark code is
+known whose rules differ). A full-vocabulary ``lm_head`` without own embeddings is not used: the
+target's head is, as upstream's converter drops that head. Gemma-4 DSpark (``Gemma4DSparkModel``):
+V is the K projection through a weightless RMSNorm (``attention_k_eq_v``), Gemma's sandwich norms
+and ``layer_scalar`` apply, attention is scaled by ``attention.scale`` (1), and proportional RoPE
+rotates only the first ``partial_rotary_factor * head_dim / 2`` pairs, read from the config.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ import torch.nn.functional as F
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
-from ..format.family import DFLASH, member_of
+from ..format.family import DFLASH, DSPARK, GEMMA4_DSPARK_ARCHITECTURES, member_of
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from ..format.tensors import HIDDEN_NORM_HF, LAYER_ROLES_HF, OUTPUT_NORM_HF, SINK_HF, gguf_to_hf, strip_model_prefix
 from ..sources.checkpoint import Checkpoint, merged_text_config
@@ -58,10 +67,17 @@ from ..sources.config import ConfigView
 from ..sources.dispatch import checkpoint_reader
 from ..sources.vocabulary import MASK_EMBEDDING_FILE
 from ..target import Target
+from .dspark import checkpoint_markov_chain
 from .forward import ForwardResult
 from .weights import LazyMatrix, target_weights
 
 SEMANTICS = ("llama.cpp", "reference")
+# Gemma-4 DSpark's layer parts by the roles of LAYER_ROLES_HF: Gemma's sandwich norms (its
+# post_attention_layernorm follows attention; pre_feedforward_layernorm is the pre-FFN norm) and layer scalar
+GEMMA4_ROLES_HF = {"ffn_norm": "pre_feedforward_layernorm.weight", "post_attn_norm": "post_attention_layernorm.weight",
+                   "post_ffw_norm": "post_feedforward_layernorm.weight", "out_scale": "layer_scalar"}
+# Gemma4TextConfig's full-attention RoPE when a config gives none
+GEMMA4_DEFAULT_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25}
 SLIDING = "sliding_attention"
 SPECULATORS_LAYOUT = "speculators"  # Origin.format of a speculators export
 
@@ -86,9 +102,18 @@ class ReferenceModel:
     device: torch.device
     dtype: torch.dtype
     notes: list[str] = field(default_factory=list)
+    member: str = DFLASH  # DFlash or DSpark (format.family.member_of)
+    gemma4: bool = False  # Gemma-4 DSpark: shared K/V, sandwich norms, layer scalar, proportional RoPE
 
     def layer(self, i: int, role: str) -> torch.Tensor:
-        return self.tensors[f"layers.{i}.{LAYER_ROLES_HF[role]}"]
+        return self.tensors[f"layers.{i}.{GEMMA4_ROLES_HF[role] if self.gemma4 and role in GEMMA4_ROLES_HF else LAYER_ROLES_HF[role]}"]
+
+    def optional_layer(self, i: int, role: str) -> torch.Tensor | None:
+        """A layer part only some checkpoints have (v_proj is absent with shared K/V, Gemma's norms)."""
+        if role in GEMMA4_ROLES_HF and role != "ffn_norm" and not self.gemma4:
+            return None
+        name = f"layers.{i}.{GEMMA4_ROLES_HF[role] if self.gemma4 and role in GEMMA4_ROLES_HF else LAYER_ROLES_HF[role]}"
+        return self.tensors.get(name)
 
     def sinks(self, i: int) -> torch.Tensor | None:
         return next((self.tensors[f"layers.{i}.{s}"] for s in SINK_HF if f"layers.{i}.{s}" in self.tensors), None)
@@ -150,8 +175,8 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
     tgt = target
     d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
     member = member_of({t.gguf_name for t in d.tensors})
-    if member != DFLASH:
-        raise DFlashError(f"a {member} drafter: the reference forward computes classic DFlash drafters only "
+    if member not in (DFLASH, DSPARK):
+        raise DFlashError(f"a {member} drafter: the reference forward computes classic DFlash and DSpark drafters only "
                           f"(the {member} parts are not implemented here)", ckpt.config_path)
     speculators = d.origin.format == SPECULATORS_LAYOUT
     if speculators:
@@ -179,7 +204,11 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
     has_embed = EMBED_HF in tensors and ConfigView(cfg, ckpt.config_path).get("has_embed_tokens") is not False
     embed = matrix(EMBED_HF, "checkpoint embed_tokens") if has_embed else from_target("embed_tokens")[0]
     table_dtype = stored[EMBED_HF] if has_embed else ROW_DTYPES.get(embed.source.dtype)
-    if HEAD_HF in tensors:
+    if HEAD_HF in tensors and member == DSPARK and not has_embed and tensors[HEAD_HF].shape[0] == d.vocab_size:
+        # a full-vocabulary DSpark lm_head is the target's (upstream's converter drops it and shares the target's)
+        head = from_target("lm_head")[1]
+        notes.append("the DSpark checkpoint's full-vocabulary lm_head is not used: llama.cpp shares the target's head")
+    elif HEAD_HF in tensors:
         head = matrix(HEAD_HF, "checkpoint lm_head")
     else:
         head = from_target("lm_head")[1]
@@ -193,8 +222,12 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
     mask_row = _mask_row(ckpt.dir, d, table_dtype, device, dtype)
     if mask_row is not None and table_dtype is None:
         notes.append(f"the mask row is not rounded to the target embedding's {embed.source.dtype} blocks")
+    gemma4 = any(a in GEMMA4_DSPARK_ARCHITECTURES for a in ConfigView(ckpt.config, ckpt.config_path).get("architectures", []))
+    if gemma4:  # the confidence head's Gemma-4 spelling is the same tensor
+        tensors = {k.replace("confidence_proj.", "confidence_head.proj.", 1) if k.startswith("confidence_proj.") else k: v
+                   for k, v in tensors.items()}
     return ReferenceModel(d, cfg, SPECULATORS_LAYOUT if speculators else d.origin.format, tensors, embed, head, d2t_ids,
-                          mask_row, device, dtype, notes)
+                          mask_row, device, dtype, notes, member=member, gemma4=gemma4)
 
 
 def _view(model: ReferenceModel) -> ConfigView:
@@ -257,7 +290,22 @@ def _inv_freq(model: ReferenceModel, semantics: str) -> tuple[torch.Tensor, floa
         extrapolation = 1 - ramp
         inv = (inv / sc.factor) * (1 - extrapolation) + inv * extrapolation
         attention = (sc.yarn_attn_factor if own else None) or (0.1 * math.log(sc.factor) + 1.0 if sc.factor > 1 else 1.0)
+    if model.gemma4:
+        inv = _gemma4_proportional(model, inv, rot)
     return inv, attention, rot
+
+
+def _gemma4_proportional(model: ReferenceModel, inv: torch.Tensor, rot: int) -> torch.Tensor:
+    """Gemma-4's proportional RoPE (transformers' ``proportional`` rope type) from the checkpoint's config: the
+    first ``partial_rotary_factor * head_dim / 2`` pairs rotate at base^(-2j/head_dim), the rest not at all."""
+    rope = _view(model).get("rope_parameters") or {"full_attention": GEMMA4_DEFAULT_ROPE}
+    full = rope.get("full_attention", rope)
+    if full.get("rope_type", "default") != "proportional":
+        return inv
+    angles = int(full.get("partial_rotary_factor", GEMMA4_DEFAULT_ROPE["partial_rotary_factor"]) * rot // 2)
+    out = inv.clone()
+    out[angles:] = 0.0
+    return out
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, interleaved: bool) -> torch.Tensor:
@@ -345,10 +393,17 @@ def reference_forwards(model: ReferenceModel, target_hidden: torch.Tensor, block
         if s not in SEMANTICS:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {s!r}")
     hidden = {s: _trunk(model, target_hidden, block_ids, positions, s) for s in semantics}
-    rows = [h.shape[0] - 1 for h in hidden.values()]
-    logits_all = model.head.project(torch.cat([h[1:] for h in hidden.values()]))
+    first = 0 if model.member == DSPARK else 1  # DSpark's heads read every slot, slot 0 included
+    rows = [h.shape[0] - first for h in hidden.values()]
+    logits_all = model.head.project(torch.cat([h[first:] for h in hidden.values()]))
     out = {}
     for (s, h), logits in zip(hidden.items(), torch.split(logits_all, rows), strict=True):
+        if model.member == DSPARK:  # the Markov chain in the head's own vocabulary, then the scatter
+            m = checkpoint_markov_chain(model.tensors, _transform_logits(model, logits, s), h, int(block_ids[0]),
+                                        model.drafter.sample_from_anchor is not False, model.d2t_ids,
+                                        model.drafter.vocab_size)
+            out[s] = ForwardResult(hidden=h, logits=m.logits, tokens=m.tokens, confidence=m.confidence)
+            continue
         logits = _finish_logits(model, logits, s)
         out[s] = ForwardResult(hidden=h, logits=logits, tokens=logits.argmax(dim=-1))
     return out
@@ -379,14 +434,17 @@ def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.
         n = h.shape[0]
         q = _rms((h @ model.layer(i, "wq").T).view(n, H, D), model.layer(i, "q_norm"), eps)
         kv_in = torch.cat([ctx, h])
-        k = _rms((kv_in @ model.layer(i, "wk").T).view(n_ctx + n, KV, D), model.layer(i, "k_norm"), eps)
-        v = (kv_in @ model.layer(i, "wv").T).view(n_ctx + n, KV, D)
+        k_proj = (kv_in @ model.layer(i, "wk").T).view(n_ctx + n, KV, D)
+        k = _rms(k_proj, model.layer(i, "k_norm"), eps)
+        wv = model.optional_layer(i, "wv")
+        # shared K/V (Gemma-4's attention_k_eq_v): V is the K projection through a weightless RMSNorm
+        v = _rms(k_proj, None, eps) if wv is None else (kv_in @ wv.T).view(n_ctx + n, KV, D)
         q = _rotate(q, cos[n_ctx:], sin[n_ctx:], rot, interleaved)
         k = _rotate(k, cos, sin, rot, interleaved)
         # repeat_kv, then [heads, n, K] scores
         k = k.repeat_interleave(H // KV, dim=1).transpose(0, 1)
         v = v.repeat_interleave(H // KV, dim=1).transpose(0, 1)
-        scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * D**-0.5
+        scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * (d.attention_scale or D**-0.5)
         visible = torch.ones(n, n_ctx + n, dtype=torch.bool, device=dev)
         if causal:
             visible &= k_pos <= q_pos
@@ -402,22 +460,36 @@ def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.
         attn = (probs @ v).transpose(0, 1).reshape(n, H * D) @ model.layer(i, "wo").T
         if d.value_scale:
             attn = attn * d.value_scale
+        if (post := model.optional_layer(i, "post_attn_norm")) is not None:
+            attn = _rms(attn, post, eps)
         x = residual + attn
         h2 = _rms(x, model.layer(i, "ffn_norm"), eps)
         mlp = _act(model, semantics, h2 @ model.layer(i, "gate").T) * (h2 @ model.layer(i, "up").T)
-        x = x + mlp @ model.layer(i, "down").T
+        mlp = mlp @ model.layer(i, "down").T
+        if (post := model.optional_layer(i, "post_ffw_norm")) is not None:
+            mlp = _rms(mlp, post, eps)
+        x = x + mlp
+        if (scalar := model.optional_layer(i, "out_scale")) is not None:
+            x = x * scalar
 
     return _rms(x, model.tensors[OUTPUT_NORM_HF], eps)
 
 
-def _finish_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) -> torch.Tensor:
-    """The trained model's logit scale and softcap (llama.cpp applies neither), and the d2t scatter."""
-    d, dev = model.drafter, model.device
+def _transform_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) -> torch.Tensor:
+    """The trained model's logit scale and softcap (llama.cpp applies neither)."""
+    d = model.drafter
     if semantics == "reference":
         if d.logit_scale:
             logits = logits * d.logit_scale
         if d.final_logit_softcapping:
             logits = torch.tanh(logits / d.final_logit_softcapping) * d.final_logit_softcapping
+    return logits
+
+
+def _finish_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) -> torch.Tensor:
+    """The trained model's logit scale and softcap, and the d2t scatter."""
+    d, dev = model.drafter, model.device
+    logits = _transform_logits(model, logits, semantics)
     if model.d2t_ids is not None:
         full = torch.full((logits.shape[0], d.vocab_size), float("-inf"), dtype=logits.dtype, device=dev)
         full[:, model.d2t_ids] = logits

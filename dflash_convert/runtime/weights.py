@@ -23,6 +23,7 @@ import torch
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
+from ..format.family import MARKOV_TENSORS
 from ..format.ggml import GGMLType
 from ..format.rules import (
     D2T_TENSOR,
@@ -40,6 +41,7 @@ from ..sources.target import target_tensors
 from ..target import Target
 from ..tensor_source import TensorSource, n_rows
 from .dequant import dequantize
+from .dspark import MarkovHead, markov_head
 
 SCALE_SUFFIX = ".scale"  # per-tensor scale of a matrix (llama.cpp's generic "<name>.scale" pass)
 HEAD_CACHE_BYTES = 2 << 30  # dequantize a head once when its values fit in this many bytes
@@ -194,6 +196,7 @@ class DrafterWeights:
     d2t: torch.Tensor | None  # [Vd] absolute target ids (int64)
     rope_freqs: torch.Tensor | None  # [D/2] frequency divisors (NeoX path only)
     attention_scale: float | None  # attention.scale; None/0 -> 1/sqrt(head_dim)
+    markov: MarkovHead | None = None  # DSpark's Markov and confidence heads (runtime.dspark)
     embed_from: str = "drafter"  # "drafter" or "target", for messages
     head_from: str = "drafter"  # "drafter", "drafter (tied to token_embd)" or "target"
     # every tensor of the drafter decoded while loading, by GGUF name (the embedding and head are
@@ -220,15 +223,16 @@ def target_weights(t: Target, device: torch.device | str = "cpu",
 
 
 def _reject_other_members(d: Drafter) -> None:
-    """DSpark, DFlash2 and DeepSeek-V4 drafters share the arch but not this graph: refuse, never guess."""
+    """DFlash2 and DeepSeek-V4 drafters share the arch but not this graph: refuse, never guess. DSpark's
+    heads are run (runtime.dspark)."""
     names = {t.gguf_name for t in d.tensors}
-    other = sorted(n for n in names if n in HEAD_GLOBAL or generic_name(n) in HEAD_PER_LAYER)
+    other = sorted(n for n in names if (n in HEAD_GLOBAL and n not in MARKOV_TENSORS) or generic_name(n) in HEAD_PER_LAYER)
     if other:
-        raise DFlashError(f"this drafter has {other[0]}: DSpark / DFlash2 heads are not run here (classic DFlash only)",
+        raise DFlashError(f"this drafter has {other[0]}: DFlash2 heads are not run here (classic DFlash and DSpark only)",
                           d.source)
     known_layer = set(LAYER_ROLES.values()) | {scale_name(LAYER_ROLES[r]) for r in SCALED_ROLES}
     known_global = {FC_TENSOR, scale_name(FC_TENSOR), ENC_NORM_TENSOR, OUTPUT_NORM_TENSOR, EMBEDDING_TENSOR,
-                    OUTPUT_TENSOR, D2T_TENSOR, ROPE_FREQS_TENSOR}
+                    OUTPUT_TENSOR, D2T_TENSOR, ROPE_FREQS_TENSOR, *MARKOV_TENSORS}
     unknown = sorted(n for n in names if n not in known_global and generic_name(n) not in known_layer)
     if unknown:
         raise DFlashError(f"tensor {unknown[0]} is not part of the classic dflash graph; cannot run this drafter", d.source)
@@ -303,12 +307,14 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
     elif head.shape[0] != d.vocab_size:
         raise InputFileError(f"the output head has {head.shape[0]} rows but the vocabulary has {d.vocab_size} tokens "
                              "(and there is no d2t)", d.source)
+    markov = markov_head(d, {n: v for n in MARKOV_TENSORS if (v := get(n)) is not None},
+                         {n: by[n].dtype for n in MARKOV_TENSORS if n in by})
     return DrafterWeights(
         device=device, dtype=dtype, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
         enc_norm=need(ENC_NORM_TENSOR), output_norm=need(OUTPUT_NORM_TENSOR), layers=layers,
         embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR),
         attention_scale=d.attention_scale if d.attention_scale else None,
-        embed_from=embed_from, head_from=head_from, decoded=decoded,
+        embed_from=embed_from, head_from=head_from, decoded=decoded, markov=markov,
     )
 
 

@@ -1,0 +1,204 @@
+"""DSpark's heads: the Markov bias chained over a block and the confidence head, in torch.
+
+A DSpark drafter is a classic DFlash trunk (``runtime.forward``: the Qwen3 layers, or Gemma-4's
+shared K/V, sandwich norms, layer scalar, proportional RoPE and GELU, all of which the trunk
+already runs) plus two heads that llama.cpp 0c1e57098 adds after the output projection
+(src/models/dflash.cpp ``build_dspark_markov_head``), and a driver that reads the block its own way
+(common/speculative.cpp, ``draft-dspark``):
+
+* layout: ``dflash.sample_from_anchor`` (missing reads as true) true means every block slot
+  drafts, slot 0 (the anchor's own position) included: a block of ``n`` tokens drafts ``n``
+  tokens, at most ``block_size``. False means slot 0 is a bonus slot whose logits pass through
+  unbiased and are never read: slots ``1..n-1`` draft, as in classic DFlash;
+* Markov chain, greedy, one block: ``prev`` starts as the block's token 0 (the anchor); for each
+  drafted slot ``i``: ``bias = markov_w2 @ markov_w1[prev]`` (times ``markov_w2.scale``; with a
+  reduced vocabulary the ``Vd`` biases land on the ``d2t`` rows, 0 elsewhere), ``logits_i +=
+  bias``, then ``prev = argmax(logits_i)`` for the next slot;
+* confidence: ``sigmoid(conf_proj . [z_i ; markov_w1[prev_i]] + conf_proj.bias)`` with ``z_i`` the
+  final-normed hidden state of slot ``i`` and ``prev_i`` the token that conditioned slot ``i``;
+* driver: the draft is the argmax of each conditioned slot (the top-k(10) sampler's first
+  candidate), read from the first drafted slot on; with ``--spec-draft-p-min p > 0`` reading stops
+  at the first slot whose confidence is below ``p`` (``driver_draft``). The sampler's own
+  probability is not consulted for DSpark.
+
+``markov_chain`` is that graph on the GGUF's tensors (target-vocabulary logits, absolute d2t ids).
+``checkpoint_markov_chain`` is the same head as the checkpoint defines it, written separately on
+its Hugging Face tensors: the bias is added in the draft vocabulary before the ``i + d2t[i]``
+scatter, the next token is read back through the same offsets. No published DSpark reference code
+is known to differ from llama.cpp's head (../shared/spec has only the config keys), so both
+semantics of ``runtime.reference`` use it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ..drafter import Drafter
+from ..errors import InputFileError
+from ..format.family import CONF_PROJ, CONF_PROJ_BIAS, MARKOV_W1, MARKOV_W2, MARKOV_W2_SCALE
+
+# the HF names of the heads (the converter's table read backwards; the Gemma-4 spelling of the
+# confidence head, ``confidence_proj.*``, is an alias of ``confidence_head.proj.*``)
+MARKOV_W1_HF = "markov_head.markov_w1.weight"
+MARKOV_W2_HF = "markov_head.markov_w2.weight"
+CONF_HF_PREFIXES = ("confidence_head.proj", "confidence_proj")
+
+# (activations, weight type) -> the activations as the CPU backend rounds them before that matmul
+RoundInput = Callable[[torch.Tensor, str], torch.Tensor]
+
+
+@dataclass
+class MarkovHead:
+    """DSpark's head tensors from a GGUF, decoded; the confidence head is optional."""
+
+    w1: torch.Tensor  # [V, R]: row t conditions the slot after target token t
+    w2: torch.Tensor  # [Vd, R]: projects the rank-R row to a bias per (draft) vocabulary entry
+    w2_scale: torch.Tensor | None  # [1] per-tensor scale of w2
+    w2_type: str  # storage type of w2 (the CPU matmul rounds its input to match)
+    conf_w: torch.Tensor | None  # [E + R]
+    conf_b: torch.Tensor | None  # [1]
+    conf_type: str
+    sample_from_anchor: bool  # the driver's and the graph's reading of dflash.sample_from_anchor
+
+    @property
+    def first_slot(self) -> int:
+        """The first block slot that drafts: 0 sampling from the anchor, else 1."""
+        return 0 if self.sample_from_anchor else 1
+
+
+def markov_head(d: Drafter, values: Mapping[str, torch.Tensor], types: Mapping[str, str]) -> MarkovHead | None:
+    """The DSpark head of a GGUF drafter from its decoded tensors (by GGUF name), None for other members."""
+    if MARKOV_W1 not in values:
+        return None
+    if MARKOV_W2 not in values:
+        raise InputFileError(f"has {MARKOV_W1} but no {MARKOV_W2}: llama.cpp requires both", d.source)
+    w1, w2 = values[MARKOV_W1], values[MARKOV_W2]
+    if w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != w2.shape[1]:
+        raise InputFileError(f"{MARKOV_W1} {list(w1.shape)} and {MARKOV_W2} {list(w2.shape)} do not share a rank", d.source)
+    if w1.shape[0] != d.vocab_size:
+        raise InputFileError(f"{MARKOV_W1} has {w1.shape[0]} rows, the vocabulary {d.vocab_size} tokens", d.source)
+    conf_w = values.get(CONF_PROJ)
+    if conf_w is not None:
+        conf_w = conf_w.reshape(-1)  # {E+R, 1} as converted, {E+R} as llama-quantize writes it
+        if conf_w.shape[0] != d.hidden_size + w1.shape[1]:
+            raise InputFileError(f"{CONF_PROJ} has {conf_w.shape[0]} values, expected hidden {d.hidden_size} + rank "
+                                 f"{w1.shape[1]}", d.source)
+    conf_b = values.get(CONF_PROJ_BIAS)
+    return MarkovHead(w1=w1, w2=w2, w2_scale=values.get(MARKOV_W2_SCALE), w2_type=types.get(MARKOV_W2, "F32"),
+                      conf_w=conf_w, conf_b=None if conf_b is None else conf_b.reshape(-1),
+                      conf_type=types.get(CONF_PROJ, "F32"), sample_from_anchor=d.sample_from_anchor is not False)
+
+
+@dataclass
+class MarkovDraft:
+    """What the heads make of one block: the slots the driver reads, from the first drafted one."""
+
+    logits: torch.Tensor  # [n_drafted, V] Markov-conditioned logits
+    tokens: torch.Tensor  # [n_drafted] their argmax: the draft, before any p-min cut
+    confidence: torch.Tensor | None  # [n_drafted] in (0, 1), None without a confidence head
+
+
+@torch.no_grad()
+def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
+                 d2t: torch.Tensor | None, round_input: RoundInput | None = None,
+                 forced: torch.Tensor | None = None) -> MarkovDraft:
+    """llama.cpp's Markov head over blocks: ``logits`` [..., n_block, V] of every slot (target ids,
+    -inf off a d2t vocabulary), ``hidden`` [..., n_block, E] the final-normed states, ``anchor`` [...]
+    the block's token 0. Leading dimensions are independent blocks. ``round_input`` rounds each head
+    matmul's activations as the CPU backend does (``runtime.forward.cpu_matmul_input``).
+
+    ``forced`` [..., n_drafted - 1]: condition each slot after the first on these tokens instead of the
+    chain's own argmax (another side's draft: ``check`` compares slots conditioned alike, so a near-tie
+    flipped early does not make every later slot differ).
+    """
+    lead, n, V = logits.shape[:-2], logits.shape[-2], logits.shape[-1]
+    prev = anchor.reshape(-1).to(logits.device, torch.int64)
+    base = logits.reshape(-1, n, V)
+    z = hidden.reshape(-1, n, hidden.shape[-1])
+    given = None if forced is None else forced.reshape(prev.shape[0], -1).to(logits.device, torch.int64)
+    cols, confs = [], []
+    for j, i in enumerate(range(head.first_slot, n)):
+        if given is not None and j > 0:
+            prev = given[:, j - 1]
+        row = head.w1[prev]  # [A, R]
+        r = row if round_input is None else round_input(row, head.w2_type)
+        bias = r @ head.w2.T
+        if head.w2_scale is not None:
+            bias = bias * head.w2_scale
+        if d2t is not None:  # the draft-vocabulary bias on its target rows, 0 elsewhere
+            full = torch.zeros(bias.shape[0], V, dtype=bias.dtype, device=bias.device)
+            full[:, d2t.to(bias.device)] = bias
+            bias = full
+        col = base[:, i] + bias
+        cols.append(col)
+        if head.conf_w is not None:
+            feat = torch.cat([z[:, i], row], dim=-1)
+            if round_input is not None:
+                feat = round_input(feat, head.conf_type)
+            c = feat @ head.conf_w
+            if head.conf_b is not None:
+                c = c + head.conf_b
+            confs.append(torch.sigmoid(c))
+        prev = col.argmax(dim=-1)  # the graph's greedy chain (ggml_argmax)
+    out = torch.stack(cols, dim=1)
+    n_out = out.shape[1]
+    conf = torch.stack(confs, dim=1).reshape(*lead, n_out) if confs else None
+    out = out.reshape(*lead, n_out, V)
+    return MarkovDraft(logits=out, tokens=out.argmax(dim=-1), confidence=conf)
+
+
+def driver_draft(tokens: torch.Tensor, confidence: torch.Tensor | None, p_min: float = 0.0) -> torch.Tensor:
+    """The tokens common/speculative.cpp proposes from one block's drafted slots: all of them, or with
+    ``p_min > 0`` those before the first slot whose confidence is below ``p_min`` (a file without a
+    confidence head cannot run with ``p_min > 0``: the driver refuses it)."""
+    if p_min <= 0.0:
+        return tokens
+    if confidence is None:
+        raise InputFileError("DSpark draft has no confidence head: --spec-draft-p-min must be 0")
+    low = (confidence < p_min).nonzero()
+    return tokens[: int(low[0, 0])] if low.numel() else tokens
+
+
+# --- the checkpoint's head (runtime.reference), on its HF tensors ------------------------------------
+
+
+@torch.no_grad()
+def checkpoint_markov_chain(tensors: Mapping[str, torch.Tensor], draft_logits: torch.Tensor, hidden: torch.Tensor,
+                            anchor: int, sample_from_anchor: bool, d2t_ids: torch.Tensor | None,
+                            vocab_size: int) -> MarkovDraft:
+    """The Markov and confidence heads from the checkpoint's own tensors, one block.
+
+    ``draft_logits`` [n_block, Vd] in the head's own vocabulary (before any d2t scatter), ``hidden``
+    [n_block, E]; ``d2t_ids`` maps draft entry j to target id ``d2t_ids[j]`` (None: the vocabulary is
+    the target's). Returns target-vocabulary logits, -inf off the draft vocabulary.
+    """
+    w1, w2 = tensors[MARKOV_W1_HF], tensors[MARKOV_W2_HF]
+    prefix = next((p for p in CONF_HF_PREFIXES if f"{p}.weight" in tensors), None)
+    proj_w = tensors[f"{prefix}.weight"] if prefix else None
+    proj_b = tensors.get(f"{prefix}.bias") if prefix else None
+    rows = draft_logits.shape[0]
+    start = 0 if sample_from_anchor else 1
+    prev = int(anchor)
+    out_logits, out_conf = [], []
+    for slot in range(start, rows):
+        emb = torch.nn.functional.embedding(torch.tensor([prev], device=w1.device), w1)[0]  # markov_w1[prev]
+        conditioned = draft_logits[slot] + torch.nn.functional.linear(emb, w2)
+        if proj_w is not None:
+            logit = torch.nn.functional.linear(torch.cat([hidden[slot], emb]), proj_w, proj_b)
+            out_conf.append(torch.sigmoid(logit).reshape(()))
+        full = conditioned
+        if d2t_ids is not None:
+            full = torch.full((vocab_size,), float("-inf"), dtype=conditioned.dtype, device=conditioned.device)
+            full[d2t_ids] = conditioned
+        out_logits.append(full)
+        best = int(conditioned.argmax())
+        prev = int(d2t_ids[best]) if d2t_ids is not None else best
+    logits = torch.stack(out_logits)
+    conf = torch.stack(out_conf) if out_conf else None
+    return MarkovDraft(logits=logits, tokens=logits.argmax(dim=-1), confidence=conf)
+
+
+__all__ = ["MarkovDraft", "MarkovHead", "checkpoint_markov_chain", "driver_draft", "markov_chain", "markov_head"]
