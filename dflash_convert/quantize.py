@@ -27,7 +27,7 @@ from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.family import DSPARK, member_of
 from .format.file_names import quantized_file_name
-from .format.file_types import FILE_TYPE_NAMES, FILE_TYPES, QUANT_TYPES
+from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
 from .format.quant_types import FTYPES, RAISE_LADDER, TypeOverrides
@@ -124,7 +124,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     d = drafter_from_gguf(g, strict=True)
     if into_folder:
         dspark = member_of({t.gguf_name for t in d.tensors}) == DSPARK
-        out = Path(out) / quantized_file_name(path.name, ftype, list(FILE_TYPES), dspark=dspark)
+        out = Path(out) / quantized_file_name(path.name, ftype, dspark=dspark)
         check_output_path(out, [path], force=True)
     if validate:
         require_valid_input(path, SKIP_VALIDATION_FLAG)

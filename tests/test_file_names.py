@@ -31,6 +31,7 @@ import pytest
 from conftest import run_cli
 
 from dflash_convert import convert
+from dflash_convert.conversion import default_output
 from dflash_convert.format.file_names import (
     discovery_problem,
     drafter_file_name,
@@ -187,6 +188,11 @@ def test_wrong_member_other_sidecar_and_wrong_tag_are_warned():
     assert discovery_problem("dflash-Qwen3-q8_0.gguf", dspark=False, type_name="Q8_0") is None  # the tag compare is case-free
 
 
+def test_the_default_output_takes_general_name_when_the_plan_has_one(tmp_path):
+    assert default_output(tmp_path, "BF16", "Qwen3 8B DFlash b16") == tmp_path / "dflash-Qwen3-8B-DFlash-b16-BF16.gguf"
+    assert default_output(tmp_path / "dir", "Q8_0", None, dspark=True) == tmp_path / "dir" / "dspark-dir-Q8_0.gguf"
+
+
 def test_names_are_sanitised():
     assert safe_name("../.hidden/dir\x00name") == "hidden-dir-name"
     assert safe_name(" My Drafter ") == "My-Drafter" and safe_name("...") == "drafter" and safe_name("-x") == "x"
@@ -196,11 +202,11 @@ def test_names_are_sanitised():
 
 
 def test_quantize_names_replace_the_type_tag():
-    assert quantized_file_name("dflash-Qwen3-8B-BF16.gguf", "Q4_K_M", TYPES, dspark=False) == "dflash-Qwen3-8B-Q4_K_M.gguf"
-    assert quantized_file_name("Qwen3-8B-DFlash-b16-F16.gguf", "Q8_0", TYPES, dspark=False) == \
+    assert quantized_file_name("dflash-Qwen3-8B-BF16.gguf", "Q4_K_M", dspark=False) == "dflash-Qwen3-8B-Q4_K_M.gguf"
+    assert quantized_file_name("Qwen3-8B-DFlash-b16-F16.gguf", "Q8_0", dspark=False) == \
         "dflash-Qwen3-8B-DFlash-b16-Q8_0.gguf"
-    assert quantized_file_name("drafter.gguf", "Q8_0", TYPES, dspark=True) == "dspark-drafter-Q8_0.gguf"
-    assert quantized_file_name("dflash-Qwen3-8B.gguf", "Q8_0", TYPES, dspark=False) == "dflash-Qwen3-8B-Q8_0.gguf"
+    assert quantized_file_name("drafter.gguf", "Q8_0", dspark=True) == "dspark-drafter-Q8_0.gguf"
+    assert quantized_file_name("dflash-Qwen3-8B.gguf", "Q8_0", dspark=False) == "dflash-Qwen3-8B-Q8_0.gguf"
 
 
 # --- real conversions, validate and inspect --------------------------------------------------------

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from .file_types import FILE_TYPES
+
 DFLASH_PREFIX = "dflash-"
 DSPARK_PREFIX = "dspark-"
 GGUF_SUFFIX = ".gguf"
@@ -70,14 +72,13 @@ def file_tag(filename: str) -> str:
     return m.group(1).upper() if m else ""
 
 
-def quantized_file_name(input_name: str, type_name: str, known_types: tuple[str, ...] | list[str], *,
-                        dspark: bool) -> str:
+def quantized_file_name(input_name: str, type_name: str, *, dspark: bool) -> str:
     """quantize's name for its output: the input's name with its type tag replaced
-    (``dflash-X-BF16.gguf`` -> ``dflash-X-Q4_K_M.gguf``); an input without one of ``known_types`` as
-    its tag keeps its whole stem as the name, and either way the prefix is the member's."""
+    (``dflash-X-BF16.gguf`` -> ``dflash-X-Q4_K_M.gguf``); an input whose tag is no file type keeps its
+    whole stem as the name, and either way the prefix is the member's."""
     stem = input_name[:-len(GGUF_SUFFIX)] if input_name.endswith(GGUF_SUFFIX) else input_name
     tag = file_tag(stem + GGUF_SUFFIX)
-    if tag and tag in {t.upper() for t in known_types} and len(stem) > len(tag) + 1:
+    if tag in FILE_TYPES and len(stem) > len(tag) + 1:
         stem = stem[:-len(tag) - 1]
     for prefix in (DFLASH_PREFIX, DSPARK_PREFIX):
         if stem.startswith(prefix):
