@@ -26,7 +26,7 @@ from .errors import DFlashError, InputFileError, printable
 from .files import os_reason
 from .format.keys import ARCH, key
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
-from .inspect_gguf import block_size, chosen_line, member_line, pairing_hint, read_summary, short, type_name
+from .inspect_gguf import block_size, chosen_line, file_name_warning, member_line, pairing_hint, read_summary, short, type_name
 from .migrate import migrate as run_migrate
 from .outputs import check_output_path
 from .publish import DEFAULT_TYPES, summary_rows
@@ -140,7 +140,8 @@ def convert(
     target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files "
                                                  "(no weights read). Required, unless --target-gguf is given."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
-    outfile: str | None = typer.Option(None, "-o", "--outfile", metavar="PATH", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf)."),
+    outfile: str | None = typer.Option(None, "-o", "--outfile", metavar="PATH", help="Output file or folder (default: SRC_DIR/dflash-<Name>-<TYPE>.gguf, "
+                                  "dspark- for DSpark: the names llama.cpp's -hf finds as a draft)."),
     outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
                                 "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
@@ -219,6 +220,8 @@ def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
     if g.architecture == ARCH:
         typer.echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
         _say(member_line(d))
+        if (problem := file_name_warning(d)) is not None:  # with the summary, as validate reports it: not on stderr
+            _say(f"warning: {problem}")
         if (how := chosen_line(g)) is not None:
             _say(how)
         typer.echo("pair with the target in llama.cpp:")
@@ -289,7 +292,8 @@ def migrate(
 @app.command()
 def quantize(
     src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
-    out: str = typer.Argument(..., metavar="OUT", help="The GGUF to write."),
+    out: str = typer.Argument(..., metavar="OUT", help="The GGUF to write, or a folder: dflash-<Name>-<TYPE>.gguf "
+                             "in it (the input's name with its type tag replaced)."),
     qtype: str = typer.Argument(..., metavar="TYPE", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, "
                                 "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),

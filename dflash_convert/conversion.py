@@ -13,7 +13,8 @@ from ._version import __version__
 from .drafter import Drafter
 from .errors import ConfigError, DFlashError, InputFileError, printable
 from .files import open_regular
-from .format.family import VOCAB_ROW_TENSORS
+from .format.family import DSPARK, VOCAB_ROW_TENSORS, member_of
+from .format.file_names import drafter_file_name
 from .format.ggml import QUANTIZATION_VERSION
 from .format.keys import ARCH, key
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
@@ -104,8 +105,19 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def default_output(src: Path, type_name: str) -> Path:
-    return src / f"{Path(os.path.realpath(src)).name}-{type_name}.gguf"
+def default_output(src: Path, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
+    """SRC_DIR/dflash-<Name>-<TYPE>.gguf (dspark- for DSpark): the names llama.cpp's -hf finds as a draft
+    (format/file_names.py); <Name> is general.name when the plan has one, else the directory's name."""
+    if not name:
+        name = Path(os.path.realpath(src)).name
+    return src / drafter_file_name(name, type_name, dspark=dspark)
+
+
+def _general_name(md: Metadata) -> str | None:
+    value = md.get(key("name"))
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
@@ -179,9 +191,11 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         append_file_type(md, out_type.file_type.value)
     if outfile is not None and os.fspath(outfile).endswith(os.sep) and not os.path.isdir(outfile):
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", os.fspath(outfile))
-    output = Path(outfile) if outfile is not None else default_output(src, out_type.name)
+    default = default_output(src, out_type.name, _general_name(md),
+                             dspark=member_of({t.gguf_name for t in drafter.tensors}) == DSPARK)
+    output = Path(outfile) if outfile is not None else default
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
-        output = output / default_output(src, out_type.name).name
+        output = output / default.name
     inputs = Inputs()
     inputs.add_directory(src)
     inputs.add_directory(target_model_dir)

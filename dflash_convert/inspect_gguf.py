@@ -17,6 +17,7 @@ from .format.rules import DEFAULT_BLOCK_SIZE
 from .sources.gguf import GGUFFile, GGUFValue, NumArray, StrArray, read_gguf
 from .sources.gguf_drafter import read_lenient
 from .terminal import visible
+from .validate.file_name import name_problem
 
 
 def read_summary(path: str | Path) -> tuple[GGUFFile, Drafter]:
@@ -44,6 +45,11 @@ def member_line(d: Drafter) -> str:
     m, spec = member(d)
     why = {DSPARK: f"{MARKOV_W1} present", DFLASH2: f"{SELECTOR_HIDDEN} present"}.get(m, "no Markov head, no selector")
     return f"drafter: {m} (llama.cpp runs it as --spec-type {spec}: {why})"
+
+
+def file_name_warning(d: Drafter) -> str | None:
+    """Why llama.cpp's -hf would not find this drafter by its file name (validate's file_name check), or None."""
+    return name_problem(d.origin.path, d)
 
 
 def chosen_line(g: GGUFFile) -> str | None:

@@ -25,6 +25,8 @@ from typing import Any
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
+from .format.family import DSPARK, member_of
+from .format.file_names import quantized_file_name
 from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
@@ -112,12 +114,18 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     (--skip-validation) goes ahead, and the plan's output is then written unvalidated too, with a warning.
     """
     path = Path(src)
-    check_output_path(out, [path], force=True)  # never the input, checked before anything is read
+    into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
+    if not into_folder:
+        check_output_path(out, [path], force=True)  # never the input, checked before anything is read
     ftype = parse_ftype(qtype)
     if options is None:
         options = quantize_options(keep_types=keep_types, allow_requantize=allow_requantize)
     g = read_gguf(path)
     d = drafter_from_gguf(g, strict=True)
+    if into_folder:
+        dspark = member_of({t.gguf_name for t in d.tensors}) == DSPARK
+        out = Path(out) / quantized_file_name(path.name, ftype, dspark=dspark)
+        check_output_path(out, [path], force=True)
     if validate:
         require_valid_input(path, SKIP_VALIDATION_FLAG)
     else:
@@ -375,7 +383,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
-    check_output_path(out, [src, features], force=force)
+    check_output_path(plain.output, [src, features], force=force)
     feats = read_features(features)
     target = target_for(feats, target_model_dir, target_gguf)
     d = plain.drafter
@@ -390,7 +398,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                           f"({res.relative:.4f}); nothing written", src)
     items = [f"{p}={t.name.lower()}" for p, t in res.recipe]
     overrides = chosen_overrides(res)
-    plan = plan_quantize(src, out, qtype, options=quantize_options(tensor_types=items, override_kv=overrides))
+    plan = plan_quantize(src, plain.output, qtype, options=quantize_options(tensor_types=items, override_kv=overrides))
     got = {p.tensor.gguf_name: p.ggml_type for p in plan.tensors}
     if any(got[n] != t for n, t in res.types.items()):  # the recipe reproduces the search's types, or nothing is written
         raise AssertionError("the recipe does not reproduce the chosen types")

@@ -215,7 +215,7 @@ def test_deep_scan_dequantizes_q8_0(tmp_path):
 def dense(tmp_path_factory, qwen3_target) -> Path:
     d = tmp_path_factory.mktemp("validate")
     src = make_zlab_drafter(d / "draft", target_layer_ids=[0, 2])
-    out = d / "draft.gguf"
+    out = d / "dflash-draft-Q8_0.gguf"  # a name llama.cpp's -hf finds: the file_name check passes too
     convert(src, qwen3_target, outfile=out, outtype="q8_0")
     return out
 
@@ -355,7 +355,7 @@ def test_cli_pass_fail_and_json(tmp_path, dense, qwen3_target):
 
 
 def test_cli_human_output_lists_findings(tmp_path):
-    path = write_parts(tmp_path / "x.gguf", drop_keys(drafter_parts(), "tokenizer.ggml.mask_token_id", "dflash.block_size"))
+    path = write_parts(tmp_path / "dflash-x-F16.gguf", drop_keys(drafter_parts(), "tokenizer.ggml.mask_token_id", "dflash.block_size"))
     r = run_cli("validate", path)
     assert r.returncode == 1
     assert "  fail  mask_token" in r.stdout and "  warn  block_size" in r.stdout

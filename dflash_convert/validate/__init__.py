@@ -18,6 +18,7 @@ from ..format.keys import ARCH
 from ..sources.gguf import read_gguf
 from ..sources.gguf_drafter import read_lenient
 from .dialects import detect, dialect_check
+from .file_name import file_name_check
 from .numerics import scan
 from .report import FAIL, PASS, SKIP, Check, Report
 from .semantics import Reading, semantic_checks, skipped_semantics
@@ -49,6 +50,7 @@ def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *
             return Report(path, target_path, checks, match.name)
         reading = Reading(*read_lenient(g))
         checks += semantic_checks(reading)
+        checks.append(file_name_check(path, reading.d))
         if deep:
             checks.append(scan(g))
         else:

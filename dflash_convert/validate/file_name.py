@@ -1,0 +1,32 @@
+"""validate's ``file_name`` check: would llama.cpp's ``-hf`` find this drafter by its file name?
+
+A warning, never a failure: the file loads with ``-md`` whatever it is called; only a published
+repository's ``-hf`` discovery depends on the name (format/file_names.py has the rule).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..drafter import Drafter
+from ..format.family import DSPARK, member_of
+from ..format.file_names import discovery_problem
+from ..format.file_types import FILE_TYPE_NAMES
+from .report import PASS, WARN, Check
+
+CHECK_ID = "file_name"
+
+
+def name_problem(path: str | Path, drafter: Drafter) -> str | None:
+    """The one-line warning for this drafter's file name, or None; the member (DSpark or not) comes from
+    the tensors, the type tag from general.file_type when the file has one."""
+    dspark = member_of({t.gguf_name for t in drafter.tensors}) == DSPARK
+    type_name = FILE_TYPE_NAMES.get(drafter.origin.file_type) if drafter.origin.file_type is not None else None
+    return discovery_problem(Path(path).name, dspark=dspark, type_name=type_name)
+
+
+def file_name_check(path: str | Path, drafter: Drafter) -> Check:
+    problem = name_problem(path, drafter)
+    if problem is not None:
+        return Check(CHECK_ID, WARN, problem)
+    return Check(CHECK_ID, PASS, "llama.cpp's -hf finds the file as a draft by its name, never as a main model")
