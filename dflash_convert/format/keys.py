@@ -72,7 +72,7 @@ I32_MAX = VALUE_TYPES[ValueType.INT32].highest
 ARCH = "dflash"
 ARCH_PREFIX = ARCH + "."  # every architecture key of a drafter: "{arch}.<suffix>"
 TOKENIZER_PREFIX = "tokenizer."  # every key of the vocabulary a drafter borrows from its target
-GENERAL_PREFIX = "general."  # free for the writer: provenance, names; never compared for parity
+GENERAL_PREFIX = "general."  # names, the model card, our provenance; parity compares all but the provenance
 SPLIT_PREFIX = "split."  # shard bookkeeping of split GGUFs; llama-quantize drops these keys
 TOKENIZER_MODEL_BPE = "gpt2"  # tokenizer.ggml.model of byte-level BPE vocabularies (needs merges)
 
