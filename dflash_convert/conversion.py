@@ -145,6 +145,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         vocab_where = str(target_model_dir)
 
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=keep_embeddings)
+    # upstream's general.* from the model card (README.md, generation_config.json, the directory name,
+    # the parameter count); read before the tokenizer work, so a bad card or --metadata file fails fast
+    card = read_model_card(src, ckpt.config, parameter_count([t.shape for t in drafter.tensors]), metadata)
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
                                    drafter.vocab_size, tokenizer_pre)
@@ -156,13 +159,10 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                                      source_path(t.source))
 
 
-    # upstream's general.* from the model card (README.md, generation_config.json, the directory name,
-    # the parameter count), where upstream writes them: after the type, before the hyper-parameters
-    card = read_model_card(src, ckpt.config, parameter_count([t.shape for t in drafter.tensors]), metadata)
     md = Metadata()
     md.set("architecture", ARCH)
     md.set("type", "model")
-    for kv in card.metadata:
+    for kv in card.metadata:  # where upstream writes them: after the type, before the hyper-parameters
         md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
     md.set("converter", CONVERTER_NAME)
     md.set("converter_version", __version__)
