@@ -161,3 +161,15 @@ def test_quantize_keeps_card_keys(tmp_path, qwen3_target):
         if k not in moved:
             assert (after[k].vtype, after[k].value) == (before[k].vtype, before[k].value), k
     assert read_gguf(q).get("general.dataset.1.repo_url") == "https://huggingface.co/datasets/Open-Orca/SlimOrca"
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path, qwen3_target):
+    """Aliases make a 1 KB card a value of 10**9 strings: refused by type, the message bounded (no full repr)."""
+    levels = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
+    (src / "README.md").write_text("---\n" + "\n".join(levels) + "\ntags: *l8\n---\n")
+    with pytest.raises(DFlashError) as e:
+        plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    message = str(e.value)
+    assert message.startswith(f"{src / 'README.md'}: general.tags must be a list of strings, not [[[") and len(message) < 300

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import reprlib
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -223,7 +224,7 @@ def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -
         if entries is None:
             continue
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise ConfigError(f"{f} must be a list of objects, not {entries!r:.80}", where(f))
+            raise ConfigError(f"{f} must be a list of objects, not {_shown(entries)}", where(f))
         md.set(count_key, len(entries))
         for i, entry in enumerate(entries):
             for name in CARD_ENTRY_FIELDS:
@@ -235,7 +236,7 @@ def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -
         if not items:
             continue
         if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-            raise ConfigError(f"{key(f)} must be a list of strings, not {items!r:.80}", where(f))
+            raise ConfigError(f"{key(f)} must be a list of strings, not {_shown(items)}", where(f))
         md.set(f, [printable(v) for v in items])
     return md
 
@@ -252,5 +253,11 @@ def _typed(k: str, vtype: ValueType, value: Any, path: Path) -> Any:
         raise DFlashError(f"{k}: no rule for {vtype.name}")
     if not ok:
         want = {ValueType.STRING: "a string", ValueType.INT32: "an integer"}.get(vtype, "a number")
-        raise ConfigError(f"{k} must be {want}, not {value!r:.80}", path)
+        raise ConfigError(f"{k} must be {want}, not {_shown(value)}", path)
     return printable(value) if vtype == ValueType.STRING else value
+
+
+def _shown(value: Any) -> str:
+    """A value in an error line: reprlib's bounded repr, since YAML aliases can make a small card a huge
+    nested value (a plain repr of it would not finish)."""
+    return reprlib.repr(value)[:80]
