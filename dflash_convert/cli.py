@@ -148,6 +148,8 @@ def convert(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing.", metavar=""),
     tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
     keep_embeddings: bool = typer.Option(False, "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's.", metavar=""),
+    metadata: Path | None = typer.Option(None, "--metadata", metavar="FILE.json", help="general.* keys over the model card's "
+                                         "(README.md, generation_config.json), as upstream's --metadata."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
 ) -> None:
     """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
@@ -155,7 +157,7 @@ def convert(
     try:
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                                outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
-                               hash_sources=not dry_run)
+                               hash_sources=not dry_run, metadata=metadata)
         if dry_run:
             _print_plan(plan)
             typer.echo("dry run: nothing written")

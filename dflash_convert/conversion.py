@@ -25,6 +25,7 @@ from .pipeline import ChunkPipeline, PlannedTensor
 from .plan import OutType, append_file_type, plan_tensors, quantize_planned, resolve_outtype
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
+from .sources.model_card import parameter_count, read_model_card
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
 from .tensor_source import source_path
@@ -123,8 +124,10 @@ def _general_name(md: Metadata) -> str | None:
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
                     target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
                     outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
-                    hash_sources: bool = True) -> ConversionPlan:
+                    hash_sources: bool = True, metadata: str | os.PathLike | None = None) -> ConversionPlan:
     """Read and check everything, decide every key and tensor type; writes nothing.
+
+    ``metadata`` is a JSON file of general.* keys over the model card's, as upstream's ``--metadata``.
 
     With ``hash_sources`` the source files start being hashed in the background at once, for the
     provenance keys write_plan fills in (pass False for a dry run).
@@ -154,6 +157,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         vocab_where = str(target_model_dir)
 
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=keep_embeddings)
+    # upstream's general.* from the model card (README.md, generation_config.json, the directory name,
+    # the parameter count); read before the tokenizer work, so a bad card or --metadata file fails fast
+    card = read_model_card(src, ckpt.config, parameter_count([t.shape for t in drafter.tensors]), metadata)
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
                                    drafter.vocab_size, tokenizer_pre)
@@ -168,7 +174,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     md = Metadata()
     md.set("architecture", ARCH)
     md.set("type", "model")
-    md.set("name", printable(Path(os.path.realpath(src)).name))  # a name that is not UTF-8 is stored escaped
+    for kv in card.metadata:  # where upstream writes them: after the type, before the hyper-parameters
+        md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
     md.set("converter", CONVERTER_NAME)
     md.set("converter_version", __version__)
     md.set("source_config_sha256", _sha256_file(ckpt.config_path))
@@ -200,7 +207,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     inputs.add_directory(src)
     inputs.add_directory(target_model_dir)
     inputs.add_file(target_gguf)
-    inputs.add_files([ckpt.config_path, *ckpt.files])
+    inputs.add_files([ckpt.config_path, *ckpt.files, *card.files])
     return ConversionPlan(drafter, md, planned, out_type, output, target, n_tokens, hasher=hasher,
                           fallbacks=fallbacks, inputs=inputs)
 
@@ -232,11 +239,14 @@ def write_plan(plan: ConversionPlan, *, force: bool = False, progress: bool = Tr
 def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
             target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
-            tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False) -> ConversionPlan:
-    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
+            tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False,
+            metadata: str | os.PathLike | None = None) -> ConversionPlan:
+    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run.
+
+    ``metadata``: a JSON file of general.* keys over the model card's (upstream's ``--metadata``)."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                            outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
-                           hash_sources=not dry_run)
+                           hash_sources=not dry_run, metadata=metadata)
     if not dry_run:
         write_plan(plan, force=force, progress=progress)
     return plan

@@ -2,7 +2,7 @@
 
 Upstream's convert_hf_to_gguf.py (0.3.36 sdist, its own gguf-py) and ours convert the same tiny
 checkpoints; keys, value types, values and order, tensor names, order, shapes, types and bytes must
-be equal (only general.* differs), and upstream's file reads into the same Drafter as ours. Every
+be equal (general.* too, but for our provenance keys), and upstream's file reads into the same Drafter as ours. Every
 member is covered for every outtype; the variants (no confidence head, Gemma-4 keys the config
 lacks, a Qwen3.5 target with M-RoPE sections, a prefixed sharded DFlash2) once each. The tiny
 synthetic Gemma-4 vocabulary (916 tokens) keeps the vocabulary-sized tensors small.
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gguf_compare import differences
+from gguf_compare import parity_differences
 
 from dflash_convert import convert
 from dflash_convert.sources.gguf import read_gguf
@@ -77,7 +77,7 @@ def test_equal_to_upstream(built, member, outtype):
     convert(src, target, outfile=ours, outtype=outtype)
     r = run_upstream_convert(src, theirs, outtype=outtype, target_model_dir=target)
     assert r.returncode == 0, r.stderr[-3000:]
-    diffs = differences(ours, theirs)
+    diffs = parity_differences(ours, theirs)
     assert diffs == [], "\n".join(diffs)
     assert describe(read_drafter(theirs)) == describe(read_drafter(ours))
     g = read_gguf(ours)

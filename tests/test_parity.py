@@ -1,7 +1,8 @@
 """Parity tier: our output equals llama.cpp's own convert_hf_to_gguf.py output (0.3.36 sdist).
 
-Same keys with the same value types and values in the same order, same tensor names, order,
-shapes, ggml types and bytes; only general.* differs. Upstream runs with its own gguf-py.
+Same keys with the same value types and values in the same order, general.* included (the name,
+size label and model-card keys); only our provenance keys are left out. Same tensor names, order,
+shapes, ggml types and bytes. Upstream runs with its own gguf-py.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from gguf_compare import differences
+from gguf_compare import differences, parity_differences
 
 from dflash_convert import convert
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.sources.gguf_drafter import describe, read_drafter
 from fixtures.drafters import make_zlab_drafter
+from fixtures.model_cards import CARDS, write_model_card
 from fixtures.targets import make_target_dir
 from fixtures.upstream import run_upstream_convert
 
@@ -71,7 +73,7 @@ def test_equal_to_upstream(built, drafter, outtype):
     convert(src, target, outfile=ours, outtype=outtype)
     r = run_upstream_convert(src, theirs, outtype=outtype, target_model_dir=target)
     assert r.returncode == 0, r.stderr[-3000:]
-    diffs = differences(ours, theirs)
+    diffs = parity_differences(ours, theirs)
     assert diffs == [], "\n".join(diffs)
     # upstream's file reads into the same Drafter as ours (every field, every tensor's name, shape, type)
     assert describe(read_drafter(theirs)) == describe(read_drafter(ours))
@@ -104,3 +106,59 @@ def test_target_gguf_tokenizer_equals_target_dir_tokenizer(tmp_path):
     for k in tok:
         assert drafted.metadata[k] == tgt.metadata[k], k
     assert drafted.get("tokenizer.ggml.mask_token_id") == 151669
+
+
+# --- model cards: README.md front matter + generation_config.json -> general.* -------------------
+# One upstream run per card shape, on the tiniest drafter; the last case adds a --metadata file.
+OVERRIDE = {"general.name": "Overridden Drafter", "general.sampling.top_k": 40, "general.size_label": "1B",
+            "general.tags": ["draft", "overridden"], "general.datasets": [],
+            "general.base_models": [{"name": "Given Base", "repo_url": "https://example.org/base"}],
+            "general.license": "apache-2.0"}  # upstream's --metadata does not set the license: kept "other"
+CARD_CASES = [(shape, False) for shape in CARDS] + [("list_base", True)]
+# what our file must say, key by key, whatever upstream does (None: the key is absent)
+EXPECTED = {
+    ("single_base", False): {"general.license": "mit", "general.base_model.count": 1,
+                             "general.base_model.0.repo_url": "https://huggingface.co/Qwen/Qwen3-4B",
+                             "general.tags": ["dflash", "speculative-decoding", "text-generation"],
+                             "general.languages": ["en", "zh"], "general.sampling.top_k": 20,
+                             "general.name": "Qwen3 4B DFlash B16", "general.basename": "Qwen3"},
+    ("list_base", False): {"general.license": "other", "general.license.name": "qwen-research",
+                           "general.base_model.count": 3, "general.base_model.1.name": "Qwen3 8B DFlash B16",
+                           "general.base_model.2.version": "v2", "general.languages": ["en", "no", "fr"],
+                           "general.dataset.count": 2, "general.dataset.0.organization": "HuggingFaceH4",
+                           "general.tags": ["dflash", "draft"]},
+    ("named", False): {"general.name": "Tiny DFlash Drafter", "general.author": "Someone", "general.version": "1.5",
+                       "general.license": "apache-2.0,mit", "general.tags": ["dflash", "text-generation"]},
+    ("no_front_matter", False): {"general.license": None, "general.tags": None, "general.sampling.temp": 0.6},
+    ("not_a_mapping", False): {"general.license": None, "general.name": "Qwen3 4B DFlash B16"},
+    ("list_base", True): {"general.name": "Overridden Drafter", "general.sampling.top_k": 40, "general.size_label": "1B",
+                          "general.tags": ["draft", "overridden"], "general.dataset.count": 0,
+                          "general.base_model.count": 1, "general.base_model.0.name": "Given Base",
+                          "general.license": "other"},
+}
+
+
+@pytest.mark.parametrize("shape,override", CARD_CASES, ids=[f"{s}{'-metadata' if o else ''}" for s, o in CARD_CASES])
+def test_model_card_equal_to_upstream(qwen3_target, tmp_path, shape, override):
+    src = write_model_card(make_zlab_drafter(tmp_path / shape / "Qwen3-4B-DFlash-b16", target_layer_ids=[0, 2]), shape)
+    metadata = None
+    if override:
+        metadata = tmp_path / "metadata.json"
+        metadata.write_text(json.dumps(OVERRIDE))
+    ours, theirs = tmp_path / "ours.gguf", tmp_path / "upstream.gguf"
+    convert(src, qwen3_target, outfile=ours, outtype="bf16", metadata=metadata)
+    r = run_upstream_convert(src, theirs, outtype="bf16", target_model_dir=qwen3_target,
+                             extra=["--metadata", str(metadata)] if metadata else None)
+    assert r.returncode == 0, r.stderr[-3000:]
+    diffs = parity_differences(ours, theirs)
+    assert diffs == [], "\n".join(diffs)
+    g = read_gguf(ours)
+    for k, want in EXPECTED[(shape, override)].items():
+        got = g.get(k)
+        if isinstance(want, float):
+            assert got == pytest.approx(want), k
+        else:
+            assert got == want, k
+    # upstream's size label from the parameter count (82K for this drafter), unless overridden
+    assert g.get("general.size_label") == ("1B" if override else "82K")
+    assert g.get("general.converter.name") == "dflash-convert"  # our provenance stays in the file

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from gguf_compare import differences
+from gguf_compare import parity_differences
 
 from dflash_convert import convert
 from dflash_convert.errors import DFlashError
 from dflash_convert.quantize import QUANT_TYPES, quantize
 from dflash_convert.sources.gguf import read_gguf
 from fixtures.drafters import make_speculators_drafter, make_zlab_drafter
+from fixtures.model_cards import write_model_card
 from fixtures.targets import make_target_dir
 
 SPEC = dict(layers=5, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64, vocab_size=916, draft_vocab_size=512,
@@ -38,6 +39,7 @@ def drafters(tmp_path_factory) -> dict[str, Path]:
         big = make_speculators_drafter(root / f"big-{dtype}", dtype=dtype, **SPEC)
         small = make_zlab_drafter(root / f"small-{dtype}", dtype=dtype, layers=3, hidden=96, ffn=160, heads=3, kv_heads=1,
                                   head_dim=32, target_layer_ids=[0, 2])
+        write_model_card(small, "list_base")  # card keys (base models, datasets, tags, sampling) copied as llama-quantize copies them
         out[f"big-{dtype}"] = convert(big, big_target, outfile=root / f"big-{dtype}.gguf", outtype=dtype).output
         out[f"small-{dtype}"] = convert(small, small_target, outfile=root / f"small-{dtype}.gguf", outtype=dtype).output
         out[f"big-{dtype}-src"], out[f"small-{dtype}-src"] = big, small
@@ -61,8 +63,10 @@ def test_bit_identical_to_llama_quantize(drafters, tmp_path, which, qtype):
     r = llama_quantize(src, theirs, qtype)
     assert r.returncode == 0, r.stderr[-2000:]
     plan = quantize(src, ours, qtype)
+    if which.startswith("small"):  # the model card's keys are among those both copy
+        assert read_gguf(theirs).get("general.base_model.count") == 3 and read_gguf(theirs).get("general.tags") == ["dflash", "draft"]
     if ours.read_bytes() != theirs.read_bytes():
-        diffs = differences(ours, theirs)
+        diffs = parity_differences(ours, theirs)
         g, h = read_gguf(ours), read_gguf(theirs)
         diffs += [f"general differs: {k}" for k in g.metadata if k.startswith("general.") and g.metadata[k] != h.metadata.get(k)]
         pytest.fail(f"{which} {qtype}: files differ:\n" + "\n".join(diffs))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
-from gguf_compare import differences
+from gguf_compare import parity_differences
 from safetensors.torch import load_file, save_file
 
 from dflash_convert import convert
@@ -208,7 +208,7 @@ def test_zoo_parity(tmp_path, qwen3_target, weighted_target, shape):
     convert(src, target, outfile=ours, outtype="bf16")
     r = run_upstream_convert(src, theirs, outtype="bf16", target_model_dir=target)
     assert r.returncode == 0, r.stderr[-3000:]
-    diffs = differences(ours, theirs)
+    diffs = parity_differences(ours, theirs)
     g = read_gguf(ours)
     if shape == "gelu":  # deliberate: upstream omits the key, so llama.cpp would run SiLU
         assert g.get("dflash.hidden_activation") == "gelu_pytorch_tanh"

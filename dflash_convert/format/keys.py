@@ -72,7 +72,7 @@ I32_MAX = VALUE_TYPES[ValueType.INT32].highest
 ARCH = "dflash"
 ARCH_PREFIX = ARCH + "."  # every architecture key of a drafter: "{arch}.<suffix>"
 TOKENIZER_PREFIX = "tokenizer."  # every key of the vocabulary a drafter borrows from its target
-GENERAL_PREFIX = "general."  # free for the writer: provenance, names; never compared for parity
+GENERAL_PREFIX = "general."  # names, the model card, our provenance; parity compares all but the provenance
 SPLIT_PREFIX = "split."  # shard bookkeeping of split GGUFs; llama-quantize drops these keys
 TOKENIZER_MODEL_BPE = "gpt2"  # tokenizer.ggml.model of byte-level BPE vocabularies (needs merges)
 
@@ -87,6 +87,43 @@ KEYS: dict[str, tuple[str, ValueType, ValueType | None]] = {
     "file_type": ("general.file_type", U32, None),
     "quantization_version": ("general.quantization_version", U32, None),
     "alignment": ("general.alignment", U32, None),
+    # what upstream's converter writes from the model card (README.md front matter), generation_config.json,
+    # the directory name and the parameter count (gguf-py's Metadata), in the order it writes them
+    "sampling_sequence": ("general.sampling.sequence", STR, None),
+    "sampling_top_k": ("general.sampling.top_k", I32, None),
+    "sampling_top_p": ("general.sampling.top_p", F32, None),
+    "sampling_min_p": ("general.sampling.min_p", F32, None),
+    "sampling_xtc_probability": ("general.sampling.xtc_probability", F32, None),
+    "sampling_xtc_threshold": ("general.sampling.xtc_threshold", F32, None),
+    "sampling_temp": ("general.sampling.temp", F32, None),
+    "sampling_penalty_last_n": ("general.sampling.penalty_last_n", I32, None),
+    "sampling_penalty_repeat": ("general.sampling.penalty_repeat", F32, None),
+    "sampling_mirostat": ("general.sampling.mirostat", I32, None),
+    "sampling_mirostat_tau": ("general.sampling.mirostat_tau", F32, None),
+    "sampling_mirostat_eta": ("general.sampling.mirostat_eta", F32, None),
+    "author": ("general.author", STR, None),
+    "version": ("general.version", STR, None),
+    "organization": ("general.organization", STR, None),
+    "finetune": ("general.finetune", STR, None),
+    "basename": ("general.basename", STR, None),
+    "description": ("general.description", STR, None),
+    "quantized_by": ("general.quantized_by", STR, None),
+    "size_label": ("general.size_label", STR, None),
+    "license": ("general.license", STR, None),
+    "license_name": ("general.license.name", STR, None),
+    "license_link": ("general.license.link", STR, None),
+    "url": ("general.url", STR, None),
+    "doi": ("general.doi", STR, None),
+    "uuid": ("general.uuid", STR, None),
+    "repo_url": ("general.repo_url", STR, None),
+    "source_url": ("general.source.url", STR, None),
+    "source_doi": ("general.source.doi", STR, None),
+    "source_uuid": ("general.source.uuid", STR, None),
+    "source_repo_url": ("general.source.repo_url", STR, None),
+    "base_model_count": ("general.base_model.count", U32, None),
+    "dataset_count": ("general.dataset.count", U32, None),
+    "tags": ("general.tags", ValueType.ARRAY, STR),
+    "languages": ("general.languages", ValueType.ARRAY, STR),
     # our provenance (general.* is free for the writer to fill)
     "converter": ("general.converter.name", STR, None),
     "converter_version": ("general.converter.version", STR, None),
@@ -178,6 +215,17 @@ PROVENANCE_KEYS: frozenset[str] = frozenset(KEYS[k][0] for k in (
     "converter", "converter_version", "source_config_sha256", "source_files", "source_files_sha256",
     "source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit"))
 PROVENANCE_PREFIXES: tuple[str, ...] = (CHOSEN_PREFIX,)  # whole namespaces of ours (quantize's choice)
+
+
+# general.base_model.{i}.<field> and general.dataset.{i}.<field>: one string per field an entry has,
+# fields in this order (gguf-py's Metadata.set_gguf_meta_model)
+CARD_ENTRY_FIELDS: tuple[str, ...] = ("name", "author", "version", "organization", "description", "url", "doi", "uuid",
+                                      "repo_url")
+BASE_MODEL_FIELD = "general.base_model.{i}.{field}"
+DATASET_FIELD = "general.dataset.{i}.{field}"
+# what upstream's --metadata FILE.json calls the whole list of base models / datasets (not GGUF keys)
+OVERRIDE_BASE_MODELS = "general.base_models"
+OVERRIDE_DATASETS = "general.datasets"
 
 
 def is_provenance_key(name: str) -> bool:

@@ -1,9 +1,11 @@
 """Compare two GGUF files the way parity with upstream is judged (tests and bench/ use this).
 
 Equal means: the same non-general keys with the same value types and values, in the same order;
-the same tensor names in the same order, with the same shapes, ggml types and data bytes. Only
-general.* may differ (our provenance lives there). Tensor data is compared row chunk by row chunk,
-so two multi-GB files compare in bounded memory.
+the same tensor names in the same order, with the same shapes, ggml types and data bytes. general.*
+may differ (``validate --reference``: names and provenance are the writer's), unless ``general`` is
+set: then every general.* key but our provenance keys is compared too (the parity tests: the model
+card's keys, the name, the size label). Tensor data is compared row chunk by row chunk, so two
+multi-GB files compare in bounded memory.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..files import FdCache
-from ..format.keys import GENERAL_PREFIX
+from ..format.keys import GENERAL_PREFIX, is_provenance_key
 from ..sources.gguf import GGUFTensor, StrArray, read_gguf
 
 CHUNK_BYTES = 16 << 20
@@ -27,12 +29,18 @@ def _same_bytes(x: GGUFTensor, y: GGUFTensor, fds: FdCache) -> bool:
     return True
 
 
-def differences(ours: str | Path, theirs: str | Path) -> list[str]:
-    """Human-readable differences; an empty list means parity."""
+def _compared(name: str, general: bool) -> bool:
+    if is_provenance_key(name):
+        return False
+    return general or not name.startswith(GENERAL_PREFIX)
+
+
+def differences(ours: str | Path, theirs: str | Path, *, general: bool = False) -> list[str]:
+    """Human-readable differences; an empty list means parity (``general``: general.* compared too)."""
     diffs: list[str] = []
     a, b = read_gguf(ours), read_gguf(theirs)
-    ka = [k for k in a.metadata if not k.startswith(GENERAL_PREFIX)]
-    kb = [k for k in b.metadata if not k.startswith(GENERAL_PREFIX)]
+    ka = [k for k in a.metadata if _compared(k, general)]
+    kb = [k for k in b.metadata if _compared(k, general)]
     if set(ka) != set(kb):
         diffs.append(f"keys only in ours: {sorted(set(ka) - set(kb))}; only upstream: {sorted(set(kb) - set(ka))}")
     elif ka != kb:

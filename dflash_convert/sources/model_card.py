@@ -1,0 +1,263 @@
+"""A checkpoint's model card -> the general.* keys upstream's converter writes from it.
+
+Upstream (convert_hf_to_gguf.py, prepare_metadata) fills them with gguf-py's Metadata: the YAML front
+matter of README.md, config.json's ``_name_or_path``, the directory name, generation_config.json, then
+``--metadata FILE.json`` over all of them, and a size label from the parameter count when none was found.
+We call gguf-py's own heuristics for the part that is judgement (naming base models and datasets,
+splitting a directory name into basename, size label, finetune and version), so the values are
+upstream's; the files are read here: bounded, with one error line for a bad file, the YAML parsed
+with ``yaml.safe_load`` (plain data only: no tag ever constructs an object or runs code).
+
+gguf-py 0.19.0 (PyPI) and the vendored copy at 0c1e57098 differ in one line that matters here: the
+vendored one also takes ``repetition_penalty`` from generation_config.json. That step is ours
+(``_GENERATION_CONFIG``), so the vendored behaviour holds whichever gguf-py is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import reprlib
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import yaml
+from gguf.metadata import Metadata as UpstreamCard
+from gguf.utility import size_label as upstream_size_label
+
+from ..errors import ConfigError, DFlashError, InputFileError, printable
+from ..files import parse_json, read_regular_bytes
+from ..format.keys import (
+    BASE_MODEL_FIELD,
+    CARD_ENTRY_FIELDS,
+    DATASET_FIELD,
+    FLOAT_TYPES,
+    INT_TYPES,
+    KEYS,
+    OVERRIDE_BASE_MODELS,
+    OVERRIDE_DATASETS,
+    ValueType,
+    key,
+)
+from ..metadata import Metadata
+
+log = logging.getLogger("dflash_convert")
+
+CARD_NAME = "README.md"
+GENERATION_CONFIG_NAME = "generation_config.json"
+MAX_CARD_BYTES = 16 * 1024 * 1024  # model cards are kilobytes; refuse the absurd before decoding it
+MAX_OVERRIDE_BYTES = 16 * 1024 * 1024
+FRONT_MATTER_FENCE = "---"
+
+# the single-valued fields, in the order upstream writes their keys; each is also the KEYS short name
+SCALAR_FIELDS: tuple[str, ...] = (
+    "sampling_sequence", "sampling_top_k", "sampling_top_p", "sampling_min_p", "sampling_xtc_probability",
+    "sampling_xtc_threshold", "sampling_temp", "sampling_penalty_last_n", "sampling_penalty_repeat",
+    "sampling_mirostat", "sampling_mirostat_tau", "sampling_mirostat_eta",
+    "name", "author", "version", "organization", "finetune", "basename", "description", "quantized_by",
+    "size_label", "license", "license_name", "license_link", "url", "doi", "uuid", "repo_url",
+    "source_url", "source_doi", "source_uuid", "source_repo_url",
+)
+LIST_FIELDS: tuple[str, ...] = ("tags", "languages")  # written after the base models and datasets
+
+# generation_config.json key(s) of each sampling field, the first one present wins
+_GENERATION_CONFIG: dict[str, tuple[str, ...]] = {
+    "sampling_sequence": ("sequence",), "sampling_top_k": ("top_k",), "sampling_top_p": ("top_p",),
+    "sampling_min_p": ("min_p",), "sampling_xtc_probability": ("xtc_probability",),
+    "sampling_xtc_threshold": ("xtc_threshold",), "sampling_temp": ("temperature",),
+    "sampling_penalty_last_n": ("penalty_last_n",),
+    "sampling_penalty_repeat": ("penalty_repeat", "repetition_penalty"),
+    "sampling_mirostat": ("mirostat",), "sampling_mirostat_tau": ("mirostat_tau",),
+    "sampling_mirostat_eta": ("mirostat_eta",),
+}
+# what upstream's --metadata file may set: every field by its GGUF key but general.license (upstream
+# reads no override for it), and the two lists of entries under their own names
+_OVERRIDABLE: dict[str, str] = {
+    **{key(f): f for f in (*SCALAR_FIELDS, *LIST_FIELDS) if f != "license"},
+    OVERRIDE_BASE_MODELS: "base_models", OVERRIDE_DATASETS: "datasets",
+}
+
+
+@dataclass
+class ModelCard:
+    """The general.* keys a model card gives, in upstream's order, and the files they came from."""
+
+    metadata: Metadata
+    files: list[Path] = field(default_factory=list)
+
+
+def front_matter(path: Path) -> dict[str, Any]:
+    """The YAML front matter of a README.md as a dict; {} when it has none.
+
+    As upstream reads it: the first line is ``---``, the block ends at the next ``---`` line (or the
+    file's end), ``- no`` list items stay the string "no", tabs count as two spaces.
+    """
+    raw = read_regular_bytes(path, CARD_NAME, MAX_CARD_BYTES)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"the model card is not UTF-8 text (byte {e.start})", path) from None
+    lines = text.splitlines()
+    if not lines or lines[0] != FRONT_MATTER_FENCE:
+        return {}
+    block: list[str] = []
+    for line in lines[1:]:
+        if line == FRONT_MATTER_FENCE:
+            break
+        block.append(line)
+    # upstream's two textual repairs, so the same card gives the same values: YAML 1.1 reads a bare
+    # `no` as false (Norwegian in a language list), and YAML forbids tabs in indentation
+    source = ("\n".join(block) + "\n").replace("- no\n", '- "no"\n').replace("\t", "  ")
+    try:
+        data = yaml.safe_load(source)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"the model card's front matter is not valid YAML: {_yaml_problem(e)}", path) from None
+    except RecursionError:
+        raise ConfigError("the model card's front matter nests too deeply", path) from None
+    if not isinstance(data, dict):
+        if data is not None:
+            log.warning("%s: the model card's front matter is %s, not a mapping; ignored",
+                        printable(path), type(data).__name__)
+        return {}
+    return data
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line: what the YAML parser found and on which line of the README.md (the block starts on line 2)."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} (line {mark.line + 2})" if mark is not None else str(problem)
+
+
+def generation_config(path: Path) -> dict[str, Any]:
+    """generation_config.json as a dict; like upstream, one that cannot be read is left out (with a warning)."""
+    try:
+        data = parse_json(read_regular_bytes(path, GENERATION_CONFIG_NAME, MAX_CARD_BYTES), GENERATION_CONFIG_NAME, path)
+    except InputFileError as e:
+        log.warning("%s; its sampling settings are not written", e)
+        return {}
+    if not isinstance(data, dict):
+        log.warning("%s: not a JSON object; its sampling settings are not written", printable(path))
+        return {}
+    return data
+
+
+def read_metadata_override(path: str | os.PathLike) -> dict[str, Any]:
+    """A ``--metadata FILE.json``: a JSON object of general.* keys (upstream's flag)."""
+    data = parse_json(read_regular_bytes(path, "--metadata file", MAX_OVERRIDE_BYTES), "--metadata file", path)
+    if not isinstance(data, dict):
+        raise ConfigError("the --metadata file must hold a JSON object of general.* keys", path)
+    ignored = sorted(k for k in data if k not in _OVERRIDABLE)
+    if ignored:
+        log.warning("%s: upstream's --metadata does not set %s; ignored", printable(path), ", ".join(map(printable, ignored)))
+    return data
+
+
+def parameter_count(shapes: list[tuple[int, ...]]) -> int:
+    """Elements of every tensor written: what upstream's size label is made from (a drafter has no experts)."""
+    return sum(prod(s) for s in shapes)
+
+
+def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
+                    override: str | os.PathLike | None = None) -> ModelCard:
+    """Every general.* key upstream's converter writes for ``model_dir`` from its card, in upstream's order."""
+    files: list[Path] = []
+    named = Path(os.path.realpath(model_dir))  # what the directory is called, even when given as "." or a link
+    card_path, gen_path = model_dir / CARD_NAME, model_dir / GENERATION_CONFIG_NAME
+    card = front_matter(card_path) if card_path.exists() else {}
+    if card_path.exists():
+        files.append(card_path)
+    origin: dict[str, Path] = {}  # where a field's value came from, for the error line (the card otherwise)
+
+    name_or_path = config.get("_name_or_path")
+    hf_params = {"_name_or_path": name_or_path} if isinstance(name_or_path, str) else {}
+    fields = UpstreamCard()
+    try:
+        fields = UpstreamCard.apply_metadata_heuristic(fields, card, hf_params, named, n_params)
+    except (TypeError, AttributeError, ValueError) as e:  # a value of a shape upstream's heuristics cannot take
+        raise ConfigError(f"the model card's front matter has a value gguf-py cannot use: {e}", card_path) from None
+
+    if gen_path.exists():
+        gen = generation_config(gen_path)
+        files.append(gen_path)
+        for f, names in _GENERATION_CONFIG.items():
+            present = next((n for n in names if n in gen), None)
+            if present is not None:
+                setattr(fields, f, gen[present])
+                origin[f] = gen_path
+
+    if override is not None:
+        values = read_metadata_override(override)
+        files.append(Path(override))
+        for k, f in _OVERRIDABLE.items():
+            if k in values:
+                setattr(fields, f, values[k])
+                origin[f] = Path(override)
+
+    if fields.size_label is None and n_params > 0:
+        fields.size_label = upstream_size_label(n_params, n_params, 0, 0)
+    if fields.name is None:
+        fields.name = named.name
+    return ModelCard(_card_keys(fields, origin, card_path), files)
+
+
+def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -> Metadata:
+    """The keys, typed as upstream's writer types them; empty strings and lists are left out, as it does."""
+    md = Metadata()
+
+    def where(f: str) -> Path:
+        return origin.get(f, card_path)
+
+    for f in SCALAR_FIELDS:
+        value = getattr(fields, f)
+        if f == "license" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)  # several licenses: one string, comma-separated
+        if value is None or value == "":
+            continue
+        _, vtype, _ = KEYS[f]
+        md.set_raw(key(f), vtype, _typed(key(f), vtype, value, where(f)))
+    for f, count_key, entry_key in (("base_models", "base_model_count", BASE_MODEL_FIELD),
+                                    ("datasets", "dataset_count", DATASET_FIELD)):
+        entries = getattr(fields, f)
+        if entries is None:
+            continue
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ConfigError(f"{f} must be a list of objects, not {_shown(entries)}", where(f))
+        md.set(count_key, len(entries))
+        for i, entry in enumerate(entries):
+            for name in CARD_ENTRY_FIELDS:
+                k = entry_key.format(i=i, field=name)
+                if entry.get(name):
+                    md.set_raw(k, ValueType.STRING, _typed(k, ValueType.STRING, entry[name], where(f)))
+    for f in LIST_FIELDS:
+        items = getattr(fields, f)
+        if not items:
+            continue
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{key(f)} must be a list of strings, not {_shown(items)}", where(f))
+        md.set(f, [printable(v) for v in items])
+    return md
+
+
+def _typed(k: str, vtype: ValueType, value: Any, path: Path) -> Any:
+    """``value`` checked against the type ``k`` is written as: one error line naming the file it came from."""
+    if vtype == ValueType.STRING:
+        ok = isinstance(value, str)
+    elif vtype in INT_TYPES:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif vtype in FLOAT_TYPES:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:  # pragma: no cover - every card field is a string or a number
+        raise DFlashError(f"{k}: no rule for {vtype.name}")
+    if not ok:
+        want = {ValueType.STRING: "a string", ValueType.INT32: "an integer"}.get(vtype, "a number")
+        raise ConfigError(f"{k} must be {want}, not {_shown(value)}", path)
+    return printable(value) if vtype == ValueType.STRING else value
+
+
+def _shown(value: Any) -> str:
+    """A value in an error line: reprlib's bounded repr, since YAML aliases can make a small card a huge
+    nested value (a plain repr of it would not finish)."""
+    return reprlib.repr(value)[:80]

@@ -1,0 +1,175 @@
+"""Model-card keys: what convert writes from README.md, generation_config.json and --metadata, in
+upstream's order; one error line for a bad card or --metadata file; quantize keeps them.
+
+Equality with upstream's converter, shape by shape, is the parity tier (test_parity.py,
+test_model_card_equal_to_upstream); these tests need no upstream run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from gguf_compare import differences, parity_differences
+
+from dflash_convert import convert, plan_conversion
+from dflash_convert.errors import DFlashError
+from dflash_convert.quantize import quantize
+from dflash_convert.sources.gguf import read_gguf
+from fixtures.drafters import make_zlab_drafter
+from fixtures.model_cards import write_model_card
+
+DRAFTER_NAME = "Qwen3-4B-DFlash-b16"
+
+
+def drafter_with_card(root: Path, shape: str = "single_base", **kw) -> Path:
+    return write_model_card(make_zlab_drafter(root / DRAFTER_NAME, target_layer_ids=[0, 2]), shape, **kw)
+
+
+def general_keys(plan_or_path) -> list[str]:
+    keys = plan_or_path.metadata.keys() if hasattr(plan_or_path, "metadata") else list(read_gguf(plan_or_path).metadata)
+    return [k for k in keys if k.startswith("general.")]
+
+
+def test_card_keys_in_upstreams_order(tmp_path, qwen3_target):
+    plan = plan_conversion(drafter_with_card(tmp_path), qwen3_target, outtype="bf16", hash_sources=False)
+    # gguf-py's set_gguf_meta_model order: sampling, name and naming parts, size label, license, base
+    # models, tags, languages; then our provenance; general.file_type and the version after the hparams
+    assert general_keys(plan) == [
+        "general.architecture", "general.type",
+        "general.sampling.top_k", "general.sampling.top_p", "general.sampling.temp", "general.sampling.penalty_repeat",
+        "general.name", "general.finetune", "general.basename", "general.size_label", "general.license",
+        "general.base_model.count", "general.base_model.0.name", "general.base_model.0.organization",
+        "general.base_model.0.repo_url", "general.tags", "general.languages",
+        "general.converter.name", "general.converter.version", "general.source.config_sha256",
+        "general.source.files", "general.source.files_sha256", "general.file_type", "general.quantization_version"]
+    md = plan.metadata
+    assert md.kv("general.sampling.top_k").vtype.name == "INT32" and md.get("general.sampling.top_k") == 20
+    assert md.kv("general.sampling.penalty_repeat").vtype.name == "FLOAT32"  # from repetition_penalty, as 0c1e57098
+    assert md.get("general.sampling.penalty_repeat") == pytest.approx(1.05)
+    assert md.kv("general.base_model.count").vtype.name == "UINT32"
+    assert md.get("general.finetune") == "4b-DFlash-b16" and md.get("general.size_label") == "82K"
+
+
+def test_no_card_names_the_file_as_upstream(tmp_path, qwen3_target):
+    """Without README.md or generation_config.json: upstream's name from the directory, title-cased."""
+    src = make_zlab_drafter(tmp_path / "my-drafter", target_layer_ids=[0, 2])
+    plan = plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    assert plan.metadata.get("general.name") == "My Drafter"
+    assert not any(k.startswith(("general.sampling.", "general.license", "general.tags")) for k in plan.metadata.keys())
+
+
+def test_malformed_card_is_one_error_line(tmp_path, qwen3_target):
+    src = drafter_with_card(tmp_path, "malformed")
+    out = tmp_path / "out.gguf"
+    r = run_cli("convert", src, "--target-model-dir", qwen3_target, "-o", out)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0] == (f"dflash-convert: error: {src / 'README.md'}: the model card's front matter is not valid YAML: "
+                        "expected ',' or ']', but got ':' (line 4)")
+    assert not out.exists() and not list(tmp_path.rglob("*.gguf"))
+
+
+@pytest.mark.parametrize("card,message", [
+    (b"---\nlicense: \xff\n---\n", "the model card is not UTF-8 text (byte 13)"),
+    (b"---\nlicense: 3\n---\n", "general.license must be a string, not 3"),
+    (b"---\ntags:\n- 2024\n---\n", "general.tags must be a list of strings, not [2024]"),
+    (b"---\nversion: 2024-01-01\n---\n", "general.version must be a string, not datetime.date(2024, 1, 1)"),
+])
+def test_bad_card_values(tmp_path, qwen3_target, card, message):
+    src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
+    (src / "README.md").write_bytes(card)
+    with pytest.raises(DFlashError) as e:
+        plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    assert str(e.value) == f"{src / 'README.md'}: {message}"
+
+
+def test_front_matter_not_a_mapping_is_a_warning(tmp_path, qwen3_target, caplog):
+    src = drafter_with_card(tmp_path, "not_a_mapping", generation_config=False)
+    with caplog.at_level(logging.WARNING, "dflash_convert"):
+        plan = plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    assert "front matter is list, not a mapping; ignored" in caplog.text
+    assert "general.license" not in plan.metadata and plan.metadata.get("general.name") == "Qwen3 4B DFlash B16"
+
+
+def test_unreadable_generation_config_is_left_out(tmp_path, qwen3_target, caplog):
+    """As upstream: a generation_config.json that is not JSON gives no sampling keys (we also warn)."""
+    src = drafter_with_card(tmp_path)
+    (src / "generation_config.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, "dflash_convert"):
+        plan = plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    assert "generation_config.json is not valid JSON" in caplog.text
+    assert not [k for k in plan.metadata.keys() if k.startswith("general.sampling.")]
+    assert plan.metadata.get("general.license") == "mit"
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{oops", "--metadata file is not valid JSON"),
+    ("[1, 2]", "the --metadata file must hold a JSON object of general.* keys"),
+    ('{"general.sampling.top_k": "forty"}', "general.sampling.top_k must be an integer, not 'forty'"),
+    ('{"general.sampling.temp": true}', "general.sampling.temp must be a number, not True"),
+    ('{"general.tags": "one"}', "general.tags must be a list of strings, not 'one'"),
+    ('{"general.base_models": ["x"]}', "base_models must be a list of objects, not ['x']"),
+    ('{"general.name": 7}', "general.name must be a string, not 7"),
+])
+def test_bad_metadata_file(tmp_path, qwen3_target, content, message):
+    src = drafter_with_card(tmp_path)
+    override = tmp_path / "meta.json"
+    override.write_text(content)
+    with pytest.raises(DFlashError) as e:
+        plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False, metadata=override)
+    assert str(e.value).startswith(f"{override}: {message}")
+
+
+def test_metadata_flag(tmp_path, qwen3_target, caplog):
+    src = drafter_with_card(tmp_path)
+    override = tmp_path / "meta.json"
+    override.write_text(json.dumps({"general.name": "Renamed", "general.sampling.temp": 1, "general.license": "x",
+                                    "general.tags": [], "general.sampling.top_k": None}))
+    out = tmp_path / "out.gguf"
+    r = run_cli("convert", src, "--target-model-dir", qwen3_target, "-o", out, "--metadata", override)
+    assert r.returncode == 0, r.stderr
+    assert "upstream's --metadata does not set general.license; ignored" in r.stderr
+    g = read_gguf(out)
+    assert g.get("general.name") == "Renamed" and g.get("general.license") == "mit"
+    assert g.metadata["general.sampling.temp"].vtype.name == "FLOAT32" and g.get("general.sampling.temp") == 1.0
+    assert "general.tags" not in g.metadata and "general.sampling.top_k" not in g.metadata  # emptied, as upstream
+    # the parity comparison sees general.*, the reference comparison does not
+    plain = convert(src, qwen3_target, outfile=tmp_path / "plain.gguf", outtype="bf16").output
+    assert differences(out, plain) == []
+    diffs = parity_differences(out, plain)
+    assert any(d.startswith("keys only in") for d in diffs), diffs
+    r = run_cli("convert", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "x.gguf", "--metadata", tmp_path / "none.json")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "none.json" in r.stderr
+
+
+def test_quantize_keeps_card_keys(tmp_path, qwen3_target):
+    """llama-quantize copies every key in order and moves the version and file type last: so do we."""
+    src = drafter_with_card(tmp_path, "list_base")
+    f16 = convert(src, qwen3_target, outfile=tmp_path / "f16.gguf", outtype="f16").output
+    q = tmp_path / "q8.gguf"
+    quantize(f16, q, "Q8_0")
+    before, after = read_gguf(f16).metadata, read_gguf(q).metadata
+    moved = ("general.quantization_version", "general.file_type")
+    assert [k for k in general_keys(q) if k not in moved] == [k for k in general_keys(f16) if k not in moved]
+    assert list(after)[-2:] == list(moved)
+    for k in general_keys(f16):
+        if k not in moved:
+            assert (after[k].vtype, after[k].value) == (before[k].vtype, before[k].value), k
+    assert read_gguf(q).get("general.dataset.1.repo_url") == "https://huggingface.co/datasets/Open-Orca/SlimOrca"
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path, qwen3_target):
+    """Aliases make a 1 KB card a value of 10**9 strings: refused by type, the message bounded (no full repr)."""
+    levels = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
+    (src / "README.md").write_text("---\n" + "\n".join(levels) + "\ntags: *l8\n---\n")
+    with pytest.raises(DFlashError) as e:
+        plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    message = str(e.value)
+    assert message.startswith(f"{src / 'README.md'}: general.tags must be a list of strings, not [[[") and len(message) < 300
