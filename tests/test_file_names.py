@@ -209,12 +209,21 @@ def test_quantize_names_replace_the_type_tag():
     assert quantized_file_name("dflash-Qwen3-8B.gguf", "Q8_0", dspark=False) == "dflash-Qwen3-8B-Q8_0.gguf"
 
 
+def read_gguf_metadata_name(path):
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields["general.name"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
 # --- real conversions, validate and inspect --------------------------------------------------------
 
 def test_convert_without_o_writes_the_discoverable_name(tmp_path, qwen3_target):
     src = make_zlab_drafter(tmp_path / "Qwen3-tiny-DFlash", target_layer_ids=[0, 2])
     out = convert(src, qwen3_target, outtype="f16").output
-    assert out == src / "dflash-Qwen3-tiny-DFlash-F16.gguf" and out.is_file()
+    # <Name> is general.name as upstream derives it from the directory (title-cased words: "Qwen3 Tiny DFlash")
+    assert read_gguf_metadata_name(out) == "Qwen3 Tiny DFlash"
+    assert out == src / "dflash-Qwen3-Tiny-DFlash-F16.gguf" and out.is_file()
     assert sorted(p.name for p in src.glob("*.gguf")) == [out.name]
     r = validate(out)
     assert r.exit_code == 0 and r.check("file_name").status == "pass"
@@ -222,19 +231,19 @@ def test_convert_without_o_writes_the_discoverable_name(tmp_path, qwen3_target):
     folder.mkdir()
     r = run_cli("convert", src, "--target-model-dir", qwen3_target, "--outtype", "q8_0", "-o", folder, "-q")
     assert r.returncode == 0, r.stderr
-    assert [p.name for p in folder.iterdir()] == ["dflash-Qwen3-tiny-DFlash-Q8_0.gguf"]
+    assert [p.name for p in folder.iterdir()] == ["dflash-Qwen3-Tiny-DFlash-Q8_0.gguf"]
     # quantize into a folder: the input's name with the type tag replaced
     r = run_cli("quantize", out, folder, "Q4_0", "-q")
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in folder.iterdir()) == ["dflash-Qwen3-tiny-DFlash-Q4_0.gguf",
-                                                        "dflash-Qwen3-tiny-DFlash-Q8_0.gguf"]
+    assert sorted(p.name for p in folder.iterdir()) == ["dflash-Qwen3-Tiny-DFlash-Q4_0.gguf",
+                                                        "dflash-Qwen3-Tiny-DFlash-Q8_0.gguf"]
 
 
 def test_a_dspark_drafter_gets_the_dspark_prefix(tmp_path):
     target = make_target_dir(tmp_path / "gemma4", "gemma4")
     src = make_dspark_drafter(tmp_path / "tiny-DSpark", vocab_size=916, mask_token_id=4)
     out = convert(src, target, outtype="bf16").output
-    assert out.name == "dspark-tiny-DSpark-BF16.gguf" and out.is_file()
+    assert out.name == "dspark-Tiny-DSpark-BF16.gguf" and out.is_file()
     assert validate(out).check("file_name").status == "pass"
     wrong = tmp_path / "dflash-tiny-DSpark-BF16.gguf"
     shutil.copyfile(out, wrong)
