@@ -1,0 +1,464 @@
+"""numba ports of ggml's per-group K-quant searches, loop for loop (see ``jit`` for when they run).
+
+Importing this module imports numba; only ``jit.kernels()`` does, lazily. Each kernel is the C
+code of ``ggml-quants.c`` written again, with the rules the numpy ports follow (see ``kquants``):
+every value and constant is float32 (C's ``f`` literals; an int meeting a float is converted to
+float first, as in C), sums run in index order, and there is no fastmath, so LLVM neither
+contracts ``a*b + c`` into an FMA nor reassociates a sum: each operation rounds once, as in
+ggml-base, which is built without FMA. A float64 creeping in would change bits, so every constant
+is a named float32 and each accumulator starts from one.
+
+``nearest_int`` is C's magic-number trick. In its valid range (|v| <= 2**22 - 1) ``(v + M) - M``
+is exactly the rounded value; outside it (and for inf/NaN) the kernels reinterpret the float's
+bits through a one-element scratch array, as C's memcpy does, so garbage is reproduced too.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_F32 = np.float32
+_ZERO = _F32(0.0)
+_ONE = _F32(1.0)
+_MAGIC = _F32(12582912.0)
+_NI_HI = _F32(4194303.0)
+_NI_LO = _F32(-4194303.0)
+_GROUP_MAX_EPS = _F32(1e-15)
+_THIRTY_TWO = _F32(32.0)
+_NEG_THIRTY_TWO = _F32(-32.0)
+_TENTH = _F32(0.1)
+
+# nogil: the pipeline encodes on a thread pool. cache: compile once per machine. error_model
+# numpy: a float division by zero gives inf/NaN as in C instead of raising.
+_njit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
+
+
+@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _nearest_int(v, fbuf, ibuf):
+    if v >= _NI_LO and v <= _NI_HI:
+        return np.int64((v + _MAGIC) - _MAGIC)
+    fbuf[0] = v + _MAGIC
+    return np.int64((ibuf[0] & 0x7FFFFF) - 0x400000)
+
+
+@_njit
+def qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g_start, g_end):
+    """``make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false)``
+    for the 32-value groups g_start..g_end-1 of ``x``, with quantize_row_q4_K_ref's weights
+    (av_x + |x|), one group after the other as in C. Any input, inf and NaN included.
+
+    x: float32 [G*32]; writes scales, the_mins float32 [G] and the search's levels L uint8 [G*32].
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    w = np.empty(32, np.float32)
+    laux = np.empty(32, np.uint8)
+    nmax_f = _F32(nmax)
+    for g in range(g_start, g_end):
+        o = g * 32
+        sum_x2 = _ZERO
+        for i in range(32):
+            sum_x2 += x[o + i] * x[o + i]
+        av_x = np.sqrt(sum_x2 / _THIRTY_TWO)
+        for i in range(32):
+            w[i] = av_x + abs(x[o + i])
+        mn = x[o]
+        mx = x[o]
+        sum_w = w[0]
+        sum_x = sum_w * x[o]
+        for i in range(1, 32):
+            xi = x[o + i]
+            if xi < mn:
+                mn = xi
+            if xi > mx:
+                mx = xi
+            sum_w += w[i]
+            sum_x += w[i] * xi
+        if mn > _ZERO:
+            mn = _ZERO
+        if mx == mn:
+            for i in range(32):
+                L[o + i] = 0
+            the_mins[g] = -mn
+            scales[g] = _ZERO
+            continue
+        iscale = nmax_f / (mx - mn)
+        scale = _ONE / iscale
+        best_error = _ZERO
+        for i in range(32):
+            li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+            L[o + i] = li
+            diff = scale * _F32(li) + mn - x[o + i]
+            best_error += w[i] * (diff * diff)
+        for step in range(nstep + 1):
+            iscale = (rmin + rdelta * _F32(step) + nmax_f) / (mx - mn)
+            sum_l = _ZERO
+            sum_l2 = _ZERO
+            sum_xl = _ZERO
+            for i in range(32):
+                li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+                laux[i] = li
+                lf = _F32(li)
+                wl = w[i] * lf
+                sum_l += wl
+                sum_l2 += wl * lf
+                sum_xl += wl * x[o + i]
+            D = sum_w * sum_l2 - sum_l * sum_l
+            if D > _ZERO:
+                this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+                this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+                if this_min > _ZERO:
+                    this_min = _ZERO
+                    this_scale = sum_xl / sum_l2
+                cur_error = _ZERO
+                for i in range(32):
+                    diff = this_scale * _F32(laux[i]) + this_min - x[o + i]
+                    cur_error += w[i] * (diff * diff)
+                if cur_error < best_error:
+                    for i in range(32):
+                        L[o + i] = laux[i]
+                    best_error = cur_error
+                    scale = this_scale
+                    mn = this_min
+        scales[g] = scale
+        the_mins[g] = -mn
+
+
+@_njit
+def qkx_final_levels(x, d, dm, nmax, L):
+    """``L = MAX(0, MIN(nmax, nearest_int((x + dm)/d)))`` per 32-value group; groups with d == 0
+    keep the search's levels (C's ``if (!d) continue;``)."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        dmg = dm[g]
+        o = g * 32
+        for i in range(32):
+            L[o + i] = max(0, min(nmax, _nearest_int((x[o + i] + dmg) / dg, fbuf, ibuf)))
+
+
+@_njit
+def qx_search_exact(x, scales, L, g_start, g_end):
+    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for the 16-value groups g_start..g_end-1
+    of ``x``, one after the other as in C. Any input, inf and NaN included.
+
+    Writes scales float32 [G] and the levels L uint8 [G*16] (l + 32; 0 for an all-zero group).
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    laux = np.empty(16, np.uint8)
+    for g in range(g_start, g_end):
+        o = g * 16
+        amax = _ZERO
+        mx = _ZERO
+        for i in range(16):
+            ax = abs(x[o + i])
+            if ax > amax:
+                amax = ax
+                mx = x[o + i]
+        if amax < _GROUP_MAX_EPS:
+            for i in range(16):
+                L[o + i] = 0
+            scales[g] = _ZERO
+            continue
+        iscale = _NEG_THIRTY_TWO / mx
+        sumlx = _ZERO
+        suml2 = _ZERO
+        for i in range(16):
+            xi = x[o + i]
+            li = max(-32, min(31, _nearest_int(iscale * xi, fbuf, ibuf)))
+            L[o + i] = li + 32
+            lf = _F32(li)
+            wgt = xi * xi
+            sumlx += wgt * xi * lf
+            suml2 += wgt * lf * lf
+        scale = sumlx / suml2 if suml2 != _ZERO else _ZERO
+        best = scale * sumlx
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            iscale = -(_THIRTY_TWO + _TENTH * _F32(step)) / mx
+            sumlx = _ZERO
+            suml2 = _ZERO
+            for i in range(16):
+                xi = x[o + i]
+                li = max(-32, min(31, _nearest_int(iscale * xi, fbuf, ibuf)))
+                laux[i] = li + 32
+                lf = _F32(li)
+                wgt = xi * xi
+                sumlx += wgt * xi * lf
+                suml2 += wgt * lf * lf
+            if suml2 > _ZERO and sumlx * sumlx > best * suml2:
+                for i in range(16):
+                    L[o + i] = laux[i]
+                scale = sumlx / suml2
+                best = scale * sumlx
+        scales[g] = scale
+
+
+@_njit
+def qx_final_levels(x, d, L):
+    """``L = MAX(-32, MIN(31, nearest_int(x/d))) + 32`` per 16-value group; d == 0 keeps the search's."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        o = g * 16
+        for i in range(16):
+            L[o + i] = max(-32, min(31, _nearest_int(x[o + i] / dg, fbuf, ibuf))) + 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Lane kernels: the same searches for LANES groups at once, so that LLVM vectorises across groups
+# (each group's sums still run in index order: a lane is one group). C's per-group branches become
+# per-lane selects. Rounding takes the in-range form of nearest_int only; a tile where any
+# argument falls outside it (only non-finite or absurdly spread input) is redone by the exact
+# kernel, so the result is C's either way.
+# ---------------------------------------------------------------------------------------------
+
+LANES = 64  # groups per tile: x, weights and levels [32, 64] float32 are 8 KiB each, in L1
+
+
+@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _round_in_range(t):
+    """nearest_int(t) as a float, for |t| <= 2**22 - 1 (the caller counts the others)."""
+    return (t + _MAGIC) - _MAGIC
+
+
+@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _out_of_range(t):
+    return 0 if (t >= _NI_LO and t <= _NI_HI) else 1
+
+
+@_njit
+def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
+    """``qkx2_search_exact`` for every group of ``x`` (float32 [G*32]), LANES groups at a time."""
+    G = x.size // 32
+    B = LANES
+    X = np.empty((32, B), np.float32)
+    W = np.empty((32, B), np.float32)
+    T = np.empty((32, B), np.float32)
+    mn = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    sw = np.empty(B, np.float32)
+    sx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    scale = np.empty(B, np.float32)
+    best = np.empty(B, np.float32)
+    b_isc = np.empty(B, np.float32)
+    b_mn = np.empty(B, np.float32)
+    sl = np.empty(B, np.float32)
+    sl2 = np.empty(B, np.float32)
+    sxl = np.empty(B, np.float32)
+    ts = np.empty(B, np.float32)
+    tm = np.empty(B, np.float32)
+    dd = np.empty(B, np.float32)
+    cur = np.empty(B, np.float32)
+    flat = np.empty(B, np.bool_)
+    nmax_f = _F32(nmax)
+    for g0 in range(0, G, B):
+        n = min(B, G - g0)
+        if n < B:  # a partial tile: C's loop, group by group
+            qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g0, G)
+            break
+        for b in range(B):
+            o = (g0 + b) * 32
+            for i in range(32):
+                X[i, b] = x[o + i]
+        # weights[l] = av_x + fabsf(x[l]), av_x = sqrtf(sum_x2/32)
+        for b in range(B):
+            sl[b] = _ZERO
+        for i in range(32):
+            for b in range(B):
+                sl[b] += X[i, b] * X[i, b]
+        for b in range(B):
+            sl[b] = np.sqrt(sl[b] / _THIRTY_TWO)
+        for i in range(32):
+            for b in range(B):
+                W[i, b] = sl[b] + abs(X[i, b])
+        for b in range(B):
+            mn[b] = X[0, b]
+            mx[b] = X[0, b]
+            sw[b] = W[0, b]
+            sx[b] = W[0, b] * X[0, b]
+        for i in range(1, 32):
+            for b in range(B):
+                xi = X[i, b]
+                mn[b] = xi if xi < mn[b] else mn[b]
+                mx[b] = xi if xi > mx[b] else mx[b]
+                sw[b] += W[i, b]
+                sx[b] += W[i, b] * xi
+        for b in range(B):
+            mn[b] = _ZERO if mn[b] > _ZERO else mn[b]
+            flat[b] = mx[b] == mn[b]
+            # flat groups return early in C; iscale 0 keeps their lanes harmless (levels 0, D = 0)
+            isc[b] = _ZERO if flat[b] else nmax_f / (mx[b] - mn[b])
+            scale[b] = _ONE / isc[b]
+            best[b] = _ZERO
+            b_isc[b] = isc[b]
+            b_mn[b] = mn[b]
+        bad = 0
+        for i in range(32):
+            for b in range(B):
+                t = isc[b] * (X[i, b] - mn[b])
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = _ZERO if r < _ZERO else r
+                r = nmax_f if r > nmax_f else r
+                diff = scale[b] * r + mn[b] - X[i, b]
+                best[b] += W[i, b] * (diff * diff)
+        for step in range(nstep + 1):
+            c = rmin + rdelta * _F32(step) + nmax_f
+            for b in range(B):
+                isc[b] = _ZERO if flat[b] else c / (mx[b] - mn[b])
+                sl[b] = _ZERO
+                sl2[b] = _ZERO
+                sxl[b] = _ZERO
+            for i in range(32):
+                for b in range(B):
+                    t = isc[b] * (X[i, b] - mn[b])
+                    bad += _out_of_range(t)
+                    r = _round_in_range(t)
+                    r = _ZERO if r < _ZERO else r
+                    r = nmax_f if r > nmax_f else r
+                    T[i, b] = r
+                    wl = W[i, b] * r
+                    sl[b] += wl
+                    sl2[b] += wl * r
+                    sxl[b] += wl * X[i, b]
+            for b in range(B):
+                D = sw[b] * sl2[b] - sl[b] * sl[b]
+                dd[b] = D
+                s_ = (sw[b] * sxl[b] - sx[b] * sl[b]) / D
+                m_ = (sl2[b] * sx[b] - sl[b] * sxl[b]) / D
+                pos = m_ > _ZERO
+                ts[b] = sxl[b] / sl2[b] if pos else s_
+                tm[b] = _ZERO if pos else m_
+                cur[b] = _ZERO
+            for i in range(32):
+                for b in range(B):
+                    diff = ts[b] * T[i, b] + tm[b] - X[i, b]
+                    cur[b] += W[i, b] * (diff * diff)
+            for b in range(B):
+                take = dd[b] > _ZERO and cur[b] < best[b]
+                best[b] = cur[b] if take else best[b]
+                scale[b] = ts[b] if take else scale[b]
+                b_isc[b] = isc[b] if take else b_isc[b]
+                b_mn[b] = mn[b] if take else b_mn[b]
+                mn[b] = tm[b] if take else mn[b]
+        if bad:
+            qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g0, g0 + B)
+            continue
+        for b in range(B):
+            g = g0 + b
+            scales[g] = _ZERO if flat[b] else scale[b]
+            the_mins[g] = -mn[b]
+            o = g * 32
+            # the accepted step's levels, recomputed from the iscale and min that made them
+            for i in range(32):
+                r = _round_in_range(b_isc[b] * (X[i, b] - b_mn[b]))
+                r = _ZERO if r < _ZERO else r
+                r = nmax_f if r > nmax_f else r
+                L[o + i] = 0 if flat[b] else np.uint8(r)
+
+
+@_njit
+def qx_search(x, scales, L):
+    """``qx_search_exact`` for every group of ``x`` (float32 [G*16]), LANES groups at a time."""
+    G = x.size // 16
+    B = LANES
+    X = np.empty((16, B), np.float32)
+    W = np.empty((16, B), np.float32)
+    WX = np.empty((16, B), np.float32)
+    amax = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    b_isc = np.empty(B, np.float32)
+    scale = np.empty(B, np.float32)
+    best = np.empty(B, np.float32)
+    slx = np.empty(B, np.float32)
+    sl2 = np.empty(B, np.float32)
+    zero = np.empty(B, np.bool_)
+    lo = _F32(-32.0)
+    hi = _F32(31.0)
+    for g0 in range(0, G, B):
+        n = min(B, G - g0)
+        if n < B:
+            qx_search_exact(x, scales, L, g0, G)
+            break
+        for b in range(B):
+            o = (g0 + b) * 16
+            for i in range(16):
+                X[i, b] = x[o + i]
+        for b in range(B):
+            amax[b] = _ZERO
+            mx[b] = _ZERO
+        for i in range(16):
+            for b in range(B):
+                xi = X[i, b]
+                ax = abs(xi)
+                gt = ax > amax[b]
+                amax[b] = ax if gt else amax[b]
+                mx[b] = xi if gt else mx[b]
+                W[i, b] = xi * xi
+                WX[i, b] = W[i, b] * xi
+        for b in range(B):
+            zero[b] = amax[b] < _GROUP_MAX_EPS
+            isc[b] = _ZERO if zero[b] else _NEG_THIRTY_TWO / mx[b]
+            slx[b] = _ZERO
+            sl2[b] = _ZERO
+        bad = 0
+        for i in range(16):
+            for b in range(B):
+                t = isc[b] * X[i, b]
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                slx[b] += WX[i, b] * r
+                sl2[b] += W[i, b] * r * r
+        for b in range(B):
+            scale[b] = slx[b] / sl2[b] if sl2[b] != _ZERO else _ZERO
+            best[b] = scale[b] * slx[b]
+            b_isc[b] = isc[b]
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            c = -(_THIRTY_TWO + _TENTH * _F32(step))
+            for b in range(B):
+                isc[b] = _ZERO if zero[b] else c / mx[b]
+                slx[b] = _ZERO
+                sl2[b] = _ZERO
+            for i in range(16):
+                for b in range(B):
+                    t = isc[b] * X[i, b]
+                    bad += _out_of_range(t)
+                    r = _round_in_range(t)
+                    r = lo if r < lo else r
+                    r = hi if r > hi else r
+                    slx[b] += WX[i, b] * r
+                    sl2[b] += W[i, b] * r * r
+            for b in range(B):
+                take = sl2[b] > _ZERO and slx[b] * slx[b] > best[b] * sl2[b]
+                s_ = slx[b] / sl2[b]
+                scale[b] = s_ if take else scale[b]
+                best[b] = s_ * slx[b] if take else best[b]
+                b_isc[b] = isc[b] if take else b_isc[b]
+        if bad:
+            qx_search_exact(x, scales, L, g0, g0 + B)
+            continue
+        for b in range(B):
+            g = g0 + b
+            scales[g] = _ZERO if zero[b] else scale[b]
+            o = g * 16
+            for i in range(16):
+                r = _round_in_range(b_isc[b] * X[i, b])
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                L[o + i] = 0 if zero[b] else np.uint8(np.int32(r) + 32)

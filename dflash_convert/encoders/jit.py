@@ -1,0 +1,36 @@
+"""Which quantizer backend runs: numba-compiled kernels when numba is installed, else pure numpy.
+
+The numpy quantizers make hundreds of whole-array passes per value in the K-quant scale searches,
+so they are bound by memory traffic and numpy's per-call cost; the same C loops compiled by numba
+run in registers. Both backends are bit-identical with ggml (the tests run both), so the choice is
+only about speed: numba when it imports, unless ``DFLASH_CONVERT_NO_JIT`` is set (to compare the
+two, or to skip the one-off compile). numba is an optional dependency (``pip install
+dflash-convert[fast]``); it ships wheels, so nothing needs a compiler.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+
+NO_JIT_ENV = "DFLASH_CONVERT_NO_JIT"
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The numba kernel module, or None when numba is missing or ``DFLASH_CONVERT_NO_JIT`` is set."""
+    if os.environ.get(NO_JIT_ENV, "") not in ("", "0"):
+        return None
+    try:
+        # lazy: numba is optional and takes about half a second to import (llvmlite with it);
+        # commands that never quantize should not pay for it
+        from . import _kernels
+    except ImportError:
+        return None
+    return _kernels
+
+
+def jit_available() -> bool:
+    """Whether the numba kernels are used."""
+    return kernels() is not None
