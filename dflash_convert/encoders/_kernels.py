@@ -43,32 +43,40 @@ def _nearest_int(v, fbuf, ibuf):
 
 
 @_njit
-def qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g_start, g_end):
-    """``make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, false)``
-    for the 32-value groups g_start..g_end-1 of ``x``, with quantize_row_q4_K_ref's weights
-    (av_x + |x|), one group after the other as in C. Any input, inf and NaN included.
+def qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g_start, g_end):
+    """``make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, mad)`` for
+    the groups (rows) g_start..g_end-1 of ``xg`` [G, n], one after the other as in C. Any input,
+    inf and NaN included.
 
-    x: float32 [G*32]; writes scales, the_mins float32 [G] and the search's levels L uint8 [G*32].
+    Weights: quantize_row_q4_K_ref's / q5_K's ``av_x + |x|`` (av_x = sqrtf(sum x*x / n)) when
+    ``av_weights``, else Q2_K's ``|x|``. Writes scales, the_mins float32 [G] and the search's
+    levels into L [G, n].
     """
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
-    w = np.empty(32, np.float32)
-    laux = np.empty(32, np.uint8)
+    n = xg.shape[1]
+    w = np.empty(n, np.float32)
+    laux = np.empty(n, np.int32)
     nmax_f = _F32(nmax)
+    n_f = _F32(n)
     for g in range(g_start, g_end):
-        o = g * 32
-        sum_x2 = _ZERO
-        for i in range(32):
-            sum_x2 += x[o + i] * x[o + i]
-        av_x = np.sqrt(sum_x2 / _THIRTY_TWO)
-        for i in range(32):
-            w[i] = av_x + abs(x[o + i])
-        mn = x[o]
-        mx = x[o]
+        x = xg[g]
+        if av_weights:
+            sum_x2 = _ZERO
+            for i in range(n):
+                sum_x2 += x[i] * x[i]
+            av_x = np.sqrt(sum_x2 / n_f)
+            for i in range(n):
+                w[i] = av_x + abs(x[i])
+        else:
+            for i in range(n):
+                w[i] = abs(x[i])
+        mn = x[0]
+        mx = x[0]
         sum_w = w[0]
-        sum_x = sum_w * x[o]
-        for i in range(1, 32):
-            xi = x[o + i]
+        sum_x = sum_w * x[0]
+        for i in range(1, n):
+            xi = x[i]
             if xi < mn:
                 mn = xi
             if xi > mx:
@@ -78,32 +86,32 @@ def qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g_start
         if mn > _ZERO:
             mn = _ZERO
         if mx == mn:
-            for i in range(32):
-                L[o + i] = 0
+            for i in range(n):
+                L[g, i] = 0
             the_mins[g] = -mn
             scales[g] = _ZERO
             continue
         iscale = nmax_f / (mx - mn)
         scale = _ONE / iscale
         best_error = _ZERO
-        for i in range(32):
-            li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
-            L[o + i] = li
-            diff = scale * _F32(li) + mn - x[o + i]
-            best_error += w[i] * (diff * diff)
+        for i in range(n):
+            li = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn), fbuf, ibuf)))
+            L[g, i] = li
+            diff = scale * _F32(li) + mn - x[i]
+            best_error += w[i] * (abs(diff) if mad else diff * diff)
         for step in range(nstep + 1):
             iscale = (rmin + rdelta * _F32(step) + nmax_f) / (mx - mn)
             sum_l = _ZERO
             sum_l2 = _ZERO
             sum_xl = _ZERO
-            for i in range(32):
-                li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+            for i in range(n):
+                li = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn), fbuf, ibuf)))
                 laux[i] = li
                 lf = _F32(li)
                 wl = w[i] * lf
                 sum_l += wl
                 sum_l2 += wl * lf
-                sum_xl += wl * x[o + i]
+                sum_xl += wl * x[i]
             D = sum_w * sum_l2 - sum_l * sum_l
             if D > _ZERO:
                 this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
@@ -112,12 +120,12 @@ def qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g_start
                     this_min = _ZERO
                     this_scale = sum_xl / sum_l2
                 cur_error = _ZERO
-                for i in range(32):
-                    diff = this_scale * _F32(laux[i]) + this_min - x[o + i]
-                    cur_error += w[i] * (diff * diff)
+                for i in range(n):
+                    diff = this_scale * _F32(laux[i]) + this_min - x[i]
+                    cur_error += w[i] * (abs(diff) if mad else diff * diff)
                 if cur_error < best_error:
-                    for i in range(32):
-                        L[o + i] = laux[i]
+                    for i in range(n):
+                        L[g, i] = laux[i]
                     best_error = cur_error
                     scale = this_scale
                     mn = this_min
@@ -237,13 +245,13 @@ def _out_of_range(t):
 
 
 @_njit
-def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
-    """``qkx2_search_exact`` for every group of ``x`` (float32 [G*32]), LANES groups at a time."""
-    G = x.size // 32
+def qkx2_search(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L):
+    """``qkx2_search_exact`` for every group (row) of ``xg`` [G, n], LANES groups at a time."""
+    G, n = xg.shape
     B = LANES
-    X = np.empty((32, B), np.float32)
-    W = np.empty((32, B), np.float32)
-    T = np.empty((32, B), np.float32)
+    X = np.empty((n, B), np.float32)
+    W = np.empty((n, B), np.float32)
+    T = np.empty((n, B), np.float32)
     mn = np.empty(B, np.float32)
     mx = np.empty(B, np.float32)
     sw = np.empty(B, np.float32)
@@ -262,32 +270,35 @@ def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
     cur = np.empty(B, np.float32)
     flat = np.empty(B, np.bool_)
     nmax_f = _F32(nmax)
+    n_f = _F32(n)
     for g0 in range(0, G, B):
-        n = min(B, G - g0)
-        if n < B:  # a partial tile: C's loop, group by group
-            qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g0, G)
+        if G - g0 < B:  # a partial tile: C's loop, group by group
+            qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g0, G)
             break
         for b in range(B):
-            o = (g0 + b) * 32
-            for i in range(32):
-                X[i, b] = x[o + i]
-        # weights[l] = av_x + fabsf(x[l]), av_x = sqrtf(sum_x2/32)
-        for b in range(B):
-            sl[b] = _ZERO
-        for i in range(32):
+            for i in range(n):
+                X[i, b] = xg[g0 + b, i]
+        if av_weights:  # weights[l] = av_x + fabsf(x[l]), av_x = sqrtf(sum_x2/n)
             for b in range(B):
-                sl[b] += X[i, b] * X[i, b]
-        for b in range(B):
-            sl[b] = np.sqrt(sl[b] / _THIRTY_TWO)
-        for i in range(32):
+                sl[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    sl[b] += X[i, b] * X[i, b]
             for b in range(B):
-                W[i, b] = sl[b] + abs(X[i, b])
+                sl[b] = np.sqrt(sl[b] / n_f)
+            for i in range(n):
+                for b in range(B):
+                    W[i, b] = sl[b] + abs(X[i, b])
+        else:
+            for i in range(n):
+                for b in range(B):
+                    W[i, b] = abs(X[i, b])
         for b in range(B):
             mn[b] = X[0, b]
             mx[b] = X[0, b]
             sw[b] = W[0, b]
             sx[b] = W[0, b] * X[0, b]
-        for i in range(1, 32):
+        for i in range(1, n):
             for b in range(B):
                 xi = X[i, b]
                 mn[b] = xi if xi < mn[b] else mn[b]
@@ -304,7 +315,7 @@ def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
             b_isc[b] = isc[b]
             b_mn[b] = mn[b]
         bad = 0
-        for i in range(32):
+        for i in range(n):
             for b in range(B):
                 t = isc[b] * (X[i, b] - mn[b])
                 bad += _out_of_range(t)
@@ -312,7 +323,7 @@ def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
                 r = _ZERO if r < _ZERO else r
                 r = nmax_f if r > nmax_f else r
                 diff = scale[b] * r + mn[b] - X[i, b]
-                best[b] += W[i, b] * (diff * diff)
+                best[b] += W[i, b] * (abs(diff) if mad else diff * diff)
         for step in range(nstep + 1):
             c = rmin + rdelta * _F32(step) + nmax_f
             for b in range(B):
@@ -320,7 +331,7 @@ def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
                 sl[b] = _ZERO
                 sl2[b] = _ZERO
                 sxl[b] = _ZERO
-            for i in range(32):
+            for i in range(n):
                 for b in range(B):
                     t = isc[b] * (X[i, b] - mn[b])
                     bad += _out_of_range(t)
@@ -341,10 +352,10 @@ def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
                 ts[b] = sxl[b] / sl2[b] if pos else s_
                 tm[b] = _ZERO if pos else m_
                 cur[b] = _ZERO
-            for i in range(32):
+            for i in range(n):
                 for b in range(B):
                     diff = ts[b] * T[i, b] + tm[b] - X[i, b]
-                    cur[b] += W[i, b] * (diff * diff)
+                    cur[b] += W[i, b] * (abs(diff) if mad else diff * diff)
             for b in range(B):
                 take = dd[b] > _ZERO and cur[b] < best[b]
                 best[b] = cur[b] if take else best[b]
@@ -353,19 +364,18 @@ def qkx2_search(x, nmax, rmin, rdelta, nstep, scales, the_mins, L):
                 b_mn[b] = mn[b] if take else b_mn[b]
                 mn[b] = tm[b] if take else mn[b]
         if bad:
-            qkx2_search_exact(x, nmax, rmin, rdelta, nstep, scales, the_mins, L, g0, g0 + B)
+            qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g0, g0 + B)
             continue
         for b in range(B):
             g = g0 + b
             scales[g] = _ZERO if flat[b] else scale[b]
             the_mins[g] = -mn[b]
-            o = g * 32
             # the accepted step's levels, recomputed from the iscale and min that made them
-            for i in range(32):
+            for i in range(n):
                 r = _round_in_range(b_isc[b] * (X[i, b] - b_mn[b]))
                 r = _ZERO if r < _ZERO else r
                 r = nmax_f if r > nmax_f else r
-                L[o + i] = 0 if flat[b] else np.uint8(r)
+                L[g, i] = 0 if flat[b] else np.int32(r)
 
 
 @_njit
@@ -462,3 +472,144 @@ def qx_search(x, scales, L):
                 r = lo if r < lo else r
                 r = hi if r > hi else r
                 L[o + i] = 0 if zero[b] else np.uint8(np.int32(r) + 32)
+
+
+@_njit
+def q3_search_exact(xg, scales, L, g_start, g_end):
+    """``make_q3_quants(16, 4, x, L, true)`` (Q3_K's) for the groups (rows) g_start..g_end-1 of
+    ``xg`` [G, 16], one after the other as in C. Writes scales float32 [G] and L [G, 16] (l + 4;
+    0 for an all-zero group)."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    li = np.empty(16, np.int64)
+    neg_four = _F32(-4.0)
+    for g in range(g_start, g_end):
+        x = xg[g]
+        amax = _ZERO
+        mx = _ZERO
+        for i in range(16):
+            ax = abs(x[i])
+            if ax > amax:
+                amax = ax
+                mx = x[i]
+        if amax < _GROUP_MAX_EPS:
+            for i in range(16):
+                L[g, i] = 0
+            scales[g] = _ZERO
+            continue
+        iscale = neg_four / mx
+        sumlx = _ZERO
+        suml2 = _ZERO
+        for i in range(16):
+            q = max(-4, min(3, _nearest_int(iscale * x[i], fbuf, ibuf)))
+            li[i] = q
+            w = x[i] * x[i]
+            sumlx += w * x[i] * _F32(q)
+            suml2 += w * _F32(q) * _F32(q)
+        for _ in range(5):
+            n_changed = 0
+            for i in range(16):
+                w = x[i] * x[i]
+                slx = sumlx - w * x[i] * _F32(li[i])
+                if slx > _ZERO:
+                    sl2 = suml2 - w * _F32(li[i]) * _F32(li[i])
+                    new_l = max(-4, min(3, _nearest_int(x[i] * sl2 / slx, fbuf, ibuf)))
+                    if new_l != li[i]:
+                        slx += w * x[i] * _F32(new_l)
+                        sl2 += w * _F32(new_l) * _F32(new_l)
+                        if sl2 > _ZERO and slx * slx * suml2 > sumlx * sumlx * sl2:
+                            li[i] = new_l
+                            sumlx = slx
+                            suml2 = sl2
+                            n_changed += 1
+            if n_changed == 0:
+                break
+        for i in range(16):
+            L[g, i] = li[i] + 4
+        scales[g] = sumlx / suml2 if suml2 > _ZERO else _ZERO
+
+
+@_njit
+def q3_search(xg, scales, L):
+    """``q3_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups at a time.
+
+    C stops a group's sweeps after one without change; a further sweep from the same state
+    changes nothing either, so every lane runs all five."""
+    G = xg.shape[0]
+    B = LANES
+    X = np.empty((16, B), np.float32)
+    W = np.empty((16, B), np.float32)
+    WX = np.empty((16, B), np.float32)
+    LF = np.empty((16, B), np.float32)
+    amax = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    sumlx = np.empty(B, np.float32)
+    suml2 = np.empty(B, np.float32)
+    zero = np.empty(B, np.bool_)
+    lo = _F32(-4.0)
+    hi = _F32(3.0)
+    for g0 in range(0, G, B):
+        if G - g0 < B:
+            q3_search_exact(xg, scales, L, g0, G)
+            break
+        for b in range(B):
+            for i in range(16):
+                X[i, b] = xg[g0 + b, i]
+        for b in range(B):
+            amax[b] = _ZERO
+            mx[b] = _ZERO
+        for i in range(16):
+            for b in range(B):
+                xi = X[i, b]
+                ax = abs(xi)
+                gt = ax > amax[b]
+                amax[b] = ax if gt else amax[b]
+                mx[b] = xi if gt else mx[b]
+                W[i, b] = xi * xi
+                WX[i, b] = W[i, b] * xi
+        for b in range(B):
+            zero[b] = amax[b] < _GROUP_MAX_EPS
+            isc[b] = _ZERO if zero[b] else lo / mx[b]
+            sumlx[b] = _ZERO
+            suml2[b] = _ZERO
+        bad = 0
+        for i in range(16):
+            for b in range(B):
+                t = isc[b] * X[i, b]
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                LF[i, b] = r
+                sumlx[b] += WX[i, b] * r
+                suml2[b] += W[i, b] * r * r
+        for _ in range(5):
+            for i in range(16):
+                for b in range(B):
+                    li = LF[i, b]
+                    w = W[i, b]
+                    wx = WX[i, b]
+                    slx = sumlx[b] - wx * li
+                    sl2 = suml2[b] - w * li * li
+                    t = X[i, b] * sl2 / slx
+                    live = slx > _ZERO
+                    bad += _out_of_range(t) if live else 0
+                    r = _round_in_range(t)
+                    r = lo if r < lo else r
+                    r = hi if r > hi else r
+                    slx2 = slx + wx * r
+                    sl22 = sl2 + w * r * r
+                    take = live and r != li and sl22 > _ZERO and slx2 * slx2 * suml2[b] > sumlx[b] * sumlx[b] * sl22
+                    LF[i, b] = r if take else li
+                    sumlx[b] = slx2 if take else sumlx[b]
+                    suml2[b] = sl22 if take else suml2[b]
+        if bad:
+            q3_search_exact(xg, scales, L, g0, g0 + B)
+            continue
+        for b in range(B):
+            g = g0 + b
+            s2 = suml2[b]
+            scales[g] = _ZERO if (zero[b] or not s2 > _ZERO) else sumlx[b] / s2
+            for i in range(16):
+                L[g, i] = 0 if zero[b] else np.int32(LF[i, b]) + 4

@@ -452,7 +452,7 @@ def _quantize_qkx(x: np.ndarray, name: str, block_bytes: int, nmax: int, rmin: f
     if k is not None:
         G = nb * 8
         scales, mins, L = np.empty(G, _F32), np.empty(G, _F32), np.empty(x.size, np.uint8)
-        k.qkx2_search(x, nmax, _F32(rmin), _F32(rdelta), nstep, scales, mins, L)
+        k.qkx2_search(x.reshape(G, 32), nmax, _F32(rmin), _F32(rdelta), nstep, False, True, scales, mins, L.reshape(G, 32))
         ls, lm, d_bits, dmin_bits, d, dm = _qkx_super_scales(scales.reshape(nb, 8), mins.reshape(nb, 8))
         k.qkx_final_levels(x, d, dm, nmax, L)
         out[:, 0:2] = d_bits.view(np.uint8).reshape(-1, 2)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import jit
+
 QK_K = 256
 Q2_K_BLOCK_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
 Q3_K_BLOCK_BYTES = 110  # hmask[32] | qs[64] | scales[12] | d f16
@@ -276,7 +278,12 @@ def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q2_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 84]``."""
     nb = xb.shape[0]
     xs = _transpose_sub_blocks(xb)
-    scales, mins, lq = _make_qkx2_quants(xs)
+    k = jit.kernels()
+    if k is None:
+        scales, mins, lq = _make_qkx2_quants(xs)
+    else:  # the same search compiled (see jit); xs.T: one sub-block per row
+        scales, mins, lq = np.empty(xs.shape[1], np.float32), np.empty(xs.shape[1], np.float32), np.empty(xs.shape, np.int32)
+        k.qkx2_search(xs.T, 3, np.float32(-0.5), np.float32(0.1), 15, True, False, scales, mins, lq.T)
     scales = scales.reshape(nb, 16)
     mins = mins.reshape(nb, 16)
     q4scale = np.float32(15)
@@ -414,7 +421,12 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q3_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 110]``."""
     nb = xb.shape[0]
     xs = _transpose_sub_blocks(xb)
-    scales, lq = _make_q3_quants(xs)
+    k = jit.kernels()
+    if k is None:
+        scales, lq = _make_q3_quants(xs)
+    else:  # the same search compiled (see jit); xs.T: one sub-block per row
+        scales, lq = np.empty(xs.shape[1], np.float32), np.empty(xs.shape, np.int32)
+        k.q3_search(xs.T, scales, lq.T)
     scales = scales.reshape(nb, 16)
 
     _, max_scale = _first_max(scales.T, np.abs(scales.T))
