@@ -613,3 +613,61 @@ def q3_search(xg, scales, L):
             scales[g] = _ZERO if (zero[b] or not s2 > _ZERO) else sumlx[b] / s2
             for i in range(16):
                 L[g, i] = 0 if zero[b] else np.int32(LF[i, b]) + 4
+
+
+@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _pack_2bit_block(L, o, qs):
+    """qs[32h + l] = L[o+128h+l] | L[o+128h+32+l] << 2 | ... << 4 | ... << 6 (Q2_K / Q3_K)."""
+    for h in range(2):
+        base = o + 128 * h
+        for j in range(32):
+            qs[32 * h + j] = (L[base + j] | (L[base + 32 + j] << 2) | (L[base + 64 + j] << 4) | (L[base + 96 + j] << 6)) & 0xFF
+
+
+@_njit
+def q2_finish(x, d, dm, L, out):
+    """Q2_K after the scales: levels ``MAX(0, MIN(3, nearest_int((x + dm)/d)))`` per 16-value group
+    (d == 0 keeps the search's, C's ``if (!d) continue;``), packed into ``out[:, 16:80]``.
+
+    x float32 [nb*256]; d, dm float32 [nb*16]; L int32 [nb*256], overwritten; out uint8 [nb, 84].
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        dmg = dm[g]
+        o = g * 16
+        for i in range(16):
+            L[o + i] = max(0, min(3, _nearest_int((x[o + i] + dmg) / dg, fbuf, ibuf)))
+    for blk in range(out.shape[0]):
+        _pack_2bit_block(L, blk * 256, out[blk, 16:80])
+
+
+@_njit
+def q3_finish(x, d, L, out):
+    """Q3_K after the scales: levels ``MAX(-4, MIN(3, nearest_int(x/d))) + 4`` per 16-value group
+    (d == 0 keeps the search's), then hmask (bit j/32 of byte j%32 = third bit of value j) and
+    the 2 low bits, into ``out[:, 0:96]``.
+
+    x float32 [nb*256]; d float32 [nb*16]; L int32 [nb*256], overwritten; out uint8 [nb, 110].
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        o = g * 16
+        for i in range(16):
+            L[o + i] = max(-4, min(3, _nearest_int(x[o + i] / dg, fbuf, ibuf))) + 4
+    for blk in range(out.shape[0]):
+        o = blk * 256
+        for m in range(32):
+            out[blk, m] = 0
+        for j in range(256):
+            if L[o + j] > 3:
+                out[blk, j % 32] |= np.uint8(1 << (j // 32))
+                L[o + j] -= 4
+        _pack_2bit_block(L, o, out[blk, 32:96])
