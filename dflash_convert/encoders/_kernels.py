@@ -143,10 +143,7 @@ def qkx_final_levels(x, d, dm, nmax, L):
         dg = d[g]
         if dg == _ZERO:
             continue
-        dmg = dm[g]
-        o = g * 32
-        for i in range(32):
-            L[o + i] = max(0, min(nmax, _nearest_int((x[o + i] + dmg) / dg, fbuf, ibuf)))
+        _requantize_group(x, g * 32, 32, dm[g], dg, 0, nmax, 0, L, fbuf, ibuf)
 
 
 @_njit
@@ -217,9 +214,7 @@ def qx_final_levels(x, d, L):
         dg = d[g]
         if dg == _ZERO:
             continue
-        o = g * 16
-        for i in range(16):
-            L[o + i] = max(-32, min(31, _nearest_int(x[o + i] / dg, fbuf, ibuf))) + 32
+        _requantize_group(x, g * 16, 16, _ZERO, dg, -32, 31, 32, L, fbuf, ibuf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +237,27 @@ def _round_in_range(t):
 @numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
 def _out_of_range(t):
     return 0 if (t >= _NI_LO and t <= _NI_HI) else 1
+
+
+@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _requantize_group(x, o, n, add, d, lo, hi, offset, L, fbuf, ibuf):
+    """``L[o+i] = MAX(lo, MIN(hi, nearest_int((x[o+i] + add)/d))) + offset`` for i < n: the final
+    rounding of every K-quant. The in-range form first (it vectorises); a group with any argument
+    outside it is redone with the exact nearest_int. (``add`` is 0 where C has a bare ``x/d``:
+    that turns a -0.0 into +0.0, whose quotient rounds to the same level.)"""
+    lo_f = _F32(lo)
+    hi_f = _F32(hi)
+    bad = 0
+    for i in range(n):
+        t = (x[o + i] + add) / d
+        bad += _out_of_range(t)
+        r = _round_in_range(t)
+        r = lo_f if r < lo_f else r
+        r = hi_f if r > hi_f else r
+        L[o + i] = np.int32(r) + offset
+    if bad:
+        for i in range(n):
+            L[o + i] = max(lo, min(hi, _nearest_int((x[o + i] + add) / d, fbuf, ibuf))) + offset
 
 
 @_njit
@@ -637,10 +653,7 @@ def q2_finish(x, d, dm, L, out):
         dg = d[g]
         if dg == _ZERO:
             continue
-        dmg = dm[g]
-        o = g * 16
-        for i in range(16):
-            L[o + i] = max(0, min(3, _nearest_int((x[o + i] + dmg) / dg, fbuf, ibuf)))
+        _requantize_group(x, g * 16, 16, dm[g], dg, 0, 3, 0, L, fbuf, ibuf)
     for blk in range(out.shape[0]):
         _pack_2bit_block(L, blk * 256, out[blk, 16:80])
 
@@ -659,15 +672,15 @@ def q3_finish(x, d, L, out):
         dg = d[g]
         if dg == _ZERO:
             continue
-        o = g * 16
-        for i in range(16):
-            L[o + i] = max(-4, min(3, _nearest_int(x[o + i] / dg, fbuf, ibuf))) + 4
+        _requantize_group(x, g * 16, 16, _ZERO, dg, -4, 3, 4, L, fbuf, ibuf)
     for blk in range(out.shape[0]):
         o = blk * 256
         for m in range(32):
-            out[blk, m] = 0
-        for j in range(256):
-            if L[o + j] > 3:
-                out[blk, j % 32] |= np.uint8(1 << (j // 32))
-                L[o + j] -= 4
+            hm = 0
+            for bit in range(8):
+                j = o + 32 * bit + m
+                high = L[j] > 3
+                hm |= (1 << bit) if high else 0
+                L[j] -= 4 if high else 0
+            out[blk, m] = hm
         _pack_2bit_block(L, o, out[blk, 32:96])
