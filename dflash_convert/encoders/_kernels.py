@@ -684,3 +684,84 @@ def q3_finish(x, d, L, out):
                 L[j] -= 4 if high else 0
             out[blk, m] = hm
         _pack_2bit_block(L, o, out[blk, 32:96])
+
+
+# ---------------------------------------------------------------------------------------------
+# legacy 32-value blocks: Q4_0, Q4_1, Q5_0, Q5_1 (quantize_row_q{4,5}_{0,1}_ref)
+# ---------------------------------------------------------------------------------------------
+
+LEGACY_Q4_0, LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 = 0, 1, 2, 3
+_FLT_MAX = _F32(3.4028234663852886e38)
+_INT32_LO = _F32(-2147483648.0)
+_INT32_HI = _F32(2147483648.0)
+
+
+@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _c_float_to_byte(t):
+    """C's ``(int8_t)t`` / ``(uint8_t)t`` as x86 compiles it: truncate to int32 (cvttss2si: out of
+    range and NaN give INT32_MIN), keep the low byte. Returned as 0..255."""
+    if t >= _INT32_LO and t < _INT32_HI:
+        return np.int64(t) & 0xFF
+    return 0  # INT32_MIN's low byte
+
+
+@_njit
+def legacy_quantize(xb, kind, d, m, qs, qh):
+    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*).
+
+    Writes the float32 scale ``d`` (and minimum ``m``, affine kinds) per block, for the caller to
+    round to fp16, the packed nibbles ``qs`` uint8 [nb, 16] and, for Q5, the fifth bits ``qh``
+    uint32 [nb].
+    """
+    symmetric = kind == LEGACY_Q4_0 or kind == LEGACY_Q5_0
+    five = kind == LEGACY_Q5_0 or kind == LEGACY_Q5_1
+    if kind == LEGACY_Q4_0:
+        div, bias, top = _F32(-8.0), _F32(8.5), 15
+    elif kind == LEGACY_Q5_0:
+        div, bias, top = _F32(-16.0), _F32(16.5), 31
+    elif kind == LEGACY_Q4_1:
+        div, bias, top = _F32(15.0), _F32(0.5), 15
+    else:
+        div, bias, top = _F32(31.0), _F32(0.5), 255  # Q5_1: (uint8_t)(x0 + 0.5f), no MIN
+    q = np.empty(32, np.int64)
+    for blk in range(xb.shape[0]):
+        x = xb[blk]
+        lo = _ZERO
+        if symmetric:
+            amax = _ZERO
+            vmax = _ZERO
+            for j in range(32):
+                a = abs(x[j])
+                if amax < a:
+                    amax = a
+                    vmax = x[j]
+            db = vmax / div
+        else:
+            lo = _FLT_MAX
+            hi = -_FLT_MAX
+            for j in range(32):
+                if x[j] < lo:
+                    lo = x[j]
+                if x[j] > hi:
+                    hi = x[j]
+            db = (hi - lo) / div
+            m[blk] = lo
+        d[blk] = db
+        idb = _ONE / db if db != _ZERO else _ZERO
+        for j in range(32):
+            t = (x[j] * idb) if symmetric else ((x[j] - lo) * idb)
+            byte = _c_float_to_byte(t + bias)
+            if top != 255:  # MIN(top, (int8_t)...), then stored as uint8_t
+                signed = byte - 256 if byte >= 128 else byte
+                byte = min(top, signed) & 0xFF
+            q[j] = byte
+        bits = np.uint32(0)
+        for j in range(16):
+            if five:
+                qs[blk, j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)
+                bits |= np.uint32(((q[j] & 0x10) >> 4) << j)
+                bits |= np.uint32(((q[j + 16] & 0x10) >> 4) << (j + 16))
+            else:  # qs[j] = xi0; qs[j] |= xi1 << 4: no mask on xi0
+                qs[blk, j] = (q[j] | (q[j + 16] << 4)) & 0xFF
+        if five:
+            qh[blk] = bits
