@@ -34,7 +34,7 @@ _TENTH = _F32(0.1)
 _njit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
 
 
-@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _nearest_int(v, fbuf, ibuf):
     if v >= _NI_LO and v <= _NI_HI:
         return np.int64((v + _MAGIC) - _MAGIC)
@@ -228,18 +228,18 @@ def qx_final_levels(x, d, L):
 LANES = 64  # groups per tile: x, weights and levels [32, 64] float32 are 8 KiB each, in L1
 
 
-@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _round_in_range(t):
     """nearest_int(t) as a float, for |t| <= 2**22 - 1 (the caller counts the others)."""
     return (t + _MAGIC) - _MAGIC
 
 
-@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _out_of_range(t):
     return 0 if (t >= _NI_LO and t <= _NI_HI) else 1
 
 
-@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _requantize_group(x, o, n, add, d, lo, hi, offset, L, fbuf, ibuf):
     """``L[o+i] = MAX(lo, MIN(hi, nearest_int((x[o+i] + add)/d))) + offset`` for i < n: the final
     rounding of every K-quant. The in-range form first (it vectorises); a group with any argument
@@ -631,7 +631,7 @@ def q3_search(xg, scales, L):
                 L[g, i] = 0 if zero[b] else np.int32(LF[i, b]) + 4
 
 
-@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _pack_2bit_block(L, o, qs):
     """qs[32h + l] = L[o+128h+l] | L[o+128h+32+l] << 2 | ... << 4 | ... << 6 (Q2_K / Q3_K)."""
     for h in range(2):
@@ -645,7 +645,7 @@ def q2_finish(x, d, dm, L, out):
     """Q2_K after the scales: levels ``MAX(0, MIN(3, nearest_int((x + dm)/d)))`` per 16-value group
     (d == 0 keeps the search's, C's ``if (!d) continue;``), packed into ``out[:, 16:80]``.
 
-    x float32 [nb*256]; d, dm float32 [nb*16]; L int32 [nb*256], overwritten; out uint8 [nb, 84].
+    x float32 [nb*256]; d, dm float32 [nb*16]; L uint8 [nb*256], overwritten; out uint8 [nb, 84].
     """
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
@@ -664,7 +664,7 @@ def q3_finish(x, d, L, out):
     (d == 0 keeps the search's), then hmask (bit j/32 of byte j%32 = third bit of value j) and
     the 2 low bits, into ``out[:, 0:96]``.
 
-    x float32 [nb*256]; d float32 [nb*16]; L int32 [nb*256], overwritten; out uint8 [nb, 110].
+    x float32 [nb*256]; d float32 [nb*16]; L uint8 [nb*256], overwritten; out uint8 [nb, 110].
     """
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
@@ -696,7 +696,7 @@ _INT32_LO = _F32(-2147483648.0)
 _INT32_HI = _F32(2147483648.0)
 
 
-@numba.njit(inline="always", nogil=True, cache=True, error_model="numpy")
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _c_float_to_byte(t):
     """C's ``(int8_t)t`` / ``(uint8_t)t`` as x86 compiles it: truncate to int32 (cvttss2si: out of
     range and NaN give INT32_MIN), keep the low byte. Returned as 0..255."""

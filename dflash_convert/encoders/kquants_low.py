@@ -283,7 +283,7 @@ def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
         scales, mins, lq = _make_qkx2_quants(xs)
     else:  # the same search compiled (see jit), one sub-block per row, levels block-major
         G = nb * 16
-        scales, mins, lq = np.empty(G, np.float32), np.empty(G, np.float32), np.empty((G, 16), np.int32)
+        scales, mins, lq = np.empty(G, np.float32), np.empty(G, np.float32), np.empty((G, 16), np.uint8)
         k.qkx2_search(xb.reshape(G, 16), 3, np.float32(-0.5), np.float32(0.1), 15, True, False, scales, mins, lq)
     scales = scales.reshape(nb, 16)
     mins = mins.reshape(nb, 16)
@@ -428,7 +428,7 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
         xs = _transpose_sub_blocks(xb)
         scales, lq = _make_q3_quants(xs)
     else:  # the same search compiled (see jit), one sub-block per row, levels block-major
-        scales, lq = np.empty(nb * 16, np.float32), np.empty((nb * 16, 16), np.int32)
+        scales, lq = np.empty(nb * 16, np.float32), np.empty((nb * 16, 16), np.uint8)
         k.q3_search(xb.reshape(nb * 16, 16), scales, lq)
     scales = scales.reshape(nb, 16)
 
