@@ -147,36 +147,36 @@ def qkx_final_levels(x, d, dm, nmax, L):
 
 
 @_njit
-def qx_search_exact(x, scales, L, g_start, g_end):
-    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for the 16-value groups g_start..g_end-1
-    of ``x``, one after the other as in C. Any input, inf and NaN included.
+def qx_search_exact(xg, scales, L, g_start, g_end):
+    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for the groups (rows) g_start..g_end-1
+    of ``xg`` [G, 16], one after the other as in C. Any input, inf and NaN included.
 
-    Writes scales float32 [G] and the levels L uint8 [G*16] (l + 32; 0 for an all-zero group).
+    Writes scales float32 [G] and the levels L uint8 [G, 16] (l + 32; 0 for an all-zero group).
     """
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     laux = np.empty(16, np.uint8)
     for g in range(g_start, g_end):
-        o = g * 16
+        x = xg[g]
         amax = _ZERO
         mx = _ZERO
         for i in range(16):
-            ax = abs(x[o + i])
+            ax = abs(x[i])
             if ax > amax:
                 amax = ax
-                mx = x[o + i]
+                mx = x[i]
         if amax < _GROUP_MAX_EPS:
             for i in range(16):
-                L[o + i] = 0
+                L[g, i] = 0
             scales[g] = _ZERO
             continue
         iscale = _NEG_THIRTY_TWO / mx
         sumlx = _ZERO
         suml2 = _ZERO
         for i in range(16):
-            xi = x[o + i]
+            xi = x[i]
             li = max(-32, min(31, _nearest_int(iscale * xi, fbuf, ibuf)))
-            L[o + i] = li + 32
+            L[g, i] = li + 32
             lf = _F32(li)
             wgt = xi * xi
             sumlx += wgt * xi * lf
@@ -190,7 +190,7 @@ def qx_search_exact(x, scales, L, g_start, g_end):
             sumlx = _ZERO
             suml2 = _ZERO
             for i in range(16):
-                xi = x[o + i]
+                xi = x[i]
                 li = max(-32, min(31, _nearest_int(iscale * xi, fbuf, ibuf)))
                 laux[i] = li + 32
                 lf = _F32(li)
@@ -199,7 +199,7 @@ def qx_search_exact(x, scales, L, g_start, g_end):
                 suml2 += wgt * lf * lf
             if suml2 > _ZERO and sumlx * sumlx > best * suml2:
                 for i in range(16):
-                    L[o + i] = laux[i]
+                    L[g, i] = laux[i]
                 scale = sumlx / suml2
                 best = scale * sumlx
         scales[g] = scale
@@ -395,9 +395,9 @@ def qkx2_search(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins
 
 
 @_njit
-def qx_search(x, scales, L):
-    """``qx_search_exact`` for every group of ``x`` (float32 [G*16]), LANES groups at a time."""
-    G = x.size // 16
+def qx_search(xg, scales, L):
+    """``qx_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups at a time."""
+    G = xg.shape[0]
     B = LANES
     X = np.empty((16, B), np.float32)
     W = np.empty((16, B), np.float32)
@@ -416,12 +416,11 @@ def qx_search(x, scales, L):
     for g0 in range(0, G, B):
         n = min(B, G - g0)
         if n < B:
-            qx_search_exact(x, scales, L, g0, G)
+            qx_search_exact(xg, scales, L, g0, G)
             break
         for b in range(B):
-            o = (g0 + b) * 16
             for i in range(16):
-                X[i, b] = x[o + i]
+                X[i, b] = xg[g0 + b, i]
         for b in range(B):
             amax[b] = _ZERO
             mx[b] = _ZERO
@@ -477,17 +476,16 @@ def qx_search(x, scales, L):
                 best[b] = s_ * slx[b] if take else best[b]
                 b_isc[b] = isc[b] if take else b_isc[b]
         if bad:
-            qx_search_exact(x, scales, L, g0, g0 + B)
+            qx_search_exact(xg, scales, L, g0, g0 + B)
             continue
         for b in range(B):
             g = g0 + b
             scales[g] = _ZERO if zero[b] else scale[b]
-            o = g * 16
             for i in range(16):
                 r = _round_in_range(b_isc[b] * X[i, b])
                 r = lo if r < lo else r
                 r = hi if r > hi else r
-                L[o + i] = 0 if zero[b] else np.uint8(np.int32(r) + 32)
+                L[g, i] = 0 if zero[b] else np.uint8(np.int32(r) + 32)
 
 
 @_njit

@@ -716,7 +716,7 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     k = jit.kernels()
     if k is not None:
         scales, L = np.empty(nb * 16, _F32), np.empty(x.size, np.uint8)
-        k.qx_search(x, scales, L)
+        k.qx_search(x.reshape(nb * 16, 16), scales, L.reshape(nb * 16, 16))
         empty, d_bits, sc, d = _qx_super_scales(scales.reshape(nb, 16))
         k.qx_final_levels(x, d, L)
         _pack_q6(out, L, sc, d_bits, empty)
