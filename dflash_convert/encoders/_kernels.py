@@ -697,15 +697,15 @@ _INT32_HI = _F32(2147483648.0)
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _c_float_to_byte(t):
     """C's ``(int8_t)t`` / ``(uint8_t)t`` as x86 compiles it: truncate to int32 (cvttss2si: out of
-    range and NaN give INT32_MIN), keep the low byte. Returned as 0..255."""
-    if t >= _INT32_LO and t < _INT32_HI:
-        return np.int64(t) & 0xFF
-    return 0  # INT32_MIN's low byte
+    range and NaN give INT32_MIN), keep the low byte. Returned as 0..255; a select, so it vectorises."""
+    ok = t >= _INT32_LO and t < _INT32_HI
+    return (np.int64(t) & 0xFF) if ok else 0  # 0: INT32_MIN's low byte
 
 
 @_njit
 def legacy_quantize(xb, kind, d, m, qs, qh):
-    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*).
+    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*),
+    LANES blocks at a time (each lane one block: C's scans become per-lane selects).
 
     Writes the float32 scale ``d`` (and minimum ``m``, affine kinds) per block, for the caller to
     round to fp16, the packed nibbles ``qs`` uint8 [nb, 16] and, for Q5, the fifth bits ``qh``
@@ -721,45 +721,66 @@ def legacy_quantize(xb, kind, d, m, qs, qh):
         div, bias, top = _F32(15.0), _F32(0.5), 15
     else:
         div, bias, top = _F32(31.0), _F32(0.5), 255  # Q5_1: (uint8_t)(x0 + 0.5f), no MIN
-    q = np.empty(32, np.int64)
-    for blk in range(xb.shape[0]):
-        x = xb[blk]
-        lo = _ZERO
-        if symmetric:
-            amax = _ZERO
-            vmax = _ZERO
+    B = LANES
+    X = np.empty((32, B), np.float32)
+    Q = np.empty((32, B), np.int64)
+    lo = np.empty(B, np.float32)
+    hi = np.empty(B, np.float32)
+    idb = np.empty(B, np.float32)
+    nb = xb.shape[0]
+    for g0 in range(0, nb, B):
+        n = min(B, nb - g0)
+        for b in range(n):
             for j in range(32):
-                a = abs(x[j])
-                if amax < a:
-                    amax = a
-                    vmax = x[j]
-            db = vmax / div
-        else:
-            lo = _FLT_MAX
-            hi = -_FLT_MAX
+                X[j, b] = xb[g0 + b, j]
+        if symmetric:  # `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` from 0: lo = amax, hi = max
+            for b in range(n):
+                lo[b] = _ZERO
+                hi[b] = _ZERO
             for j in range(32):
-                if x[j] < lo:
-                    lo = x[j]
-                if x[j] > hi:
-                    hi = x[j]
-            db = (hi - lo) / div
-            m[blk] = lo
-        d[blk] = db
-        idb = _ONE / db if db != _ZERO else _ZERO
+                for b in range(n):
+                    a = abs(X[j, b])
+                    gt = lo[b] < a
+                    lo[b] = a if gt else lo[b]
+                    hi[b] = X[j, b] if gt else hi[b]
+            for b in range(n):
+                db = hi[b] / div
+                d[g0 + b] = db
+                idb[b] = _ONE / db if db != _ZERO else _ZERO
+                lo[b] = _ZERO  # nothing is subtracted below
+        else:  # min = FLT_MAX, max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;
+            for b in range(n):
+                lo[b] = _FLT_MAX
+                hi[b] = -_FLT_MAX
+            for j in range(32):
+                for b in range(n):
+                    v = X[j, b]
+                    lo[b] = v if v < lo[b] else lo[b]
+                    hi[b] = v if v > hi[b] else hi[b]
+            for b in range(n):
+                db = (hi[b] - lo[b]) / div
+                d[g0 + b] = db
+                m[g0 + b] = lo[b]
+                idb[b] = _ONE / db if db != _ZERO else _ZERO
         for j in range(32):
-            t = (x[j] * idb) if symmetric else ((x[j] - lo) * idb)
-            byte = _c_float_to_byte(t + bias)
-            if top != 255:  # MIN(top, (int8_t)...), then stored as uint8_t
-                signed = byte - 256 if byte >= 128 else byte
-                byte = min(top, signed) & 0xFF
-            q[j] = byte
-        bits = np.uint32(0)
-        for j in range(16):
+            for b in range(n):
+                t = (X[j, b] * idb[b]) if symmetric else ((X[j, b] - lo[b]) * idb[b])
+                byte = _c_float_to_byte(t + bias)
+                if top != 255:  # MIN(top, (int8_t)...), then stored as uint8_t
+                    signed = byte - 256 if byte >= 128 else byte
+                    byte = min(top, signed) & 0xFF
+                Q[j, b] = byte
+        for b in range(n):
+            blk = g0 + b
+            bits = np.uint32(0)
+            for j in range(16):
+                q0 = Q[j, b]
+                q1 = Q[j + 16, b]
+                if five:
+                    qs[blk, j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4)
+                    bits |= np.uint32(((q0 & 0x10) >> 4) << j)
+                    bits |= np.uint32(((q1 & 0x10) >> 4) << (j + 16))
+                else:  # qs[j] = xi0; qs[j] |= xi1 << 4: no mask on xi0
+                    qs[blk, j] = (q0 | (q1 << 4)) & 0xFF
             if five:
-                qs[blk, j] = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)
-                bits |= np.uint32(((q[j] & 0x10) >> 4) << j)
-                bits |= np.uint32(((q[j + 16] & 0x10) >> 4) << (j + 16))
-            else:  # qs[j] = xi0; qs[j] |= xi1 << 4: no mask on xi0
-                qs[blk, j] = (q[j] | (q[j + 16] << 4)) & 0xFF
-        if five:
-            qh[blk] = bits
+                qh[blk] = bits
