@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from dflash_convert.encoders import jit
+from dflash_convert.encoders import jit, warm_up_kernels
 
 needs_numba = pytest.mark.skipif(not jit.jit_available(), reason="numba is not installed")
 
@@ -34,6 +34,15 @@ def test_numba_is_chosen_when_installed_and_the_environment_opts_out():
     assert _backend_in_subprocess(None) == "True"
     assert _backend_in_subprocess("0") == "True"
     assert _backend_in_subprocess("1") == "False"
+
+
+@needs_numba
+def test_warm_up_compiles_every_kernel():
+    k = jit.kernels()
+    assert warm_up_kernels() > 0
+    for name in ("qkx2_search", "qkx_final_levels", "qx_search", "qx_final_levels", "q3_search", "q2_finish", "q3_finish",
+                 "legacy_quantize"):
+        assert getattr(k, name).signatures, name
 
 
 def _hard_groups(n_groups: int, size: int, seed: int) -> np.ndarray:

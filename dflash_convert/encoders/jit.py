@@ -38,3 +38,4 @@ def kernels() -> ModuleType | None:
 def jit_available() -> bool:
     """Whether the numba kernels are used."""
     return kernels() is not None
+
