@@ -1,5 +1,9 @@
 """Bit-exact numpy ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
+When numba is installed (see ``jit``) the per-group searches and the final rounding run as
+compiled kernels (``_kernels``) and only the super-block scales and the packing stay here; the
+numpy tiles below are the fallback, and both give the same bytes.
+
 Each function returns the bytes that ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same
 float32 input, i.e. what ``ggml_quantize_chunk`` (and so ``llama-quantize``) produces without an
 importance matrix. Being byte-identical with llama.cpp is the point, so every floating-point step

@@ -1,5 +1,8 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
+With numba installed (see ``jit``) the sub-block searches, the requantization and the packing
+run as compiled kernels (``_kernels``); the numpy code below is the fallback, with the same bytes.
+
 This is what llama-quantize runs for these types when it has no importance matrix, so a GGUF we
 write must hold exactly the bytes it would. The reference C code is a pile of small sequential
 searches per 16-value sub-block; every float step in it is float32 (ggml-base is built without

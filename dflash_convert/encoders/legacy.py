@@ -1,5 +1,8 @@
 """Bit-exact numpy ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
+With numba installed (see ``jit``) one compiled kernel (``_kernels.legacy_quantize``) does the
+work and only the fp16 conversion stays here; the numpy code below is the fallback.
+
 Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
 input. That is what ``ggml_quantize_chunk`` (so ``llama-quantize``) runs for these types without an
 importance matrix: ``quantize_q4_0`` and friends call the ``_ref`` row function when
