@@ -45,6 +45,19 @@ def test_warm_up_compiles_every_kernel():
         assert getattr(k, name).signatures, name
 
 
+def test_numpy_path_when_numba_does_not_import():
+    """An installed-but-broken numba (ImportError, e.g. a numpy it does not support) means the numpy path."""
+    code = ("import sys; sys.modules['numba'] = None\n"  # makes `import numba` raise ImportError
+            "import numpy as np\n"
+            "from dflash_convert.encoders import jit, QUANTIZERS\n"
+            "from dflash_convert.format.ggml import GGMLType\n"
+            "y = QUANTIZERS[GGMLType.Q4_K](np.linspace(-1, 1, 512, dtype=np.float32))\n"
+            "print(jit.jit_available(), y.size)")
+    env = {k: v for k, v in os.environ.items() if k != jit.NO_JIT_ENV}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", str(2 * 144)]
+
+
 def _hard_groups(n_groups: int, size: int, seed: int) -> np.ndarray:
     """[n_groups, size] float32: N(0, 0.02) groups, some on a half-step grid (rounding ties),
     flat and zero groups, 1e-30-wide spreads, subnormals, huge values, and one inf/NaN tile."""

@@ -30,7 +30,7 @@ def kernels() -> ModuleType | None:
         # lazy: numba is optional and takes about half a second to import (llvmlite with it);
         # commands that never quantize should not pay for it
         from . import _kernels
-    except ImportError:
+    except Exception:  # not only ImportError: numba refusing this numpy, or finding no writable cache dir, raises others
         return None
     return _kernels
 
