@@ -81,6 +81,20 @@ def validate_every_conversion_output():
     assert not _CONVERSION_FAILURES, "conversion outputs that fail validate:\n" + "\n".join(_CONVERSION_FAILURES)
 
 
+@pytest.fixture(params=["numba", "numpy"])
+def quantizer_backend(request, monkeypatch) -> str:
+    """Run a quantizer test with the numba kernels and with the pure-numpy fallback: both must give
+    ggml's bytes. The numba leg is skipped where numba is not installed."""
+    from dflash_convert.encoders import jit
+
+    if request.param == "numba":
+        if not jit.jit_available():
+            pytest.skip("numba is not installed (or DFLASH_CONVERT_NO_JIT is set)")
+    else:
+        monkeypatch.setattr(jit, "kernels", lambda: None)
+    return request.param
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if _CONVERSIONS_VALIDATED:
         bad = len(_CONVERSION_FAILURES)

@@ -20,6 +20,8 @@ from dflash_convert.encoders import kquants
 from dflash_convert.encoders.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from dflash_convert.format.ggml import GGMLType
 
+pytestmark = pytest.mark.usefixtures("quantizer_backend")  # every test on both backends (conftest)
+
 QK_K = 256
 _KQ_FIELDS = [("d", 0, 2), ("dmin", 2, 4), ("scales", 4, 16)]
 

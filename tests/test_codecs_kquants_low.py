@@ -18,6 +18,8 @@ from gguf.quants import dequantize
 from dflash_convert.encoders import kquants_low
 from dflash_convert.encoders.kquants_low import quantize_q2_k, quantize_q3_k
 
+pytestmark = pytest.mark.usefixtures("quantizer_backend")  # every test on both backends (conftest)
+
 QK_K = 256
 GGML_Q2_K, GGML_Q3_K = 10, 11
 

@@ -20,6 +20,8 @@ from gguf.quants import dequantize
 
 from dflash_convert.encoders import iq4, legacy
 
+pytestmark = pytest.mark.usefixtures("quantizer_backend")  # every test on both backends (conftest)
+
 F = np.float32
 
 # name: (ggml type id, quantizer, values per block, bytes per block)

@@ -33,7 +33,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 INDEPENDENT_FLOORS = ("commands",)  # no command imports another command
 # third-party modules heavy or optional enough to import only where they are used
-HEAVY = ("torch", "transformers", "tokenizers", "tqdm", "safetensors", "gguf", "matplotlib", "huggingface_hub")
+HEAVY = ("torch", "transformers", "tokenizers", "tqdm", "safetensors", "gguf", "matplotlib", "huggingface_hub", "numba")
 # a lazy import of a module of ours that pulls in nothing heavy, kept on purpose
 ALLOWED_LIGHT_LAZY = {
     # PEP 562: ``import dflash_convert`` stays cheap for the light commands and child processes;

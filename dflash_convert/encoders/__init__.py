@@ -11,11 +11,13 @@ quiets signalling NaNs, so a BF16 checkpoint tensor written as BF16 gets ``quiet
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
 
 from ..format.ggml import BLOCK_GEOMETRY, GGMLType
+from . import jit
 from .floats import FLOAT_WORDS, bf16_to_f16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
 from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
@@ -115,4 +117,17 @@ def can_encode(src: str, dst: GGMLType) -> bool:
     return True
 
 
-__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder"]
+def warm_up_kernels() -> float:
+    """Compile (first time on this machine) or load (from numba's cache) every numba kernel, by
+    running each quantizer on 8 zero super-blocks (the K-quants' lane tiles take 64 groups);
+    returns the seconds it took, 0 without numba. For benchmarks that time the steady state."""
+    if not jit.jit_available():
+        return 0.0
+    t0 = time.perf_counter()
+    block = np.zeros(256 * 8, np.float32)
+    for quantize in QUANTIZERS.values():
+        quantize(block)
+    return time.perf_counter() - t0
+
+
+__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder", "warm_up_kernels"]

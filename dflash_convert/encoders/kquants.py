@@ -1,5 +1,9 @@
 """Bit-exact numpy ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
+When numba is installed (see ``jit``) the per-group searches and the final rounding run as
+compiled kernels (``_kernels``) and only the super-block scales and the packing stay here; the
+numpy tiles below are the fallback, and both give the same bytes.
+
 Each function returns the bytes that ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same
 float32 input, i.e. what ``ggml_quantize_chunk`` (and so ``llama-quantize``) produces without an
 importance matrix. Being byte-identical with llama.cpp is the point, so every floating-point step
@@ -43,6 +47,8 @@ import functools
 from collections.abc import Callable
 
 import numpy as np
+
+from . import jit
 
 __all__ = ["quantize_q4_k", "quantize_q5_k", "quantize_q6_k"]
 
@@ -235,6 +241,32 @@ _PROD_A = np.array([0, 2, 0, 1, 3, 2])  # rows of [sum_w, sum_x, sum_l, sum_l2, 
 _PROD_B = np.array([3, 2, 4, 2, 1, 4])  # ... multiplied pairwise: D = p0 - p1, num_scale = p2 - p3, num_min = p4 - p5
 
 
+def _qkx_super_scales(scales: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The super-block half of quantize_row_q4_K_ref / q5_K_ref, from the groups' scales and mins [nb, 8].
+
+    Returns (ls, lm: the 6-bit scales and mins uint8 [nb, 8], d and dmin fp16 bits [nb], and per
+    group d = fp16(d)*ls, dm = fp16(dmin)*lm float32 [nb*8]).
+    """
+    nb = scales.shape[0]
+    # `if (scale > max_scale) max_scale = scale;` from 0, likewise for mins
+    max_scale = np.zeros(nb, dtype=_F32)
+    max_min = np.zeros(nb, dtype=_F32)
+    for j in range(8):
+        np.putmask(max_scale, scales[:, j] > max_scale, scales[:, j])
+        np.putmask(max_min, mins[:, j] > max_min, mins[:, j])
+    with np.errstate(all="ignore"):
+        inv_scale = np.where(max_scale > 0, _F32(63.0) / max_scale, _ZERO).astype(_F32)
+        inv_min = np.where(max_min > 0, _F32(63.0) / max_min, _ZERO).astype(_F32)
+        # uint8_t ls = nearest_int(...): truncated to 8 bits before MIN(63, ls)
+        ls = np.minimum(_nearest_int(inv_scale[:, None] * scales).astype(np.uint8), np.uint8(63))
+        lm = np.minimum(_nearest_int(inv_min[:, None] * mins).astype(np.uint8), np.uint8(63))
+        d_bits, d16 = _to_fp16(max_scale / _F32(63.0))
+        dmin_bits, dmin16 = _to_fp16(max_min / _F32(63.0))
+        d = (d16[:, None] * ls).reshape(nb * 8)
+        dm = (dmin16[:, None] * lm).reshape(nb * 8)
+    return ls, lm, d_bits, dmin_bits, d, dm
+
+
 class _QkxTile:
     """Scratch and kernels for quantize_row_q4_K_ref / q5_K_ref over ``B`` groups of 32 values."""
 
@@ -391,25 +423,10 @@ class _QkxTile:
         scales = self.ST[1][:G].reshape(nb, 8)
         mins = np.negative(self.VT[3][:G]).reshape(nb, 8)  # *the_min = -min
 
-        # `if (scale > max_scale) max_scale = scale;` from 0, likewise for mins
-        max_scale = np.zeros(nb, dtype=_F32)
-        max_min = np.zeros(nb, dtype=_F32)
-        for j in range(8):
-            np.putmask(max_scale, scales[:, j] > max_scale, scales[:, j])
-            np.putmask(max_min, mins[:, j] > max_min, mins[:, j])
+        ls, lm, d_bits, dmin_bits, d, dm = _qkx_super_scales(scales, mins)
         with np.errstate(all="ignore"):
-            inv_scale = np.where(max_scale > 0, _F32(63.0) / max_scale, _ZERO).astype(_F32)
-            inv_min = np.where(max_min > 0, _F32(63.0) / max_min, _ZERO).astype(_F32)
-            # uint8_t ls = nearest_int(...): truncated to 8 bits before MIN(63, ls)
-            ls = np.minimum(_nearest_int(inv_scale[:, None] * scales).astype(np.uint8), np.uint8(63))
-            lm = np.minimum(_nearest_int(inv_min[:, None] * mins).astype(np.uint8), np.uint8(63))
-            d_bits, d16 = _to_fp16(max_scale / _F32(63.0))
-            dmin_bits, dmin16 = _to_fp16(max_min / _F32(63.0))
-
             # L = MAX(0, MIN(nmax, nearest_int((x + dm)/d))) with d = fp16(d)*sc, dm = fp16(dmin)*m;
             # block-major, straight from x, so the levels need no transposing back
-            d = (d16[:, None] * ls).reshape(G)
-            dm = (dmin16[:, None] * lm).reshape(G)
             xb = x.reshape(G, 32)
             v = np.add(xb, dm[:, None])
             np.divide(v, d[:, None], out=v)
@@ -434,6 +451,18 @@ def _quantize_qkx(x: np.ndarray, name: str, block_bytes: int, nmax: int, rmin: f
     nb = x.size // QK_K
     out = np.empty((nb, block_bytes), dtype=np.uint8)
     if nb == 0:
+        return out.reshape(-1)
+    k = jit.kernels()
+    if k is not None:
+        G = nb * 8
+        scales, mins, L = np.empty(G, _F32), np.empty(G, _F32), np.empty(x.size, np.uint8)
+        k.qkx2_search(x.reshape(G, 32), nmax, _F32(rmin), _F32(rdelta), nstep, False, True, scales, mins, L.reshape(G, 32))
+        ls, lm, d_bits, dmin_bits, d, dm = _qkx_super_scales(scales.reshape(nb, 8), mins.reshape(nb, 8))
+        k.qkx_final_levels(x, d, dm, nmax, L)
+        out[:, 0:2] = d_bits.view(np.uint8).reshape(-1, 2)
+        out[:, 2:4] = dmin_bits.view(np.uint8).reshape(-1, 2)
+        out[:, 4:16] = _pack_scales_k4(ls, lm)
+        pack(out, L.view(np.uint64).reshape(-1, 4, 2, 4))
         return out.reshape(-1)
     per_tile = _QKX_TILE_GROUPS // 8
     B = min(nb, per_tile) * 8
@@ -494,6 +523,43 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
 # --------------------------------------------------------------------------------------------
+
+def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The super-block half of quantize_row_q6_K_ref from the groups' scales [nb, 16]: (empty
+    blocks [nb] (memset to 0), d fp16 bits [nb], the int8 scales [nb, 16], d = fp16(d)*scale per group [nb*16])."""
+    nb = scales.shape[0]
+    # `if (fabsf(scale) > max_abs_scale) { max_abs_scale = fabsf(scale); max_scale = scale; }`
+    abs_scales = np.abs(scales)
+    max_abs = np.zeros(nb, dtype=_F32)
+    max_scale = np.zeros(nb, dtype=_F32)
+    for j in range(16):
+        gt = abs_scales[:, j] > max_abs
+        np.putmask(max_abs, gt, abs_scales[:, j])
+        np.putmask(max_scale, gt, scales[:, j])
+    empty = max_abs < _GROUP_MAX_EPS  # the whole block is memset to 0 (and d = fp16(0) = 0)
+
+    with np.errstate(all="ignore"):
+        iscale = _F32(-128.0) / max_scale
+        d_bits, d16 = _to_fp16(_F32(1.0) / iscale)  # d = fp16(1/iscale)
+        sc = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # MIN(127, ...) into int8_t
+        d = (d16[:, None] * sc).reshape(nb * 16)
+    return empty, d_bits, sc, d
+
+
+def _pack_q6(out: np.ndarray, L: np.ndarray, sc: np.ndarray, d_bits: np.ndarray, empty: np.ndarray) -> None:
+    """block_q6_K bytes into ``out`` [nb, 210] from the levels (l + 32) uint8 [nb*256]."""
+    nb = out.shape[0]
+    # Eight levels per uint64 (all < 64, so no shift carries into the next byte)
+    L64 = L.reshape(nb, QK_K).view(np.uint64)
+    lo = (L64 & np.uint64(0x0F0F0F0F0F0F0F0F)).reshape(nb, 2, 2, 8)  # [block, half, +0/+64, 64 levels]
+    out[:, 0:128] = (lo[:, :, 0] | (lo[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(nb, 128)
+    hb = ((L64 >> np.uint64(4)) & np.uint64(0x0303030303030303)).reshape(nb, 2, 4, 4)  # [block, half, +32k, 32]
+    qh = hb[:, :, 0] | (hb[:, :, 1] << np.uint64(2)) | (hb[:, :, 2] << np.uint64(4)) | (hb[:, :, 3] << np.uint64(6))
+    out[:, 128:192] = qh.view(np.uint8).reshape(nb, 64)
+    out[:, 192:208] = sc.view(np.uint8)
+    out[:, 208:210] = d_bits.view(np.uint8).reshape(nb, 2)
+    out[empty] = 0
+
 
 class _QxTile:
     """Scratch and kernels for quantize_row_q6_K_ref over ``B`` groups of 16 values."""
@@ -618,23 +684,10 @@ class _QxTile:
         zero = self.search(finite)
         scales = self.ST[0][:G].reshape(nb, 16)
 
-        # `if (fabsf(scale) > max_abs_scale) { max_abs_scale = fabsf(scale); max_scale = scale; }`
-        abs_scales = np.abs(scales)
-        max_abs = np.zeros(nb, dtype=_F32)
-        max_scale = np.zeros(nb, dtype=_F32)
-        for j in range(16):
-            gt = abs_scales[:, j] > max_abs
-            np.putmask(max_abs, gt, abs_scales[:, j])
-            np.putmask(max_scale, gt, scales[:, j])
-        empty = max_abs < _GROUP_MAX_EPS  # the whole block is memset to 0 (and d = fp16(0) = 0)
-
+        empty, d_bits, sc, d = _qx_super_scales(scales)
         with np.errstate(all="ignore"):
-            iscale = _F32(-128.0) / max_scale
-            d_bits, d16 = _to_fp16(_F32(1.0) / iscale)  # d = fp16(1/iscale)
-            sc = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # MIN(127, ...) into int8_t
             # L = MAX(-32, MIN(31, nearest_int(x/d))) + 32 with d = fp16(d)*scale; block-major,
             # straight from x, so the levels need no transposing back
-            d = (d16[:, None] * sc).reshape(G)
             v = np.divide(x.reshape(G, 16), d[:, None])
             np.add(v, _MAGIC, out=v)
             li = v.view(np.int32)
@@ -649,16 +702,7 @@ class _QxTile:
                 lk[zero[skip]] = 0  # make_qx_quants' all-zero early return leaves 0, not nmax
                 L[skip] = lk.astype(np.uint8)
 
-        # Eight levels per uint64 (all < 64, so no shift carries into the next byte)
-        L64 = L.reshape(nb, QK_K).view(np.uint64)
-        lo = (L64 & np.uint64(0x0F0F0F0F0F0F0F0F)).reshape(nb, 2, 2, 8)  # [block, half, +0/+64, 64 levels]
-        out[:, 0:128] = (lo[:, :, 0] | (lo[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(nb, 128)
-        hb = ((L64 >> np.uint64(4)) & np.uint64(0x0303030303030303)).reshape(nb, 2, 4, 4)  # [block, half, +32k, 32]
-        qh = hb[:, :, 0] | (hb[:, :, 1] << np.uint64(2)) | (hb[:, :, 2] << np.uint64(4)) | (hb[:, :, 3] << np.uint64(6))
-        out[:, 128:192] = qh.view(np.uint8).reshape(nb, 64)
-        out[:, 192:208] = sc.view(np.uint8)
-        out[:, 208:210] = d_bits.view(np.uint8).reshape(nb, 2)
-        out[empty] = 0
+        _pack_q6(out, L, sc, d_bits, empty)
 
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
@@ -672,6 +716,14 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     nb = x.size // QK_K
     out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
     if nb == 0:
+        return out.reshape(-1)
+    k = jit.kernels()
+    if k is not None:
+        scales, L = np.empty(nb * 16, _F32), np.empty(x.size, np.uint8)
+        k.qx_search(x.reshape(nb * 16, 16), scales, L.reshape(nb * 16, 16))
+        empty, d_bits, sc, d = _qx_super_scales(scales.reshape(nb, 16))
+        k.qx_final_levels(x, d, L)
+        _pack_q6(out, L, sc, d_bits, empty)
         return out.reshape(-1)
     per_tile = _QX_TILE_GROUPS // 16
     B = min(nb, per_tile) * 16

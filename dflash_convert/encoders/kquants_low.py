@@ -1,5 +1,8 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
+With numba installed (see ``jit``) the sub-block searches, the requantization and the packing
+run as compiled kernels (``_kernels``); the numpy code below is the fallback, with the same bytes.
+
 This is what llama-quantize runs for these types when it has no importance matrix, so a GGUF we
 write must hold exactly the bytes it would. The reference C code is a pile of small sequential
 searches per 16-value sub-block; every float step in it is float32 (ggml-base is built without
@@ -36,6 +39,8 @@ while amortising numpy's per-call cost. The functions are pure; every buffer is 
 from __future__ import annotations
 
 import numpy as np
+
+from . import jit
 
 QK_K = 256
 Q2_K_BLOCK_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
@@ -275,8 +280,14 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q2_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 84]``."""
     nb = xb.shape[0]
-    xs = _transpose_sub_blocks(xb)
-    scales, mins, lq = _make_qkx2_quants(xs)
+    k = jit.kernels()
+    if k is None:
+        xs = _transpose_sub_blocks(xb)
+        scales, mins, lq = _make_qkx2_quants(xs)
+    else:  # the same search compiled (see jit), one sub-block per row, levels block-major
+        G = nb * 16
+        scales, mins, lq = np.empty(G, np.float32), np.empty(G, np.float32), np.empty((G, 16), np.uint8)
+        k.qkx2_search(xb.reshape(G, 16), 3, np.float32(-0.5), np.float32(0.1), 15, True, False, scales, mins, lq)
     scales = scales.reshape(nb, 16)
     mins = mins.reshape(nb, 16)
     q4scale = np.float32(15)
@@ -297,13 +308,15 @@ def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     # requantize with the rounded scales; a sub-block whose scale rounds to 0 keeps its L
     d = (d16.astype(np.float32)[:, None] * (sc & 0xF).astype(np.float32)).reshape(-1)
     dm = (dmin16.astype(np.float32)[:, None] * (sc >> 4).astype(np.float32)).reshape(-1)
-    v = np.add(xs, dm)
-    np.divide(v, d, out=v)
-    lnew = _round_clamp(v, 0, 3, np.empty(xs.shape, np.int32))
-    np.copyto(lq, lnew, where=d != 0)  # C: if (!d) continue; a NaN d goes on
-
+    if k is None:
+        v = np.add(xs, dm)
+        np.divide(v, d, out=v)
+        lnew = _round_clamp(v, 0, 3, np.empty(xs.shape, np.int32))
+        np.copyto(lq, lnew, where=d != 0)  # C: if (!d) continue; a NaN d goes on
+        out[:, 16:80] = _pack_2bit(lq.T.reshape(nb, QK_K))
+    else:
+        k.q2_finish(xb.reshape(-1), d, dm, lq.reshape(-1), out)
     out[:, 0:16] = sc.astype(np.uint8)
-    out[:, 16:80] = _pack_2bit(lq.T.reshape(nb, QK_K))
     out[:, 80:82] = _f16_bytes(d16)
     out[:, 82:84] = _f16_bytes(dmin16)
 
@@ -413,8 +426,13 @@ def _make_q3_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q3_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 110]``."""
     nb = xb.shape[0]
-    xs = _transpose_sub_blocks(xb)
-    scales, lq = _make_q3_quants(xs)
+    k = jit.kernels()
+    if k is None:
+        xs = _transpose_sub_blocks(xb)
+        scales, lq = _make_q3_quants(xs)
+    else:  # the same search compiled (see jit), one sub-block per row, levels block-major
+        scales, lq = np.empty(nb * 16, np.float32), np.empty((nb * 16, 16), np.uint8)
+        k.q3_search(xb.reshape(nb * 16, 16), scales, lq)
     scales = scales.reshape(nb, 16)
 
     _, max_scale = _first_max(scales.T, np.abs(scales.T))
@@ -435,21 +453,24 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
 
     # requantize with the 6-bit scales (decoded: stored - 32); a zero scale keeps L
     d = (d16.astype(np.float32)[:, None] * (li - 32).astype(np.float32)).reshape(-1)
-    v = np.divide(xs, d)
-    lnew = _round_clamp(v, -4, 3, np.empty(xs.shape, np.int32))
-    lnew += 4
-    np.copyto(lq, lnew, where=d != 0)  # C: if (!d) continue; a NaN d goes on
+    if k is None:
+        v = np.divide(xs, d)
+        lnew = _round_clamp(v, -4, 3, np.empty(xs.shape, np.int32))
+        lnew += 4
+        np.copyto(lq, lnew, where=d != 0)  # C: if (!d) continue; a NaN d goes on
 
-    lq = lq.T.reshape(nb, QK_K)
-    high = lq > 3
-    lq -= 4 * high
-    hb = high.reshape(nb, 8, 32).astype(np.uint8)  # value 32*k + m -> bit k of hmask[m]
-    hmask = np.zeros((nb, 32), np.uint8)
-    for k in range(8):
-        hmask |= hb[:, k] << k
+        lq = lq.T.reshape(nb, QK_K)
+        high = lq > 3
+        lq -= 4 * high
+        hb = high.reshape(nb, 8, 32).astype(np.uint8)  # value 32*k + m -> bit k of hmask[m]
+        hmask = np.zeros((nb, 32), np.uint8)
+        for bit in range(8):
+            hmask |= hb[:, bit] << bit
 
-    out[:, 0:32] = hmask
-    out[:, 32:96] = _pack_2bit(lq)
+        out[:, 0:32] = hmask
+        out[:, 32:96] = _pack_2bit(lq)
+    else:
+        k.q3_finish(xb.reshape(-1), d, lq.reshape(-1), out)
     out[:, 96:108] = packed.astype(np.uint8)
     out[:, 108:110] = _f16_bytes(d16)
 

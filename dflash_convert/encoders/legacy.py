@@ -1,5 +1,8 @@
 """Bit-exact numpy ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
+With numba installed (see ``jit``) one compiled kernel (``_kernels.legacy_quantize``) does the
+work and only the fp16 conversion stays here; the numpy code below is the fallback.
+
 Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
 input. That is what ``ggml_quantize_chunk`` (so ``llama-quantize``) runs for these types without an
 importance matrix: ``quantize_q4_0`` and friends call the ``_ref`` row function when
@@ -30,6 +33,8 @@ thread pool.
 from __future__ import annotations
 
 import numpy as np
+
+from . import jit
 
 __all__ = ["quantize_q4_0", "quantize_q4_1", "quantize_q5_0", "quantize_q5_1"]
 
@@ -189,12 +194,34 @@ def _fifth_bits(q: np.ndarray) -> np.ndarray:
     return np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=1, bitorder="little")
 
 
+def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | None:
+    """The compiled quantizer (see ``jit``), or None without numba. Same bytes as the numpy path."""
+    k = jit.kernels()
+    if k is None:
+        return None
+    xb = as_blocks(x, QK)
+    nb = xb.shape[0]
+    out = np.empty(nb, block)
+    d, m = np.empty(nb, _F32), np.empty(nb, _F32)
+    qh = np.empty(nb, np.uint32)
+    k.legacy_quantize(xb, getattr(k, f"LEGACY_{name}"), d, m, out["qs"], qh)
+    out["d"] = fp16_bits(d)
+    if "m" in block.names:
+        out["m"] = fp16_bits(m)
+    if "qh" in block.names:
+        out["qh"] = qh.astype("<u4").view(np.uint8).reshape(nb, 4)
+    return out.view(np.uint8)
+
+
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     """float32 ``(n*32,)`` -> Q4_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of nibbles.
 
     Symmetric 4-bit: ``d = max / -8`` (max = signed value of largest magnitude), so that value maps
     to -8 and the grid spans [-8, 7]; ``q = MIN(15, (int8_t)(x/d + 8.5f))``.
     """
+    fast = _quantize_jit(x, "Q4_0", BLOCK_Q4_0)
+    if fast is not None:
+        return fast
     xb = as_blocks(x, QK)
     d, q = _quant_symmetric(xb, 8, 8.5, 15)
     out = np.empty(xb.shape[0], BLOCK_Q4_0)
@@ -208,6 +235,9 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
     Affine 4-bit over [min, max]: ``d = (max - min) / 15``, ``q = MIN(15, (int8_t)((x - min)/d + 0.5f))``.
     """
+    fast = _quantize_jit(x, "Q4_1", BLOCK_Q4_1)
+    if fast is not None:
+        return fast
     xb = as_blocks(x, QK)
     d, mn, t = _quant_affine(xb, 15)
     q = _truncate_to_byte(t)
@@ -226,6 +256,9 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     Symmetric 5-bit: ``d = max / -16``, ``q = MIN(31, (int8_t)(x/d + 16.5f))``; low nibbles in
     ``qs`` as Q4_0, bit 4 of quant p in bit p of ``qh``.
     """
+    fast = _quantize_jit(x, "Q5_0", BLOCK_Q5_0)
+    if fast is not None:
+        return fast
     xb = as_blocks(x, QK)
     d, q = _quant_symmetric(xb, 16, 16.5, 31)
     out = np.empty(xb.shape[0], BLOCK_Q5_0)
@@ -241,6 +274,9 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
     Affine 5-bit: ``d = (max - min) / 31``, ``q = (uint8_t)((x - min)/d + 0.5f)`` (no clamp in C:
     the largest value lands on 31 at most).
     """
+    fast = _quantize_jit(x, "Q5_1", BLOCK_Q5_1)
+    if fast is not None:
+        return fast
     xb = as_blocks(x, QK)
     d, mn, t = _quant_affine(xb, 31)
     q = _truncate_to_byte(t).view(np.uint8)

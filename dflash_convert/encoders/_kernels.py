@@ -1,0 +1,786 @@
+"""numba ports of ggml's per-group K-quant searches, loop for loop (see ``jit`` for when they run).
+
+Importing this module imports numba; only ``jit.kernels()`` does, lazily. Each kernel is the C
+code of ``ggml-quants.c`` written again, with the rules the numpy ports follow (see ``kquants``):
+every value and constant is float32 (C's ``f`` literals; an int meeting a float is converted to
+float first, as in C), sums run in index order, and there is no fastmath, so LLVM neither
+contracts ``a*b + c`` into an FMA nor reassociates a sum: each operation rounds once, as in
+ggml-base, which is built without FMA. A float64 creeping in would change bits, so every constant
+is a named float32 and each accumulator starts from one.
+
+``nearest_int`` is C's magic-number trick. In its valid range (|v| <= 2**22 - 1) ``(v + M) - M``
+is exactly the rounded value; outside it (and for inf/NaN) the kernels reinterpret the float's
+bits through a one-element scratch array, as C's memcpy does, so garbage is reproduced too.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_F32 = np.float32
+_ZERO = _F32(0.0)
+_ONE = _F32(1.0)
+_MAGIC = _F32(12582912.0)
+_NI_HI = _F32(4194303.0)
+_NI_LO = _F32(-4194303.0)
+_GROUP_MAX_EPS = _F32(1e-15)
+_THIRTY_TWO = _F32(32.0)
+_NEG_THIRTY_TWO = _F32(-32.0)
+_TENTH = _F32(0.1)
+
+# nogil: the pipeline encodes on a thread pool. cache: compile once per machine. error_model
+# numpy: a float division by zero gives inf/NaN as in C instead of raising.
+_njit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _nearest_int(v, fbuf, ibuf):
+    if v >= _NI_LO and v <= _NI_HI:
+        return np.int64((v + _MAGIC) - _MAGIC)
+    fbuf[0] = v + _MAGIC
+    return np.int64((ibuf[0] & 0x7FFFFF) - 0x400000)
+
+
+@_njit
+def qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g_start, g_end):
+    """``make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, mad)`` for
+    the groups (rows) g_start..g_end-1 of ``xg`` [G, n], one after the other as in C. Any input,
+    inf and NaN included.
+
+    Weights: quantize_row_q4_K_ref's / q5_K's ``av_x + |x|`` (av_x = sqrtf(sum x*x / n)) when
+    ``av_weights``, else Q2_K's ``|x|``. Writes scales, the_mins float32 [G] and the search's
+    levels into L [G, n].
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    n = xg.shape[1]
+    w = np.empty(n, np.float32)
+    laux = np.empty(n, np.int32)
+    nmax_f = _F32(nmax)
+    n_f = _F32(n)
+    for g in range(g_start, g_end):
+        x = xg[g]
+        if av_weights:
+            sum_x2 = _ZERO
+            for i in range(n):
+                sum_x2 += x[i] * x[i]
+            av_x = np.sqrt(sum_x2 / n_f)
+            for i in range(n):
+                w[i] = av_x + abs(x[i])
+        else:
+            for i in range(n):
+                w[i] = abs(x[i])
+        mn = x[0]
+        mx = x[0]
+        sum_w = w[0]
+        sum_x = sum_w * x[0]
+        for i in range(1, n):
+            xi = x[i]
+            if xi < mn:
+                mn = xi
+            if xi > mx:
+                mx = xi
+            sum_w += w[i]
+            sum_x += w[i] * xi
+        if mn > _ZERO:
+            mn = _ZERO
+        if mx == mn:
+            for i in range(n):
+                L[g, i] = 0
+            the_mins[g] = -mn
+            scales[g] = _ZERO
+            continue
+        iscale = nmax_f / (mx - mn)
+        scale = _ONE / iscale
+        best_error = _ZERO
+        for i in range(n):
+            li = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn), fbuf, ibuf)))
+            L[g, i] = li
+            diff = scale * _F32(li) + mn - x[i]
+            best_error += w[i] * (abs(diff) if mad else diff * diff)
+        for step in range(nstep + 1):
+            iscale = (rmin + rdelta * _F32(step) + nmax_f) / (mx - mn)
+            sum_l = _ZERO
+            sum_l2 = _ZERO
+            sum_xl = _ZERO
+            for i in range(n):
+                li = max(0, min(nmax, _nearest_int(iscale * (x[i] - mn), fbuf, ibuf)))
+                laux[i] = li
+                lf = _F32(li)
+                wl = w[i] * lf
+                sum_l += wl
+                sum_l2 += wl * lf
+                sum_xl += wl * x[i]
+            D = sum_w * sum_l2 - sum_l * sum_l
+            if D > _ZERO:
+                this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+                this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+                if this_min > _ZERO:
+                    this_min = _ZERO
+                    this_scale = sum_xl / sum_l2
+                cur_error = _ZERO
+                for i in range(n):
+                    diff = this_scale * _F32(laux[i]) + this_min - x[i]
+                    cur_error += w[i] * (abs(diff) if mad else diff * diff)
+                if cur_error < best_error:
+                    for i in range(n):
+                        L[g, i] = laux[i]
+                    best_error = cur_error
+                    scale = this_scale
+                    mn = this_min
+        scales[g] = scale
+        the_mins[g] = -mn
+
+
+@_njit
+def qkx_final_levels(x, d, dm, nmax, L):
+    """``L = MAX(0, MIN(nmax, nearest_int((x + dm)/d)))`` per 32-value group; groups with d == 0
+    keep the search's levels (C's ``if (!d) continue;``)."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        _requantize_group(x, g * 32, 32, dm[g], dg, 0, nmax, 0, L, fbuf, ibuf)
+
+
+@_njit
+def qx_search_exact(xg, scales, L, g_start, g_end):
+    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for the groups (rows) g_start..g_end-1
+    of ``xg`` [G, 16], one after the other as in C. Any input, inf and NaN included.
+
+    Writes scales float32 [G] and the levels L uint8 [G, 16] (l + 32; 0 for an all-zero group).
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    laux = np.empty(16, np.uint8)
+    for g in range(g_start, g_end):
+        x = xg[g]
+        amax = _ZERO
+        mx = _ZERO
+        for i in range(16):
+            ax = abs(x[i])
+            if ax > amax:
+                amax = ax
+                mx = x[i]
+        if amax < _GROUP_MAX_EPS:
+            for i in range(16):
+                L[g, i] = 0
+            scales[g] = _ZERO
+            continue
+        iscale = _NEG_THIRTY_TWO / mx
+        sumlx = _ZERO
+        suml2 = _ZERO
+        for i in range(16):
+            xi = x[i]
+            li = max(-32, min(31, _nearest_int(iscale * xi, fbuf, ibuf)))
+            L[g, i] = li + 32
+            lf = _F32(li)
+            wgt = xi * xi
+            sumlx += wgt * xi * lf
+            suml2 += wgt * lf * lf
+        scale = sumlx / suml2 if suml2 != _ZERO else _ZERO
+        best = scale * sumlx
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            iscale = -(_THIRTY_TWO + _TENTH * _F32(step)) / mx
+            sumlx = _ZERO
+            suml2 = _ZERO
+            for i in range(16):
+                xi = x[i]
+                li = max(-32, min(31, _nearest_int(iscale * xi, fbuf, ibuf)))
+                laux[i] = li + 32
+                lf = _F32(li)
+                wgt = xi * xi
+                sumlx += wgt * xi * lf
+                suml2 += wgt * lf * lf
+            if suml2 > _ZERO and sumlx * sumlx > best * suml2:
+                for i in range(16):
+                    L[g, i] = laux[i]
+                scale = sumlx / suml2
+                best = scale * sumlx
+        scales[g] = scale
+
+
+@_njit
+def qx_final_levels(x, d, L):
+    """``L = MAX(-32, MIN(31, nearest_int(x/d))) + 32`` per 16-value group; d == 0 keeps the search's."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        _requantize_group(x, g * 16, 16, _ZERO, dg, -32, 31, 32, L, fbuf, ibuf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lane kernels: the same searches for LANES groups at once, so that LLVM vectorises across groups
+# (each group's sums still run in index order: a lane is one group). C's per-group branches become
+# per-lane selects. Rounding takes the in-range form of nearest_int only; a tile where any
+# argument falls outside it (only non-finite or absurdly spread input) is redone by the exact
+# kernel, so the result is C's either way.
+# ---------------------------------------------------------------------------------------------
+
+LANES = 64  # groups per tile: x, weights and levels [32, 64] float32 are 8 KiB each, in L1
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _round_in_range(t):
+    """nearest_int(t) as a float, for |t| <= 2**22 - 1 (the caller counts the others)."""
+    return (t + _MAGIC) - _MAGIC
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _out_of_range(t):
+    return 0 if (t >= _NI_LO and t <= _NI_HI) else 1
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _requantize_group(x, o, n, add, d, lo, hi, offset, L, fbuf, ibuf):
+    """``L[o+i] = MAX(lo, MIN(hi, nearest_int((x[o+i] + add)/d))) + offset`` for i < n: the final
+    rounding of every K-quant. The in-range form first (it vectorises); a group with any argument
+    outside it is redone with the exact nearest_int. (``add`` is 0 where C has a bare ``x/d``:
+    that turns a -0.0 into +0.0, whose quotient rounds to the same level.)"""
+    lo_f = _F32(lo)
+    hi_f = _F32(hi)
+    bad = 0
+    for i in range(n):
+        t = (x[o + i] + add) / d
+        bad += _out_of_range(t)
+        r = _round_in_range(t)
+        r = lo_f if r < lo_f else r
+        r = hi_f if r > hi_f else r
+        L[o + i] = np.int32(r) + offset
+    if bad:
+        for i in range(n):
+            L[o + i] = max(lo, min(hi, _nearest_int((x[o + i] + add) / d, fbuf, ibuf))) + offset
+
+
+@_njit
+def qkx2_search(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L):
+    """``qkx2_search_exact`` for every group (row) of ``xg`` [G, n], LANES groups at a time."""
+    G, n = xg.shape
+    B = LANES
+    X = np.empty((n, B), np.float32)
+    W = np.empty((n, B), np.float32)
+    T = np.empty((n, B), np.float32)
+    mn = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    sw = np.empty(B, np.float32)
+    sx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    scale = np.empty(B, np.float32)
+    best = np.empty(B, np.float32)
+    b_isc = np.empty(B, np.float32)
+    b_mn = np.empty(B, np.float32)
+    sl = np.empty(B, np.float32)
+    sl2 = np.empty(B, np.float32)
+    sxl = np.empty(B, np.float32)
+    ts = np.empty(B, np.float32)
+    tm = np.empty(B, np.float32)
+    dd = np.empty(B, np.float32)
+    cur = np.empty(B, np.float32)
+    flat = np.empty(B, np.bool_)
+    nmax_f = _F32(nmax)
+    n_f = _F32(n)
+    for g0 in range(0, G, B):
+        if G - g0 < B:  # a partial tile: C's loop, group by group
+            qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g0, G)
+            break
+        for b in range(B):
+            for i in range(n):
+                X[i, b] = xg[g0 + b, i]
+        if av_weights:  # weights[l] = av_x + fabsf(x[l]), av_x = sqrtf(sum_x2/n)
+            for b in range(B):
+                sl[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    sl[b] += X[i, b] * X[i, b]
+            for b in range(B):
+                sl[b] = np.sqrt(sl[b] / n_f)
+            for i in range(n):
+                for b in range(B):
+                    W[i, b] = sl[b] + abs(X[i, b])
+        else:
+            for i in range(n):
+                for b in range(B):
+                    W[i, b] = abs(X[i, b])
+        for b in range(B):
+            mn[b] = X[0, b]
+            mx[b] = X[0, b]
+            sw[b] = W[0, b]
+            sx[b] = W[0, b] * X[0, b]
+        for i in range(1, n):
+            for b in range(B):
+                xi = X[i, b]
+                mn[b] = xi if xi < mn[b] else mn[b]
+                mx[b] = xi if xi > mx[b] else mx[b]
+                sw[b] += W[i, b]
+                sx[b] += W[i, b] * xi
+        for b in range(B):
+            mn[b] = _ZERO if mn[b] > _ZERO else mn[b]
+            flat[b] = mx[b] == mn[b]
+            # flat groups return early in C; iscale 0 keeps their lanes harmless (levels 0, D = 0)
+            isc[b] = _ZERO if flat[b] else nmax_f / (mx[b] - mn[b])
+            scale[b] = _ONE / isc[b]
+            best[b] = _ZERO
+            b_isc[b] = isc[b]
+            b_mn[b] = mn[b]
+        bad = 0
+        for i in range(n):
+            for b in range(B):
+                t = isc[b] * (X[i, b] - mn[b])
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = _ZERO if r < _ZERO else r
+                r = nmax_f if r > nmax_f else r
+                diff = scale[b] * r + mn[b] - X[i, b]
+                best[b] += W[i, b] * (abs(diff) if mad else diff * diff)
+        for step in range(nstep + 1):
+            c = rmin + rdelta * _F32(step) + nmax_f
+            for b in range(B):
+                isc[b] = _ZERO if flat[b] else c / (mx[b] - mn[b])
+                sl[b] = _ZERO
+                sl2[b] = _ZERO
+                sxl[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    t = isc[b] * (X[i, b] - mn[b])
+                    bad += _out_of_range(t)
+                    r = _round_in_range(t)
+                    r = _ZERO if r < _ZERO else r
+                    r = nmax_f if r > nmax_f else r
+                    T[i, b] = r
+                    wl = W[i, b] * r
+                    sl[b] += wl
+                    sl2[b] += wl * r
+                    sxl[b] += wl * X[i, b]
+            for b in range(B):
+                D = sw[b] * sl2[b] - sl[b] * sl[b]
+                dd[b] = D
+                s_ = (sw[b] * sxl[b] - sx[b] * sl[b]) / D
+                m_ = (sl2[b] * sx[b] - sl[b] * sxl[b]) / D
+                pos = m_ > _ZERO
+                ts[b] = sxl[b] / sl2[b] if pos else s_
+                tm[b] = _ZERO if pos else m_
+                cur[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    diff = ts[b] * T[i, b] + tm[b] - X[i, b]
+                    cur[b] += W[i, b] * (abs(diff) if mad else diff * diff)
+            for b in range(B):
+                take = dd[b] > _ZERO and cur[b] < best[b]
+                best[b] = cur[b] if take else best[b]
+                scale[b] = ts[b] if take else scale[b]
+                b_isc[b] = isc[b] if take else b_isc[b]
+                b_mn[b] = mn[b] if take else b_mn[b]
+                mn[b] = tm[b] if take else mn[b]
+        if bad:
+            qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g0, g0 + B)
+            continue
+        for b in range(B):
+            g = g0 + b
+            scales[g] = _ZERO if flat[b] else scale[b]
+            the_mins[g] = -mn[b]
+            # the accepted step's levels, recomputed from the iscale and min that made them
+            for i in range(n):
+                r = _round_in_range(b_isc[b] * (X[i, b] - b_mn[b]))
+                r = _ZERO if r < _ZERO else r
+                r = nmax_f if r > nmax_f else r
+                L[g, i] = 0 if flat[b] else np.int32(r)
+
+
+@_njit
+def qx_search(xg, scales, L):
+    """``qx_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups at a time."""
+    G = xg.shape[0]
+    B = LANES
+    X = np.empty((16, B), np.float32)
+    W = np.empty((16, B), np.float32)
+    WX = np.empty((16, B), np.float32)
+    amax = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    b_isc = np.empty(B, np.float32)
+    scale = np.empty(B, np.float32)
+    best = np.empty(B, np.float32)
+    slx = np.empty(B, np.float32)
+    sl2 = np.empty(B, np.float32)
+    zero = np.empty(B, np.bool_)
+    lo = _F32(-32.0)
+    hi = _F32(31.0)
+    for g0 in range(0, G, B):
+        n = min(B, G - g0)
+        if n < B:
+            qx_search_exact(xg, scales, L, g0, G)
+            break
+        for b in range(B):
+            for i in range(16):
+                X[i, b] = xg[g0 + b, i]
+        for b in range(B):
+            amax[b] = _ZERO
+            mx[b] = _ZERO
+        for i in range(16):
+            for b in range(B):
+                xi = X[i, b]
+                ax = abs(xi)
+                gt = ax > amax[b]
+                amax[b] = ax if gt else amax[b]
+                mx[b] = xi if gt else mx[b]
+                W[i, b] = xi * xi
+                WX[i, b] = W[i, b] * xi
+        for b in range(B):
+            zero[b] = amax[b] < _GROUP_MAX_EPS
+            isc[b] = _ZERO if zero[b] else _NEG_THIRTY_TWO / mx[b]
+            slx[b] = _ZERO
+            sl2[b] = _ZERO
+        bad = 0
+        for i in range(16):
+            for b in range(B):
+                t = isc[b] * X[i, b]
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                slx[b] += WX[i, b] * r
+                sl2[b] += W[i, b] * r * r
+        for b in range(B):
+            scale[b] = slx[b] / sl2[b] if sl2[b] != _ZERO else _ZERO
+            best[b] = scale[b] * slx[b]
+            b_isc[b] = isc[b]
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            c = -(_THIRTY_TWO + _TENTH * _F32(step))
+            for b in range(B):
+                isc[b] = _ZERO if zero[b] else c / mx[b]
+                slx[b] = _ZERO
+                sl2[b] = _ZERO
+            for i in range(16):
+                for b in range(B):
+                    t = isc[b] * X[i, b]
+                    bad += _out_of_range(t)
+                    r = _round_in_range(t)
+                    r = lo if r < lo else r
+                    r = hi if r > hi else r
+                    slx[b] += WX[i, b] * r
+                    sl2[b] += W[i, b] * r * r
+            for b in range(B):
+                take = sl2[b] > _ZERO and slx[b] * slx[b] > best[b] * sl2[b]
+                s_ = slx[b] / sl2[b]
+                scale[b] = s_ if take else scale[b]
+                best[b] = s_ * slx[b] if take else best[b]
+                b_isc[b] = isc[b] if take else b_isc[b]
+        if bad:
+            qx_search_exact(xg, scales, L, g0, g0 + B)
+            continue
+        for b in range(B):
+            g = g0 + b
+            scales[g] = _ZERO if zero[b] else scale[b]
+            for i in range(16):
+                r = _round_in_range(b_isc[b] * X[i, b])
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                L[g, i] = 0 if zero[b] else np.uint8(np.int32(r) + 32)
+
+
+@_njit
+def q3_search_exact(xg, scales, L, g_start, g_end):
+    """``make_q3_quants(16, 4, x, L, true)`` (Q3_K's) for the groups (rows) g_start..g_end-1 of
+    ``xg`` [G, 16], one after the other as in C. Writes scales float32 [G] and L [G, 16] (l + 4;
+    0 for an all-zero group)."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    li = np.empty(16, np.int64)
+    neg_four = _F32(-4.0)
+    for g in range(g_start, g_end):
+        x = xg[g]
+        amax = _ZERO
+        mx = _ZERO
+        for i in range(16):
+            ax = abs(x[i])
+            if ax > amax:
+                amax = ax
+                mx = x[i]
+        if amax < _GROUP_MAX_EPS:
+            for i in range(16):
+                L[g, i] = 0
+            scales[g] = _ZERO
+            continue
+        iscale = neg_four / mx
+        sumlx = _ZERO
+        suml2 = _ZERO
+        for i in range(16):
+            q = max(-4, min(3, _nearest_int(iscale * x[i], fbuf, ibuf)))
+            li[i] = q
+            w = x[i] * x[i]
+            sumlx += w * x[i] * _F32(q)
+            suml2 += w * _F32(q) * _F32(q)
+        for _ in range(5):
+            n_changed = 0
+            for i in range(16):
+                w = x[i] * x[i]
+                slx = sumlx - w * x[i] * _F32(li[i])
+                if slx > _ZERO:
+                    sl2 = suml2 - w * _F32(li[i]) * _F32(li[i])
+                    new_l = max(-4, min(3, _nearest_int(x[i] * sl2 / slx, fbuf, ibuf)))
+                    if new_l != li[i]:
+                        slx += w * x[i] * _F32(new_l)
+                        sl2 += w * _F32(new_l) * _F32(new_l)
+                        if sl2 > _ZERO and slx * slx * suml2 > sumlx * sumlx * sl2:
+                            li[i] = new_l
+                            sumlx = slx
+                            suml2 = sl2
+                            n_changed += 1
+            if n_changed == 0:
+                break
+        for i in range(16):
+            L[g, i] = li[i] + 4
+        scales[g] = sumlx / suml2 if suml2 > _ZERO else _ZERO
+
+
+@_njit
+def q3_search(xg, scales, L):
+    """``q3_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups at a time.
+
+    C stops a group's sweeps after one without change; a further sweep from the same state
+    changes nothing either, so every lane runs all five."""
+    G = xg.shape[0]
+    B = LANES
+    X = np.empty((16, B), np.float32)
+    W = np.empty((16, B), np.float32)
+    WX = np.empty((16, B), np.float32)
+    LF = np.empty((16, B), np.float32)
+    amax = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    sumlx = np.empty(B, np.float32)
+    suml2 = np.empty(B, np.float32)
+    zero = np.empty(B, np.bool_)
+    lo = _F32(-4.0)
+    hi = _F32(3.0)
+    for g0 in range(0, G, B):
+        if G - g0 < B:
+            q3_search_exact(xg, scales, L, g0, G)
+            break
+        for b in range(B):
+            for i in range(16):
+                X[i, b] = xg[g0 + b, i]
+        for b in range(B):
+            amax[b] = _ZERO
+            mx[b] = _ZERO
+        for i in range(16):
+            for b in range(B):
+                xi = X[i, b]
+                ax = abs(xi)
+                gt = ax > amax[b]
+                amax[b] = ax if gt else amax[b]
+                mx[b] = xi if gt else mx[b]
+                W[i, b] = xi * xi
+                WX[i, b] = W[i, b] * xi
+        for b in range(B):
+            zero[b] = amax[b] < _GROUP_MAX_EPS
+            isc[b] = _ZERO if zero[b] else lo / mx[b]
+            sumlx[b] = _ZERO
+            suml2[b] = _ZERO
+        bad = 0
+        for i in range(16):
+            for b in range(B):
+                t = isc[b] * X[i, b]
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                LF[i, b] = r
+                sumlx[b] += WX[i, b] * r
+                suml2[b] += W[i, b] * r * r
+        for _ in range(5):
+            for i in range(16):
+                for b in range(B):
+                    li = LF[i, b]
+                    w = W[i, b]
+                    wx = WX[i, b]
+                    slx = sumlx[b] - wx * li
+                    sl2 = suml2[b] - w * li * li
+                    t = X[i, b] * sl2 / slx
+                    live = slx > _ZERO
+                    bad += _out_of_range(t) if live else 0
+                    r = _round_in_range(t)
+                    r = lo if r < lo else r
+                    r = hi if r > hi else r
+                    slx2 = slx + wx * r
+                    sl22 = sl2 + w * r * r
+                    take = live and r != li and sl22 > _ZERO and slx2 * slx2 * suml2[b] > sumlx[b] * sumlx[b] * sl22
+                    LF[i, b] = r if take else li
+                    sumlx[b] = slx2 if take else sumlx[b]
+                    suml2[b] = sl22 if take else suml2[b]
+        if bad:
+            q3_search_exact(xg, scales, L, g0, g0 + B)
+            continue
+        for b in range(B):
+            g = g0 + b
+            s2 = suml2[b]
+            scales[g] = _ZERO if (zero[b] or not s2 > _ZERO) else sumlx[b] / s2
+            for i in range(16):
+                L[g, i] = 0 if zero[b] else np.int32(LF[i, b]) + 4
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _pack_2bit_block(L, o, qs):
+    """qs[32h + l] = L[o+128h+l] | L[o+128h+32+l] << 2 | ... << 4 | ... << 6 (Q2_K / Q3_K)."""
+    for h in range(2):
+        base = o + 128 * h
+        for j in range(32):
+            qs[32 * h + j] = (L[base + j] | (L[base + 32 + j] << 2) | (L[base + 64 + j] << 4) | (L[base + 96 + j] << 6)) & 0xFF
+
+
+@_njit
+def q2_finish(x, d, dm, L, out):
+    """Q2_K after the scales: levels ``MAX(0, MIN(3, nearest_int((x + dm)/d)))`` per 16-value group
+    (d == 0 keeps the search's, C's ``if (!d) continue;``), packed into ``out[:, 16:80]``.
+
+    x float32 [nb*256]; d, dm float32 [nb*16]; L uint8 [nb*256], overwritten; out uint8 [nb, 84].
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        _requantize_group(x, g * 16, 16, dm[g], dg, 0, 3, 0, L, fbuf, ibuf)
+    for blk in range(out.shape[0]):
+        _pack_2bit_block(L, blk * 256, out[blk, 16:80])
+
+
+@_njit
+def q3_finish(x, d, L, out):
+    """Q3_K after the scales: levels ``MAX(-4, MIN(3, nearest_int(x/d))) + 4`` per 16-value group
+    (d == 0 keeps the search's), then hmask (bit j/32 of byte j%32 = third bit of value j) and
+    the 2 low bits, into ``out[:, 0:96]``.
+
+    x float32 [nb*256]; d float32 [nb*16]; L uint8 [nb*256], overwritten; out uint8 [nb, 110].
+    """
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    for g in range(d.size):
+        dg = d[g]
+        if dg == _ZERO:
+            continue
+        _requantize_group(x, g * 16, 16, _ZERO, dg, -4, 3, 4, L, fbuf, ibuf)
+    for blk in range(out.shape[0]):
+        o = blk * 256
+        for m in range(32):
+            hm = 0
+            for bit in range(8):
+                j = o + 32 * bit + m
+                high = L[j] > 3
+                hm |= (1 << bit) if high else 0
+                L[j] -= 4 if high else 0
+            out[blk, m] = hm
+        _pack_2bit_block(L, o, out[blk, 32:96])
+
+
+# ---------------------------------------------------------------------------------------------
+# legacy 32-value blocks: Q4_0, Q4_1, Q5_0, Q5_1 (quantize_row_q{4,5}_{0,1}_ref)
+# ---------------------------------------------------------------------------------------------
+
+LEGACY_Q4_0, LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 = 0, 1, 2, 3
+_FLT_MAX = _F32(3.4028234663852886e38)
+_INT32_LO = _F32(-2147483648.0)
+_INT32_HI = _F32(2147483648.0)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _c_float_to_byte(t):
+    """C's ``(int8_t)t`` / ``(uint8_t)t`` as x86 compiles it: truncate to int32 (cvttss2si: out of
+    range and NaN give INT32_MIN), keep the low byte. Returned as 0..255; a select, so it vectorises."""
+    ok = t >= _INT32_LO and t < _INT32_HI
+    return (np.int64(t) & 0xFF) if ok else 0  # 0: INT32_MIN's low byte
+
+
+@_njit
+def legacy_quantize(xb, kind, d, m, qs, qh):
+    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*),
+    LANES blocks at a time (each lane one block: C's scans become per-lane selects).
+
+    Writes the float32 scale ``d`` (and minimum ``m``, affine kinds) per block, for the caller to
+    round to fp16, the packed nibbles ``qs`` uint8 [nb, 16] and, for Q5, the fifth bits ``qh``
+    uint32 [nb].
+    """
+    symmetric = kind == LEGACY_Q4_0 or kind == LEGACY_Q5_0
+    five = kind == LEGACY_Q5_0 or kind == LEGACY_Q5_1
+    if kind == LEGACY_Q4_0:
+        div, bias, top = _F32(-8.0), _F32(8.5), 15
+    elif kind == LEGACY_Q5_0:
+        div, bias, top = _F32(-16.0), _F32(16.5), 31
+    elif kind == LEGACY_Q4_1:
+        div, bias, top = _F32(15.0), _F32(0.5), 15
+    else:
+        div, bias, top = _F32(31.0), _F32(0.5), 255  # Q5_1: (uint8_t)(x0 + 0.5f), no MIN
+    B = LANES
+    X = np.empty((32, B), np.float32)
+    Q = np.empty((32, B), np.int64)
+    lo = np.empty(B, np.float32)
+    hi = np.empty(B, np.float32)
+    idb = np.empty(B, np.float32)
+    nb = xb.shape[0]
+    for g0 in range(0, nb, B):
+        n = min(B, nb - g0)
+        for b in range(n):
+            for j in range(32):
+                X[j, b] = xb[g0 + b, j]
+        if symmetric:  # `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` from 0: lo = amax, hi = max
+            for b in range(n):
+                lo[b] = _ZERO
+                hi[b] = _ZERO
+            for j in range(32):
+                for b in range(n):
+                    a = abs(X[j, b])
+                    gt = lo[b] < a
+                    lo[b] = a if gt else lo[b]
+                    hi[b] = X[j, b] if gt else hi[b]
+            for b in range(n):
+                db = hi[b] / div
+                d[g0 + b] = db
+                idb[b] = _ONE / db if db != _ZERO else _ZERO
+                lo[b] = _ZERO  # nothing is subtracted below
+        else:  # min = FLT_MAX, max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;
+            for b in range(n):
+                lo[b] = _FLT_MAX
+                hi[b] = -_FLT_MAX
+            for j in range(32):
+                for b in range(n):
+                    v = X[j, b]
+                    lo[b] = v if v < lo[b] else lo[b]
+                    hi[b] = v if v > hi[b] else hi[b]
+            for b in range(n):
+                db = (hi[b] - lo[b]) / div
+                d[g0 + b] = db
+                m[g0 + b] = lo[b]
+                idb[b] = _ONE / db if db != _ZERO else _ZERO
+        for j in range(32):
+            for b in range(n):
+                t = (X[j, b] * idb[b]) if symmetric else ((X[j, b] - lo[b]) * idb[b])
+                byte = _c_float_to_byte(t + bias)
+                if top != 255:  # MIN(top, (int8_t)...), then stored as uint8_t
+                    signed = byte - 256 if byte >= 128 else byte
+                    byte = min(top, signed) & 0xFF
+                Q[j, b] = byte
+        for b in range(n):
+            blk = g0 + b
+            bits = np.uint32(0)
+            for j in range(16):
+                q0 = Q[j, b]
+                q1 = Q[j + 16, b]
+                if five:
+                    qs[blk, j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4)
+                    bits |= np.uint32(((q0 & 0x10) >> 4) << j)
+                    bits |= np.uint32(((q1 & 0x10) >> 4) << (j + 16))
+                else:  # qs[j] = xi0; qs[j] |= xi1 << 4: no mask on xi0
+                    qs[blk, j] = (q0 | (q1 << 4)) & 0xFF
+            if five:
+                qh[blk] = bits

@@ -1,0 +1,41 @@
+"""Which quantizer backend runs: numba-compiled kernels when numba is installed, else pure numpy.
+
+The numpy quantizers make hundreds of whole-array passes per value in the K-quant scale searches,
+so they are bound by memory traffic and numpy's per-call cost; the same C loops compiled by numba
+run in registers. Both backends are bit-identical with ggml (the tests run both), so the choice is
+only about speed: numba when it imports, unless ``DFLASH_CONVERT_NO_JIT`` is set (to compare the
+two, or to skip the one-off compile). numba is a dependency (it ships wheels, so nothing needs a
+compiler), but the package works without it, where numba has no wheel or fails to import.
+
+The kernels compile on first use (tens of seconds for all types on a busy machine) and are cached
+on disk (numba's ``cache=True``: beside the module, or under ``NUMBA_CACHE_DIR``), so later
+processes only load them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+
+NO_JIT_ENV = "DFLASH_CONVERT_NO_JIT"
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The numba kernel module, or None when numba is missing or ``DFLASH_CONVERT_NO_JIT`` is set."""
+    if os.environ.get(NO_JIT_ENV, "") not in ("", "0"):
+        return None
+    try:
+        # lazy: numba is optional and takes about half a second to import (llvmlite with it);
+        # commands that never quantize should not pay for it
+        from . import _kernels
+    except Exception:  # not only ImportError: numba refusing this numpy, or finding no writable cache dir, raises others
+        return None
+    return _kernels
+
+
+def jit_available() -> bool:
+    """Whether the numba kernels are used."""
+    return kernels() is not None
+

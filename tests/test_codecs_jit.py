@@ -1,0 +1,116 @@
+"""The numba backend: chosen automatically, switched off by DFLASH_CONVERT_NO_JIT, and its
+vectorised lane kernels equal to its group-by-group exact kernels on hard input.
+
+Bit-identity with ggml itself is tested for both backends in the test_codecs_* modules (the
+``quantizer_backend`` fixture); here the lane kernels, which handle 64 groups at a time and fall
+back to the exact kernel for tiles that leave nearest_int's fast range, are checked against that
+exact kernel directly, tile boundaries and fallback tiles included, without needing llama.cpp.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dflash_convert.encoders import jit, warm_up_kernels
+
+needs_numba = pytest.mark.skipif(not jit.jit_available(), reason="numba is not installed")
+
+
+def _backend_in_subprocess(env_value: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != jit.NO_JIT_ENV}
+    if env_value is not None:
+        env[jit.NO_JIT_ENV] = env_value
+    code = "from dflash_convert.encoders import jit; print(jit.jit_available())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@needs_numba
+def test_numba_is_chosen_when_installed_and_the_environment_opts_out():
+    assert _backend_in_subprocess(None) == "True"
+    assert _backend_in_subprocess("0") == "True"
+    assert _backend_in_subprocess("1") == "False"
+
+
+@needs_numba
+def test_warm_up_compiles_every_kernel():
+    k = jit.kernels()
+    assert warm_up_kernels() > 0
+    for name in ("qkx2_search", "qkx_final_levels", "qx_search", "qx_final_levels", "q3_search", "q2_finish", "q3_finish",
+                 "legacy_quantize"):
+        assert getattr(k, name).signatures, name
+
+
+def test_numpy_path_when_numba_does_not_import():
+    """An installed-but-broken numba (ImportError, e.g. a numpy it does not support) means the numpy path."""
+    code = ("import sys; sys.modules['numba'] = None\n"  # makes `import numba` raise ImportError
+            "import numpy as np\n"
+            "from dflash_convert.encoders import jit, QUANTIZERS\n"
+            "from dflash_convert.format.ggml import GGMLType\n"
+            "y = QUANTIZERS[GGMLType.Q4_K](np.linspace(-1, 1, 512, dtype=np.float32))\n"
+            "print(jit.jit_available(), y.size)")
+    env = {k: v for k, v in os.environ.items() if k != jit.NO_JIT_ENV}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", str(2 * 144)]
+
+
+def _hard_groups(n_groups: int, size: int, seed: int) -> np.ndarray:
+    """[n_groups, size] float32: N(0, 0.02) groups, some on a half-step grid (rounding ties),
+    flat and zero groups, 1e-30-wide spreads, subnormals, huge values, and one inf/NaN tile."""
+    r = np.random.default_rng(seed)
+    x = r.standard_normal((n_groups, size)) * 0.02
+    x[1::9] = r.integers(-8, 9, (len(x[1::9]), size)) * 0.5
+    x[2::13] = r.uniform(-3, 3, (len(x[2::13]), 1))  # constant groups
+    x[3::17] = 0
+    x[4::19] = 1.0 + r.standard_normal((len(x[4::19]), size)) * 1e-7  # nearly flat: huge iscale
+    x[5::23] *= 1e-40  # subnormal
+    x[6::29] *= 1e30
+    x[7::31, 0] = 1e6  # an outlier among small values
+    x = x.astype(np.float32)
+    x[64 + 3, 5] = np.nan  # the second tile has a NaN and an inf: exact fallback there
+    x[64 + 40, 7] = np.inf
+    return np.ascontiguousarray(x)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@needs_numba
+@pytest.mark.parametrize("size, nmax, rmin, nstep, mad, av_weights", [
+    (32, 15, -1.0, 20, False, True),   # Q4_K
+    (32, 31, -0.5, 15, False, True),   # Q5_K
+    (16, 3, -0.5, 15, True, False),    # Q2_K
+])
+def test_qkx2_lanes_equal_exact(size, nmax, rmin, nstep, mad, av_weights):
+    k = jit.kernels()
+    xg = _hard_groups(64 * 4 + 37, size, seed=size + nmax)  # 4 full tiles and a partial one
+    G = xg.shape[0]
+    outs = []
+    for lanes in (True, False):
+        s, m, L = np.empty(G, np.float32), np.empty(G, np.float32), np.empty((G, size), np.uint8)
+        args = (xg, nmax, np.float32(rmin), np.float32(0.1), nstep, mad, av_weights, s, m, L)
+        if lanes:
+            k.qkx2_search(*args)
+        else:
+            k.qkx2_search_exact(*args, 0, G)
+        outs.append((s, m, L))
+    for a, b in zip(*outs, strict=True):
+        assert _same(a, b)
+
+
+@needs_numba
+def test_qx_and_q3_lanes_equal_exact():
+    k = jit.kernels()
+    xg = _hard_groups(64 * 4 + 5, 16, seed=7)
+    G = xg.shape[0]
+    for lanes_fn, exact_fn in ((k.qx_search, k.qx_search_exact), (k.q3_search, k.q3_search_exact)):
+        s1, L1 = np.empty(G, np.float32), np.empty((G, 16), np.uint8)
+        s2, L2 = np.empty(G, np.float32), np.empty((G, 16), np.uint8)
+        lanes_fn(xg, s1, L1)
+        exact_fn(xg, s2, L2, 0, G)
+        assert _same(s1, s2) and _same(L1, L2), lanes_fn
