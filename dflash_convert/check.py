@@ -102,6 +102,7 @@ from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features
 from .sources.gguf_drafter import read_drafter
+from .sources.hub import DRAFTER, TARGET_WEIGHTS, resolve_source
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
 from .terminal import visible
@@ -481,6 +482,10 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     (indexed once, read into the Drafter convert would write), the target; each weight is decoded
     once, by the runner or the reference, and compared from there.
     """
+    # either may be a Hugging Face repo id (org/name[@revision]), resolved to its cache snapshot once
+    checkpoint_dir = resolve_source(checkpoint_dir, DRAFTER).path
+    if target_model_dir is not None:
+        target_model_dir = resolve_source(target_model_dir, TARGET_WEIGHTS).path
     captured = None
     if features not in FEATURES:
         if not Path(features).is_file():

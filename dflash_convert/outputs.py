@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .errors import DFlashError
 from .files import kind_of
+from .sources.hub import hub_cache_dir, inside_hub_cache
 
 # names a model-directory reader picks up (checkpoint and target directories): an output there
 # with one of these names would change what the next read sees
@@ -102,6 +103,8 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", text)
     out = Path(text)
     resolved = _resolved(out)
+    if inside_hub_cache(resolved):  # the cache belongs to huggingface_hub: its snapshots are links into blobs
+        raise DFlashError(f"output is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     ident = _identity(out)
     for p in inputs.files:
         if _resolved(p) == resolved or (ident is not None and _identity(p) == ident):
