@@ -69,8 +69,9 @@ def _general(path: Path) -> dict:
     return {k: g.get(k) for k in g.metadata}
 
 
-def _one_error_line(r, *needles: str) -> str:
-    assert r.returncode != 0, r.stdout
+def _one_error_line(r, *needles: str, code: int = 2) -> str:
+    """One ``dflash-convert: error:`` line holding every needle; exit 2 (an input cannot be read) unless told."""
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dflash-convert: error: "), r.stderr
     for n in needles:
@@ -155,7 +156,7 @@ def test_a_target_is_resolved_without_its_weights():
 def test_an_output_inside_the_cache_is_refused(hub, offline):
     inside = repo_folder(hub["cache"], "org/drafter") / "out.gguf"
     r = run_cli("convert", "org/drafter", "--target-model-dir", "org/target", "-o", inside)
-    _one_error_line(r, "inside the Hugging Face cache")
+    _one_error_line(r, "inside the Hugging Face cache", code=1)  # refused, like an output over an input
     assert not inside.exists()
 
 
