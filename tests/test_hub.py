@@ -148,6 +148,24 @@ def test_a_target_snapshot_without_a_tokenizer_is_one_line(hub, offline):
     assert list(offline.iterdir()) == []
 
 
+def test_a_snapshot_its_listing_calls_incomplete_is_judged_by_what_the_command_reads(hub, offline):
+    """huggingface_hub's tree listing names a README the snapshot lacks: offline, convert still has what it
+    reads; a tokenizer missing from a listed snapshot is named as such, not as an uncached revision."""
+    readme = hub["root"] / "dirs" / "with-readme"
+    if not readme.exists():
+        shutil.copytree(hub["drafter"], readme)
+        (readme / "README.md").write_text("# a drafter\n")
+    commit = add_snapshot(hub["cache"], "org/drafter-no-readme", readme, listing=True, skip=("README.md",))
+    assert (repo_folder(hub["cache"], "org/drafter-no-readme") / "trees" / f"{commit}.json").is_file()
+    r = run_cli("convert", "org/drafter-no-readme", "--target-model-dir", "org/target", "-q")
+    assert r.returncode == 0, r.stderr
+    assert _general(offline / "drafter-no-readme-BF16.gguf")[HF_KEYS[1]] == commit
+    add_snapshot(hub["cache"], "org/listed-no-tokenizer", hub["target"], listing=True, skip=("tokenizer.json",))
+    r = run_cli("convert", "org/drafter", "--target-model-dir", "org/listed-no-tokenizer", "-o", offline / "y.gguf")
+    _one_error_line(r, "org/listed-no-tokenizer@main", "incomplete: no tokenizer")
+    assert not (offline / "y.gguf").exists()
+
+
 def test_a_target_is_resolved_without_its_weights():
     """The target's allow-list names no weights (convert reads its config and tokenizer only)."""
     assert not [p for p in ALLOW_PATTERNS[TARGET] if p.endswith((".safetensors", ".bin", ".index.json"))]

@@ -122,9 +122,11 @@ def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
     repo_id, revision = parsed
     label = f"{repo_id}@{revision}"
     cache = hub_cache_dir()
-    snapshot = _cached_snapshot(repo_id, revision, role, cache, label)
+    snapshot, listed_complete = _cached_snapshot(repo_id, revision, role, cache, label)
     missing = _missing(snapshot, role) if snapshot is not None else "not in the cache"
-    if missing is not None:
+    # a snapshot the cached listing calls incomplete is completed when the hub may be asked; offline,
+    # what this command reads is enough (a README missing does not stop a conversion)
+    if missing is not None or (not listed_complete and not hub_offline()):
         if hub_offline():
             if snapshot is None:
                 raise RepoError(_not_cached(repo_id, revision, cache, label))
@@ -137,20 +139,23 @@ def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
     return ResolvedRepo(snapshot, repo_id, snapshot.name)
 
 
-def _cached_snapshot(repo_id: str, revision: str, role: str, cache: Path, label: str) -> Path | None:
-    """The cache's snapshot folder for this revision, without the network; None if the cache lacks it."""
+def _cached_snapshot(repo_id: str, revision: str, role: str, cache: Path, label: str) -> tuple[Path | None, bool]:
+    """(the cache's snapshot folder for this revision or None, whether the cache's own tree listing, where
+    there is one, finds every file of the role's patterns in it), without the network."""
     # huggingface_hub is a heavy import: only a repo id pays for it
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True,
                                    allow_patterns=list(ALLOW_PATTERNS[role]))
-    except LocalEntryNotFoundError:  # IncompleteSnapshotError too: whether to download decides the caller
-        return None
+    except IncompleteSnapshotError as e:  # the folder is there; whether it will do, the caller decides
+        return _snapshot_path(Path(e.snapshot_path), label), False
+    except LocalEntryNotFoundError:
+        return None, False
     except (OSError, ValueError) as e:
-        raise RepoError(f"{label}: cannot read the Hugging Face cache at {cache}: {e}") from None
-    return _snapshot_path(Path(folder), label)
+        raise RepoError(f"{label}: cannot read the Hugging Face cache at {cache}: {_first_line(e)}") from None
+    return _snapshot_path(Path(folder), label), True
 
 
 def _download(repo_id: str, revision: str, role: str, cache: Path, label: str) -> Path:
