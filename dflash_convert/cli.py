@@ -137,8 +137,8 @@ def convert(
     src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors), or a Hugging Face repo id org/name[@revision] "
                              "(from the cache first; downloaded unless HF_HUB_OFFLINE=1)."),
     target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files "
-                                                 "(no weights read), or a repo id org/name[@revision]. Required, unless "
-                                                 "--target-gguf is given."),
+                                                 "(no weights read). Required, unless --target-gguf is given. A repo id "
+                                                 "org/name[@revision] also works."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
     outfile: str | None = typer.Option(None, "-o", "--outfile", metavar="PATH", help="Output file (default: SRC_DIR/<name>-<TYPE>.gguf; "
                                  "./<name>-<TYPE>.gguf for a repo id)."),
