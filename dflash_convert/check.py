@@ -475,8 +475,10 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     (the directory is used when both are given). ``features``: ``synthetic`` (drawn from ``seed``,
     the same rows for both sides) or ``target`` (the target model in ``target_model_dir`` runs over
     ``context`` tokens drawn from ``seed``; each side taps its own layers, the anchor is the target's
-    greedy next token). Raises InputFileError for an unreadable input, DFlashError for a usage
-    problem (no target where one is needed, an output path on an input).
+    greedy next token). ``checkpoint_dir`` and ``target_model_dir`` may be Hugging Face repo ids
+    (``org/name[@revision]``, sources/hub.py). Raises InputFileError for an unreadable input (RepoError
+    for a repo id that does not resolve), DFlashError for a usage problem (no target where one is
+    needed, an output path on an input).
 
     Each input is read once and handed down as an object: the draft (a Drafter), the checkpoint
     (indexed once, read into the Drafter convert would write), the target; each weight is decoded
