@@ -3,7 +3,8 @@
 An output may never be a file the command reads (compared by resolved path *and* by device and
 inode, so hard links and symlinks count), nor a file inside a directory the command reads whose
 name that directory's reader would pick up (``config.json``, ``model*.safetensors``, tokenizer
-files, ...). Neither ``--force`` nor anything else lifts this.
+files, ...). Neither ``--force`` nor anything else lifts this. Nothing is written inside the
+Hugging Face cache either: a repo id's snapshot is links into blobs other snapshots share.
 
 Every file is written as a ``TemporaryOutput`` beside its destination: created exclusively
 (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name, so a symbolic link planted where a predictable
