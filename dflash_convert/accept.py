@@ -34,6 +34,7 @@ from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features, target_for
 from .sources.gguf_drafter import read_drafter
+from .sources.hub import DRAFTER, resolve_source
 from .target import Target
 from .terminal import visible
 
@@ -118,6 +119,8 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
     if numerics not in NUMERICS:
         raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
     like_cpu = numerics == "cpu"
+    if checkpoint is not None:  # a directory or a repo id (org/name[@revision]), resolved before any measuring
+        checkpoint = resolve_source(checkpoint, DRAFTER).path
     feats = read_features(features)
     target = target_for(feats, target_model_dir, target_gguf)
     dev = resolve_device(device)

@@ -110,6 +110,7 @@ from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features
 from .sources.gguf_drafter import read_drafter
+from .sources.hub import DRAFTER, TARGET_WEIGHTS, resolve_source
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
 from .terminal import visible
@@ -562,13 +563,19 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     (the directory is used when both are given). ``features``: ``synthetic`` (drawn from ``seed``,
     the same rows for both sides) or ``target`` (the target model in ``target_model_dir`` runs over
     ``context`` tokens drawn from ``seed``; each side taps its own layers, the anchor is the target's
-    greedy next token). Raises InputFileError for an unreadable input, DFlashError for a usage
-    problem (no target where one is needed, an output path on an input).
+    greedy next token). ``checkpoint_dir`` and ``target_model_dir`` may be Hugging Face repo ids
+    (``org/name[@revision]``, sources/hub.py). Raises InputFileError for an unreadable input (RepoError
+    for a repo id that does not resolve), DFlashError for a usage problem (no target where one is
+    needed, an output path on an input).
 
     Each input is read once and handed down as an object: the draft (a Drafter), the checkpoint
     (indexed once, read into the Drafter convert would write), the target; each weight is decoded
     once, by the runner or the reference, and compared from there.
     """
+    # either may be a Hugging Face repo id (org/name[@revision]), resolved to its cache snapshot once
+    checkpoint_dir = resolve_source(checkpoint_dir, DRAFTER).path
+    if target_model_dir is not None:
+        target_model_dir = resolve_source(target_model_dir, TARGET_WEIGHTS).path
     captured = None
     if features not in FEATURES:
         if not Path(features).is_file():

@@ -136,12 +136,14 @@ def _human(n: float) -> str:
 
 @app.command()
 def convert(
-    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors)."),
+    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors), or a Hugging Face repo id org/name[@revision] "
+                             "(from the cache first; downloaded unless HF_HUB_OFFLINE=1)."),
     target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files "
-                                                 "(no weights read). Required, unless --target-gguf is given."),
+                                                 "(no weights read). Required, unless --target-gguf is given. A repo id "
+                                                 "org/name[@revision] also works."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
     outfile: str | None = typer.Option(None, "-o", "--outfile", metavar="PATH", help="Output file or folder (default: SRC_DIR/dflash-<Name>-<TYPE>.gguf, "
-                                  "dspark- for DSpark: the names llama.cpp's -hf finds as a draft)."),
+                                  "dspark- for DSpark: the names llama.cpp's -hf finds as a draft; in the current folder for a repo id)."),
     outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
                                 "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
@@ -320,8 +322,8 @@ def quantize(
     min_acceptance: float | None = typer.Option(None, "--min-acceptance", metavar="R",
                                                 help="Raise tensor groups from TYPE's mix until the held-out acceptance is "
                                                      "R times the input's (e.g. 0.98); prints the recipe."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="With --min-acceptance: the target dir "
-                                                 "(default: the one the features were captured from)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="With --min-acceptance: the target dir or repo id "
+                                                 "org/name[@revision] (default: the one the features were captured from)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="With --min-acceptance: the target GGUF."),
     device: str = typer.Option("auto", "--device", help="With --min-acceptance: auto (CUDA when present), cpu or cuda."),
     skip_validation: bool = typer.Option(False, "--skip-validation", metavar="",
@@ -405,8 +407,8 @@ def sweep(
     src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
     features: Path = typer.Option(..., "--features", help="The features file capture wrote."),
     types: str = typer.Option(",".join(DEFAULT_SWEEP_TYPES), "--types", metavar="T1,T2,...", help="The types to measure."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir for the shared embedding and head "
-                                                 "(default: the one the features were captured from)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir or repo id org/name[@revision] for the shared "
+                                                 "embedding and head (default: the one the features were captured from)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     numerics: str = typer.Option("cpu", "--numerics", help="cpu: round as llama.cpp's CPU backend; exact: float32."),
@@ -438,8 +440,9 @@ def sweep(
 @app.command()
 def check(
     draft: Path = typer.Argument(..., help="The drafter GGUF to run."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="The checkpoint directory it was converted from."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir (embedding and head from its safetensors)."),
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="The checkpoint directory it was converted from, or its repo id org/name[@revision]."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir or repo id "
+                                                 "org/name[@revision] (embedding and head from its safetensors)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF (only token_embd and output are read)."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     context: int = typer.Option(64, "--context", min=1, help="Context tokens before the drafted block."),
@@ -501,10 +504,11 @@ def capture(
 def accept(
     drafts: list[Path] = typer.Argument(..., metavar="DRAFT.gguf...", help="Drafter GGUF files (any type)."),
     features: Path = typer.Option(..., "--features", help="The features file capture wrote."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Also run this checkpoint (reference forward) as the baseline."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Also run this checkpoint (a directory or a repo id "
+                                     "org/name[@revision]; reference forward) as the baseline."),
     n_max: int | None = typer.Option(None, "--n-max", min=1, help="--spec-draft-n-max (default: block size - 1)."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir for the shared embedding and head "
-                                                 "(default: the one the features were captured from)."),
+    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir or repo id org/name[@revision] for the shared "
+                                                 "embedding and head (default: the one the features were captured from)."),
     target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     numerics: str = typer.Option("cpu", "--numerics", help="cpu: round as llama.cpp's CPU backend (F16 KV cache, "

@@ -25,6 +25,7 @@ from .pipeline import ChunkPipeline, PlannedTensor
 from .plan import OutType, append_file_type, plan_tensors, quantize_planned, resolve_outtype
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
+from .sources.hub import DRAFTER, TARGET, ResolvedRepo, resolve_source
 from .sources.model_card import parameter_count, read_model_card
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
@@ -121,6 +122,24 @@ def _general_name(md: Metadata) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+def _default_output_for(src: ResolvedRepo, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
+    """Beside a local checkpoint as always; for a repo id, in the current directory (a cache
+    snapshot is no place to write), under the repo's name."""
+    if src.repo_id is None:
+        return default_output(src.path, type_name, name, dspark=dspark)
+    return Path.cwd() / default_output(Path(src.name), type_name, name, dspark=dspark).name
+
+
+def write_hub_provenance(md: Metadata, src: ResolvedRepo, target: ResolvedRepo | None) -> None:
+    """general.source.hf_* / general.target.hf_*: only for an input given as a repo id (a directory writes none)."""
+    if src.repo_id is not None:
+        md.set("source_hf_repo", src.repo_id)
+        md.set("source_hf_commit", src.commit)
+    if target is not None and target.repo_id is not None:
+        md.set("target_hf_repo", target.repo_id)
+        md.set("target_hf_commit", target.commit)
+
+
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
                     target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
                     outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
@@ -130,9 +149,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     ``metadata`` is a JSON file of general.* keys over the model card's, as upstream's ``--metadata``.
 
     With ``hash_sources`` the source files start being hashed in the background at once, for the
-    provenance keys write_plan fills in (pass False for a dry run).
+    provenance keys write_plan fills in (pass False for a dry run). ``src_dir`` and
+    ``target_model_dir`` may be Hugging Face repo ids, ``org/name[@revision]`` (sources/hub.py).
     """
-    src = Path(src_dir)
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     if outfile is not None and not os.fspath(outfile).strip():
@@ -140,6 +159,11 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     if tokenizer_pre is not None and tokenizer_pre not in KNOWN_PRE_NAMES:
         raise ConfigError(f"--tokenizer-pre {tokenizer_pre!r} is not a pre-tokenizer llama.cpp 0c1e57098 knows (it would "
                           f"refuse to load the file); choose from: {', '.join(sorted(KNOWN_PRE_NAMES))}")
+    source = resolve_source(src_dir, DRAFTER)
+    target_source = resolve_source(target_model_dir, TARGET) if target_model_dir is not None else None
+    src = source.path
+    if target_source is not None:
+        target_model_dir = target_source.path
     ckpt = read_checkpoint(src)
     first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
     out_type = resolve_outtype(outtype, first_matrix)
@@ -159,7 +183,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=keep_embeddings)
     # upstream's general.* from the model card (README.md, generation_config.json, the directory name,
     # the parameter count); read before the tokenizer work, so a bad card or --metadata file fails fast
-    card = read_model_card(src, ckpt.config, parameter_count([t.shape for t in drafter.tensors]), metadata)
+    card = read_model_card(src, ckpt.config, parameter_count([t.shape for t in drafter.tensors]), metadata,
+                           dir_name=source.name)  # a repo id is named by the repo, not its snapshot sha
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
                                    drafter.vocab_size, tokenizer_pre)
@@ -181,6 +206,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     md.set("source_config_sha256", _sha256_file(ckpt.config_path))
     md.set("source_files", [printable(p.name) for p in ckpt.files])
     md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
+    write_hub_provenance(md, source, target_source)
     # general.file_type goes where upstream's converter puts it, or, when the same pass quantizes,
     # last (after the quantization version), where llama-quantize puts it
     write_hparams(md, drafter, None if out_type.quantize else out_type.file_type.value)
@@ -198,8 +224,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         append_file_type(md, out_type.file_type.value)
     if outfile is not None and os.fspath(outfile).endswith(os.sep) and not os.path.isdir(outfile):
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", os.fspath(outfile))
-    default = default_output(src, out_type.name, _general_name(md),
-                             dspark=member_of({t.gguf_name for t in drafter.tensors}) == DSPARK)
+    default = _default_output_for(source, out_type.name, _general_name(md),
+                                  dspark=member_of({t.gguf_name for t in drafter.tensors}) == DSPARK)
     output = Path(outfile) if outfile is not None else default
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
         output = output / default.name

@@ -49,3 +49,7 @@ class ConfigError(DFlashError):
 
 class ResourceError(DFlashError):
     """The machine, not the input, stopped the command: out of memory, a full disk (exit code 1)."""
+
+
+class RepoError(InputFileError):
+    """A Hugging Face repo id that does not resolve to a complete snapshot (named as ``org/name@revision``)."""

@@ -3,7 +3,8 @@
 An output may never be a file the command reads (compared by resolved path *and* by device and
 inode, so hard links and symlinks count), nor a file inside a directory the command reads whose
 name that directory's reader would pick up (``config.json``, ``model*.safetensors``, tokenizer
-files, ...). Neither ``--force`` nor anything else lifts this.
+files, ...). Neither ``--force`` nor anything else lifts this. Nothing is written inside the
+Hugging Face cache either: a repo id's snapshot is links into blobs other snapshots share.
 
 Every file is written as a ``TemporaryOutput`` beside its destination: created exclusively
 (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name, so a symbolic link planted where a predictable
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from .errors import DFlashError
 from .files import kind_of
+from .sources.hub import hub_cache_dir, inside_hub_cache
 
 # names a model-directory reader picks up (checkpoint and target directories): an output there
 # with one of these names would change what the next read sees
@@ -102,6 +104,8 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", text)
     out = Path(text)
     resolved = _resolved(out)
+    if inside_hub_cache(resolved):  # the cache belongs to huggingface_hub: its snapshots are links into blobs
+        raise DFlashError(f"output is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     ident = _identity(out)
     for p in inputs.files:
         if _resolved(p) == resolved or (ident is not None and _identity(p) == ident):

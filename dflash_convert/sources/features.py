@@ -17,6 +17,7 @@ from ..errors import InputFileError
 from ..files import check_regular_file, parse_json
 from ..format.features import SCHEMA, SEQUENCE, SEQUENCE_TENSORS
 from ..target import Target
+from .hub import TARGET_WEIGHTS, resolve_source
 from .safetensors import TensorRef, read_header
 from .target import read_target
 
@@ -129,8 +130,8 @@ def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
                target_gguf: str | Path | None = None) -> Target | None:
     """The target whose embedding and head the drafters share: given, or the directory the features
     were captured from when it is still there (None: the drafters must carry their own)."""
-    if target_model_dir is not None:
-        return read_target(target_model_dir)
+    if target_model_dir is not None:  # a directory, a GGUF, or a repo id (its embedding and head are read)
+        return read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
     if target_gguf is not None:
         return read_target(target_gguf)
     recorded = feats.metadata.get("target")

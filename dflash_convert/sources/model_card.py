@@ -161,10 +161,12 @@ def parameter_count(shapes: list[tuple[int, ...]]) -> int:
 
 
 def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
-                    override: str | os.PathLike | None = None) -> ModelCard:
-    """Every general.* key upstream's converter writes for ``model_dir`` from its card, in upstream's order."""
+                    override: str | os.PathLike | None = None, *, dir_name: str | None = None) -> ModelCard:
+    """Every general.* key upstream's converter writes for ``model_dir`` from its card, in upstream's order.
+    ``dir_name`` names the model instead of the directory (a repo id's snapshot folder is a commit sha)."""
     files: list[Path] = []
-    named = Path(os.path.realpath(model_dir))  # what the directory is called, even when given as "." or a link
+    # what the directory is called, even when given as "." or a link
+    named = Path(dir_name) if dir_name else Path(os.path.realpath(model_dir))
     card_path, gen_path = model_dir / CARD_NAME, model_dir / GENERATION_CONFIG_NAME
     card = front_matter(card_path) if card_path.exists() else {}
     if card_path.exists():

@@ -1,0 +1,242 @@
+"""Hugging Face repo ids as inputs: ``org/name[@revision]`` -> a snapshot directory in the shared cache.
+
+A path that exists is always a path. Otherwise a string shaped like a repo id is looked up in the
+Hugging Face cache first (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ~/.cache/huggingface/hub),
+without the network; only when that fails and ``HF_HUB_OFFLINE`` is not set are the files a
+command reads downloaded (the allow-lists below: never a target's weights unless a command needs
+them). The revision (a branch, a tag or a commit) is resolved to the commit, the snapshot folder's
+name, which convert records in the provenance keys. The snapshot is then checked for the files its
+role needs, so an interrupted download is one line naming the repo, not a reader's complaint about
+a cache path.
+
+huggingface_hub reads its environment once, at import; this module reads ``HF_HUB_CACHE``,
+``HF_HOME`` and ``HF_HUB_OFFLINE`` itself on every call and passes the cache folder and
+``local_files_only`` explicitly, so what the user (or a test) set is what counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import RepoError
+from .checkpoint import INDEX_NAME, read_json
+
+DRAFTER, TARGET, TARGET_WEIGHTS = "drafter", "target", "target_weights"
+
+# the files each role reads (huggingface_hub allow_patterns); a target's weights only for the
+# commands that read its embedding and head or run it (check, quantize's acceptance)
+_TARGET_FILES: tuple[str, ...] = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "chat_template*",
+)
+_WEIGHT_FILES: tuple[str, ...] = ("*.safetensors", INDEX_NAME)
+ALLOW_PATTERNS: dict[str, tuple[str, ...]] = {
+    DRAFTER: ("config.json", *_WEIGHT_FILES, "README.md", "generation_config.json"),
+    TARGET: _TARGET_FILES,
+    TARGET_WEIGHTS: (*_TARGET_FILES, *_WEIGHT_FILES),
+}
+# what each role cannot do without (besides config.json): one of these names must be in the snapshot
+TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer.model")
+NEEDS_TOKENIZER = (TARGET, TARGET_WEIGHTS)
+NEEDS_WEIGHTS = (DRAFTER, TARGET_WEIGHTS)
+
+DEFAULT_REVISION = "main"
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment flag
+
+
+@dataclass(frozen=True)
+class ResolvedRepo:
+    """Where an input lives: a local directory (repo_id and commit None) or a cache snapshot."""
+
+    path: Path
+    repo_id: str | None
+    commit: str | None
+
+    @property
+    def name(self) -> str:
+        """The model's name: the repo's own (``org/name`` -> ``name``), or the directory's."""
+        if self.repo_id is not None:
+            return self.repo_id.rsplit("/", 1)[-1]
+        return Path(os.path.realpath(self.path)).name
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now."""
+    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return flag.upper() in _TRUE
+
+
+def hub_cache_dir() -> Path:
+    """The shared cache folder as the environment names it now (huggingface_hub's order)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(os.path.expanduser(explicit)))
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                     "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
+
+
+def inside_hub_cache(path: str | os.PathLike) -> bool:
+    """Does ``path`` (resolved) lie in the Hugging Face cache? Nothing of ours is written there."""
+    cache = Path(os.path.realpath(hub_cache_dir()))
+    where = Path(os.path.realpath(path))
+    return where == cache or cache in where.parents
+
+
+def parse_repo_spec(spec: str) -> tuple[str, str] | None:
+    """``org/name[@revision]`` -> (repo id, revision), or None when ``spec`` is not shaped like one."""
+    repo_id, at, revision = spec.partition("@")
+    if repo_id.count("/") != 1 or (at and not revision.strip()):
+        return None
+    # huggingface_hub is a heavy import: only a spec that may be a repo id pays for it
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        return None
+    return repo_id, revision or DEFAULT_REVISION
+
+
+def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
+    """A local directory as it is, or a repo id resolved to a complete cache snapshot (downloaded if allowed).
+
+    ``role`` is ``drafter`` (config, safetensors, index), ``target`` (config and tokenizer files, no
+    weights) or ``target_weights`` (the target's files and its safetensors). Anything that is
+    neither an existing path nor a repo id comes back as a path, for the reader's usual message.
+    Raises RepoError: a repo not in the cache while offline, a revision the cache does not hold, a
+    repo or revision the Hub does not know, an incomplete snapshot.
+    """
+    if role not in ALLOW_PATTERNS:
+        raise ValueError(f"unknown role {role!r}; expected one of {sorted(ALLOW_PATTERNS)}")
+    text = os.fspath(spec)
+    if isinstance(text, bytes) or os.path.lexists(text):  # a path is a path
+        return ResolvedRepo(Path(os.fsdecode(text)), None, None)
+    parsed = parse_repo_spec(text)
+    if parsed is None:
+        return ResolvedRepo(Path(text), None, None)
+    repo_id, revision = parsed
+    label = f"{repo_id}@{revision}"
+    cache = hub_cache_dir()
+    snapshot, listed_complete = _cached_snapshot(repo_id, revision, role, cache, label)
+    missing = _missing(snapshot, role) if snapshot is not None else "not in the cache"
+    # a snapshot the cached listing calls incomplete is completed when the hub may be asked; offline,
+    # what this command reads is enough (a README missing does not stop a conversion)
+    if missing is not None or (not listed_complete and not hub_offline()):
+        if hub_offline():
+            if snapshot is None:
+                raise RepoError(_not_cached(repo_id, revision, cache, label))
+            raise RepoError(f"{label}: the cached snapshot {snapshot.name} is incomplete: {missing} "
+                            "(HF_HUB_OFFLINE=1: unset it to download the rest)")
+        snapshot = _download(repo_id, revision, role, cache, label)
+        missing = _missing(snapshot, role)
+        if missing is not None:
+            raise RepoError(f"{label}: the snapshot {snapshot.name} is incomplete: {missing}")
+    return ResolvedRepo(snapshot, repo_id, snapshot.name)
+
+
+def _cached_snapshot(repo_id: str, revision: str, role: str, cache: Path, label: str) -> tuple[Path | None, bool]:
+    """(the cache's snapshot folder for this revision or None, whether the cache's own tree listing, where
+    there is one, finds every file of the role's patterns in it), without the network."""
+    # huggingface_hub is a heavy import: only a repo id pays for it
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True,
+                                   allow_patterns=list(ALLOW_PATTERNS[role]))
+    except IncompleteSnapshotError as e:  # the folder is there; whether it will do, the caller decides
+        return _snapshot_path(Path(e.snapshot_path), label), False
+    except LocalEntryNotFoundError:
+        return None, False
+    except (OSError, ValueError) as e:
+        raise RepoError(f"{label}: cannot read the Hugging Face cache at {cache}: {_first_line(e)}") from None
+    return _snapshot_path(Path(folder), label), True
+
+
+def _download(repo_id: str, revision: str, role: str, cache: Path, label: str) -> Path:
+    """Fetch the files ``role`` reads into the cache; every failure the Hub can answer is one line."""
+    # huggingface_hub is a heavy import: only a repo id pays for it
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        folder = snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=list(ALLOW_PATTERNS[role]))
+    except GatedRepoError:
+        raise RepoError(f"{label}: the repository is gated: accept its terms on the Hub and log in (hf auth login)") from None
+    except RepositoryNotFoundError:
+        raise RepoError(f"{label}: no such repository on the Hugging Face Hub (or it is private: log in with "
+                        "hf auth login)") from None
+    except RevisionNotFoundError:
+        raise RepoError(f"{label}: the repository has no revision {revision!r} (a branch, tag or commit)") from None
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        raise RepoError(f"{_not_cached(repo_id, revision, cache, label)}, and the Hub cannot be reached") from None
+    except HfHubHTTPError as e:
+        raise RepoError(f"{label}: the Hub refused the download: {_first_line(e)}") from None
+    except (OSError, ValueError) as e:  # a full disk, a cache folder we may not write, a connection reset
+        raise RepoError(f"{label}: the download failed: {_first_line(e)}") from None
+    except Exception as e:
+        if type(e).__module__.split(".")[0] not in ("huggingface_hub", "httpx", "httpx2", "httpcore"):
+            raise
+        raise RepoError(f"{label}: the download failed: {type(e).__name__}: {_first_line(e)}") from None
+    return _snapshot_path(Path(folder), label)
+
+
+def _snapshot_path(folder: Path, label: str) -> Path:
+    if not COMMIT_SHA.fullmatch(folder.name):
+        raise RepoError(f"{label}: the cache's snapshot folder {folder} is not named by a commit")
+    return folder
+
+
+def _not_cached(repo_id: str, revision: str, cache: Path, label: str) -> str:
+    """Why the cache has no snapshot: no such repo there, or not this revision (and which it has)."""
+    # huggingface_hub is a heavy import: only a repo id pays for it
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo_dir = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    offline = " (HF_HUB_OFFLINE=1)" if hub_offline() else ""
+    if not repo_dir.is_dir():
+        return f"{label}: no such directory, and not in the Hugging Face cache at {cache}{offline}"
+    refs = sorted(p.relative_to(repo_dir / "refs").as_posix() for p in (repo_dir / "refs").rglob("*") if p.is_file())
+    held = ", ".join(refs) if refs else "no branch or tag"
+    return f"{label}: revision {revision!r} is not in the Hugging Face cache (it holds {held}){offline}"
+
+
+def _missing(snapshot: Path, role: str) -> str | None:
+    """What a snapshot lacks for ``role`` (one phrase), or None when it is complete."""
+    if not (snapshot / "config.json").is_file():  # a link into blobs whose blob is gone is missing too
+        return "no config.json"
+    if role in NEEDS_TOKENIZER and not any((snapshot / n).is_file() for n in TOKENIZER_FILES):
+        return f"no tokenizer ({' or '.join(TOKENIZER_FILES)})"
+    if role in NEEDS_WEIGHTS:
+        index = snapshot / INDEX_NAME
+        if index.exists():
+            data = read_json(index, INDEX_NAME)
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
+            shards = sorted({v for v in weight_map.values() if isinstance(v, str)}) if isinstance(weight_map, dict) else []
+            absent = [s for s in shards if "/" not in s and not (snapshot / s).is_file()]
+            if absent:
+                return f"{INDEX_NAME} names shard {absent[0]!r}, which is not there"
+        elif not any(p.name.endswith(".safetensors") and p.is_file() for p in snapshot.iterdir()):
+            return "no .safetensors weights"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+__all__ = ["ALLOW_PATTERNS", "DRAFTER", "TARGET", "TARGET_WEIGHTS", "ResolvedRepo", "hub_cache_dir", "hub_offline",
+           "inside_hub_cache", "parse_repo_spec", "resolve_source"]
