@@ -84,8 +84,8 @@ def test_convert_from_repo_ids_equals_the_directories_but_for_the_hf_keys(hub, o
     convert(hub["drafter"], hub["target"], outfile=from_dirs, outtype="bf16")
     r = run_cli("convert", "org/drafter", "--target-model-dir", "org/target@v1", "--outtype", "bf16", "-q")
     assert r.returncode == 0, r.stderr
-    from_hub = offline / "drafter-BF16.gguf"  # the repo's name, in the current directory
-    assert sorted(p.name for p in offline.iterdir()) == ["drafter-BF16.gguf", "from-dirs.gguf"]
+    from_hub = offline / "dflash-Drafter-BF16.gguf"  # the repo's name, in the current directory
+    assert sorted(p.name for p in offline.iterdir()) == ["dflash-Drafter-BF16.gguf", "from-dirs.gguf"]
     assert not list(hub["cache"].rglob("*.gguf"))  # nothing written into the cache
 
     assert differences(from_hub, from_dirs) == []  # every non-general key and every tensor
@@ -159,7 +159,8 @@ def test_a_snapshot_its_listing_calls_incomplete_is_judged_by_what_the_command_r
     assert (repo_folder(hub["cache"], "org/drafter-no-readme") / "trees" / f"{commit}.json").is_file()
     r = run_cli("convert", "org/drafter-no-readme", "--target-model-dir", "org/target", "-q")
     assert r.returncode == 0, r.stderr
-    assert _general(offline / "drafter-no-readme-BF16.gguf")[HF_KEYS[1]] == commit
+    (written,) = offline.glob("dflash-*-BF16.gguf")  # named by the repo (general.name as upstream derives it)
+    assert _general(written)[HF_KEYS[1]] == commit
     add_snapshot(hub["cache"], "org/listed-no-tokenizer", hub["target"], listing=True, skip=("tokenizer.json",))
     r = run_cli("convert", "org/drafter", "--target-model-dir", "org/listed-no-tokenizer", "-o", offline / "y.gguf")
     _one_error_line(r, "org/listed-no-tokenizer@main", "incomplete: no tokenizer")

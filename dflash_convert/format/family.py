@@ -41,8 +41,13 @@ MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla",)
 
 _G = FAMILY_GLOBAL_TENSORS
 _L = FAMILY_LAYER_TENSORS
-MARKOV_W1 = _G["markov_head.markov_w1.weight"]
-MARKOV_W2 = _G["markov_head.markov_w2.weight"]
+# the HF names of the Markov heads (the reference reads them); the Gemma-4 spelling of the confidence
+# head, ``confidence_proj.*``, is an alias of ``confidence_head.proj.*``
+MARKOV_W1_HF = "markov_head.markov_w1.weight"
+MARKOV_W2_HF = "markov_head.markov_w2.weight"
+CONF_HF_PREFIXES: tuple[str, ...] = ("confidence_head.proj", "confidence_proj")
+MARKOV_W1 = _G[MARKOV_W1_HF]
+MARKOV_W2 = _G[MARKOV_W2_HF]
 MARKOV_W2_SCALE = MARKOV_W2.removesuffix(".weight") + ".scale"  # optional per-tensor scale (no HF source)
 CONF_PROJ = _G["confidence_head.proj.weight"]
 CONF_PROJ_BIAS = _G["confidence_head.proj.bias"]

@@ -71,6 +71,12 @@ GEMMA4_LAYER_TENSORS: dict[str, str] = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     "layer_scalar": "layer_output_scale.weight",
 }
+# Gemma-4 DSpark's layer parts by the roles of LAYER_ROLES_HF (the reference reads them): Gemma's
+# sandwich norms (its post_attention_layernorm follows attention; pre_feedforward_layernorm is the
+# pre-FFN norm) and the layer scalar
+GEMMA4_ROLES_HF: dict[str, str] = {"ffn_norm": "pre_feedforward_layernorm.weight",
+                                   "post_attn_norm": "post_attention_layernorm.weight",
+                                   "post_ffw_norm": "post_feedforward_layernorm.weight", "out_scale": "layer_scalar"}
 # Gemma-4 DSpark checkpoints spell the confidence head this way; upstream renames it first
 GEMMA4_RENAMED_PREFIXES: dict[str, str] = {"confidence_proj.": "confidence_head.proj."}
 # the generated proportional-RoPE factor table of Gemma-4 DSpark (one entry per rotary pair)

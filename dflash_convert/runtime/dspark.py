@@ -38,13 +38,16 @@ import torch
 
 from ..drafter import Drafter
 from ..errors import InputFileError
-from ..format.family import CONF_PROJ, CONF_PROJ_BIAS, MARKOV_W1, MARKOV_W2, MARKOV_W2_SCALE
-
-# the HF names of the heads (the converter's table read backwards; the Gemma-4 spelling of the
-# confidence head, ``confidence_proj.*``, is an alias of ``confidence_head.proj.*``)
-MARKOV_W1_HF = "markov_head.markov_w1.weight"
-MARKOV_W2_HF = "markov_head.markov_w2.weight"
-CONF_HF_PREFIXES = ("confidence_head.proj", "confidence_proj")
+from ..format.family import (
+    CONF_HF_PREFIXES,
+    CONF_PROJ,
+    CONF_PROJ_BIAS,
+    MARKOV_W1,
+    MARKOV_W1_HF,
+    MARKOV_W2,
+    MARKOV_W2_HF,
+    MARKOV_W2_SCALE,
+)
 
 # (activations, weight type) -> the activations as the CPU backend rounds them before that matmul
 RoundInput = Callable[[torch.Tensor, str], torch.Tensor]

@@ -61,7 +61,7 @@ from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
 from ..format.family import DFLASH, DSPARK, GEMMA4_DSPARK_ARCHITECTURES, member_of
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
-from ..format.tensors import HIDDEN_NORM_HF, LAYER_ROLES_HF, OUTPUT_NORM_HF, SINK_HF, gguf_to_hf, strip_model_prefix
+from ..format.tensors import GEMMA4_ROLES_HF, HIDDEN_NORM_HF, LAYER_ROLES_HF, OUTPUT_NORM_HF, SINK_HF, gguf_to_hf, strip_model_prefix
 from ..sources.checkpoint import Checkpoint, merged_text_config
 from ..sources.config import ConfigView
 from ..sources.dispatch import checkpoint_reader
@@ -72,10 +72,6 @@ from .forward import ForwardResult
 from .weights import LazyMatrix, target_weights
 
 SEMANTICS = ("llama.cpp", "reference")
-# Gemma-4 DSpark's layer parts by the roles of LAYER_ROLES_HF: Gemma's sandwich norms (its
-# post_attention_layernorm follows attention; pre_feedforward_layernorm is the pre-FFN norm) and layer scalar
-GEMMA4_ROLES_HF = {"ffn_norm": "pre_feedforward_layernorm.weight", "post_attn_norm": "post_attention_layernorm.weight",
-                   "post_ffw_norm": "post_feedforward_layernorm.weight", "out_scale": "layer_scalar"}
 # Gemma4TextConfig's full-attention RoPE when a config gives none
 GEMMA4_DEFAULT_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25}
 SLIDING = "sliding_attention"
