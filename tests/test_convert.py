@@ -135,7 +135,10 @@ def test_auto_outtype_follows_checkpoint_dtype(tmp_path, qwen3_target):
         src = make_zlab_drafter(tmp_path / dtype, dtype=dtype)
         plan = plan_conversion(src, qwen3_target)
         assert int(plan.file_type) == ftype, dtype
-        assert plan.output == src / f"dflash-{dtype}-{'BF16' if ftype == 32 else 'F16'}.gguf"
+        # <Name> is general.name as upstream's heuristics derive it from the directory ("bf16" -> "Bf16")
+        name = plan.metadata.get("general.name").replace(" ", "-")
+        assert name.lower() == dtype
+        assert plan.output == src / f"dflash-{name}-{'BF16' if ftype == 32 else 'F16'}.gguf"
 
 
 def test_same_input_gives_identical_bytes(tmp_path, qwen3_target):
