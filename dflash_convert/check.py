@@ -79,6 +79,11 @@ DSpark files (``markov_w1.weight``): both sides run the Markov chain and confide
 (``conditioned_like``), the free-running agreement is ``draft_top1_agreement``, the confidences are
 gated by ``confidence_max_abs_err <= hidden_max_rel``, and a different block layout is a named failure
 (``dspark_common_slots``). docs/check.md has the details and the ``.npz`` arrays it adds.
+
+DFlash2 drafters are judged on what the driver drafts: ``tokens`` are the walk over the selector
+lattice (not the argmax of the logits), a flipped slot is a near-tie when the reference's walked
+lattice row rates the file's token within the class's margin (a token outside the reference's
+candidates never is), and the KL compares the transformed logits the candidates are drawn from.
 """
 
 from __future__ import annotations
@@ -308,7 +313,9 @@ def compare(got: ForwardResult, want: ForwardResult, tie_margin: float = TIE_MAR
     """The check's metrics of ``got`` against ``want``."""
     abs_err, rel_err = hidden_errors(got.hidden, want.hidden)
     match, n = top1_agreement(got.tokens, want.tokens)
-    tie_aware = int(((got.tokens.cpu() == want.tokens.cpu()) | near_ties(want.logits, got.tokens, tie_margin, tie_sd)).sum())
+    # a near-tie is judged on what the driver chose the token from (DFlash2: the walked lattice row)
+    ties = near_ties(want.choice_logits(), got.tokens, tie_margin, tie_sd)
+    tie_aware = int(((got.tokens.cpu() == want.tokens.cpu()) | ties).sum())
     return {"hidden_max_abs_err": abs_err, "hidden_max_rel_err": rel_err, "top1_agreement": match / n if n else 1.0,
             "top1_matches": match, "slots": n, "top1_agreement_tie_aware": tie_aware / n if n else 1.0,
             "kl_mean": kl_mean(want.logits, got.logits)}
@@ -405,14 +412,18 @@ def find_sibling(path: str | Path, type_name: str) -> Path | None:
 
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                    ref: ForwardResult, draft_slots: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens. A DSpark
+    """The ``.npz`` schema: inputs, then each side's hidden states, logits and drafted tokens. A DSpark
     drafter's logits are the Markov-conditioned ones the driver reads; it adds ``draft_slots`` (the block
-    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``."""
+    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``. A DFlash2 drafter
+    adds each side's member arrays (``candidates``, ``lattice``, ``chosen``; docs/check.md)."""
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.float32).numpy()
 
     def i64(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.int64).numpy()
+
+    def typed(t: torch.Tensor) -> np.ndarray:
+        return f32(t) if t.is_floating_point() else i64(t)
 
     out = {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
            "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
@@ -422,6 +433,7 @@ def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gg
         out["draft_slots"] = i64(draft_slots)
         if gguf.confidence is not None and ref.confidence is not None:
             out["confidence_gguf"], out["confidence_ref"] = f32(gguf.confidence), f32(ref.confidence)
+    out.update({f"{name}_{side}": typed(v) for side, r in (("gguf", gguf), ("ref", ref)) for name, v in r.extras.items()})
     return out
 
 
