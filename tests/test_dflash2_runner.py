@@ -44,6 +44,7 @@ from dflash_convert.runtime.weights import load_weights
 from dflash_convert.sources.checkpoint import read_checkpoint
 from dflash_convert.sources.gguf_drafter import read_drafter
 from dflash_convert.sources.target import read_target_dir
+from fixtures.drafters import edit_config
 from fixtures.family import make_dflash2_drafter
 from fixtures.targets import make_target_dir
 
@@ -361,3 +362,28 @@ def test_kernel_size_edit_keeps_a_loadable_file(world):
     w = load_weights(d, read_target_dir(world[2]))
     assert w.dflash2 is not None and w.dflash2.attn[0].base.shape == (2, 1, d.hidden_size)
 
+
+
+def test_semantics_gap_for_a_window_below_the_block(world, tmp_path):
+    """Window 4 < block 8, non-causal: the trained model hides future cells 4 or more slots away, llama.cpp never
+    does. The file is right (llama.cpp's semantics pass); the trained semantics differ and are reported."""
+    _, _, tgt, _ = world
+    src = make_dflash2_drafter(tmp_path / "swa", dtype="f32", seed=2, **G4)
+    edit_config(src, sliding_window=4)
+    out = convert(src, tgt, outfile=tmp_path / "swa-f32.gguf", outtype="f32").output
+    rep = check(out, src, target_model_dir=tgt, device="cpu", context=CTX)
+    assert rep.passed, rep.render_text()
+    assert rep.semantics_gap["differs"] and rep.semantics_gap["hidden_max_abs_err"] > 1e-3
+    assert any(w.startswith("llama.cpp does not run this drafter as it was trained") for w in rep.warnings)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_drafts_what_cpu_drafts(world):
+    d, w, _ = _sides(world)
+    wc = load_weights(d, read_target_dir(world[2]), device="cuda")
+    for seed in range(3):
+        feats, ids, pos = synthetic_inputs(d, CTX, seed)
+        cpu, gpu = run_gguf(d, w, feats, ids, pos), run_gguf(d, wc, feats, ids, pos)
+        assert gpu.tokens.is_cuda and torch.equal(gpu.tokens.cpu(), cpu.tokens)
+        assert torch.equal(gpu.extras[CANDIDATES].cpu(), cpu.extras[CANDIDATES])
+        assert float((gpu.extras[LATTICE].cpu() - cpu.extras[LATTICE]).abs().max()) < 1e-4
