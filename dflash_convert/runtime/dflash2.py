@@ -32,7 +32,7 @@ matmul that applies its own CPU rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -81,7 +81,6 @@ class Dflash2Weights:
     hidden_type: str
     logit_scale: float | None = None
     softcap: float | None = None
-    names: list[str] = field(default_factory=list)  # the GGUF tensors read (for the refusal of unknown ones)
 
     def layer(self, il: int, block_len: int, mm: MatMul) -> LayerConvs:
         """Layer ``il``'s two convolutions over rows that are whole blocks of ``block_len`` tokens."""
@@ -237,7 +236,7 @@ def load_dflash2(d: Drafter, get: Callable[[str], torch.Tensor | None], type_of:
         ffn=[path(i, FFN_CONV_BASE, FFN_CONV_PROJ) for i in range(d.n_layers)],
         prev=need(SELECTOR_PREV, (V, r)), next=need(SELECTOR_NEXT, (V, r)), hidden=need(SELECTOR_HIDDEN, (r, E)),
         hidden_type=type_of(SELECTOR_HIDDEN), logit_scale=d.logit_scale or None,
-        softcap=d.final_logit_softcapping or None, names=dflash2_tensor_names(d.n_layers))
+        softcap=d.final_logit_softcapping or None)
 
 
 __all__ = ["CANDIDATES", "CHOSEN", "LATTICE", "ConvWeights", "Dflash2Weights", "LayerConvs", "Selection",

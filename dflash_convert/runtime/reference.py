@@ -16,7 +16,7 @@ target), plus the few raw config entries whose meaning differs between the two s
   float tolerance; where llama.cpp departs from the trained model, it departs here too: one
   causality flag for all layers (``is_causal`` / ``dflash_config.causal``, non-causal unless true),
   a sliding window that never hides future cells, GELU always the tanh approximation, and no
-  ``output_multiplier`` / ``final_logit_softcapping`` on the logits.
+  ``output_multiplier`` / ``final_logit_softcapping`` on a classic drafter's logits.
 * ``"reference"`` is the model as trained. z-lab: a layer is causal iff ``is_causal`` says so (or,
   without it, ``dflash_config.causal``: z-lab's current code reads only ``is_causal``, but a
   drafter that declares ``causal`` was trained causal), or, with neither set, iff its
