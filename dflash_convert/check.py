@@ -84,6 +84,8 @@ DFlash2 drafters are judged on what the driver drafts: ``tokens`` are the walk o
 lattice (not the argmax of the logits), a flipped slot is a near-tie when the reference's walked
 lattice row rates the file's token within the class's margin (a token outside the reference's
 candidates never is), and the KL compares the transformed logits the candidates are drawn from.
+``metrics["selector"]`` reports (never gates) the share of slots whose candidate sets agree and the
+largest lattice difference where they do (``selector_agreement``).
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_par
 from .runtime.accept import gguf_drafts, measure, reference_drafts
 from .runtime.capture import load_target_model, run_target
 from .runtime.device import resolve_device
+from .runtime.dflash2 import CANDIDATES, LATTICE
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
 from .runtime.dspark import markov_chain
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
@@ -249,6 +252,11 @@ class CheckReport:
                          "file's greedy Markov chain equal to the checkpoint's)")
         if "confidence_max_abs_err" in m:  # DSpark's confidence head
             lines.append(f"  confidence max abs err {m['confidence_max_abs_err']:.3g}  (limit {t.hidden_max_rel:g})")
+        sel = m.get("selector")
+        if sel:
+            err = "n/a" if sel["lattice_max_abs_err"] is None else f"{sel['lattice_max_abs_err']:.3g}"
+            lines.append(f"  selector               candidate sets equal in {sel['candidate_sets_equal']:.3f} of the slots, "
+                         f"lattice max abs error {err} (top-k {sel['top_k'][0]}, checkpoint {sel['top_k'][1]})")
         a = m.get("acceptance")
         if a:
             f, c = a["file"], a["checkpoint"]
@@ -319,6 +327,33 @@ def compare(got: ForwardResult, want: ForwardResult, tie_margin: float = TIE_MAR
     return {"hidden_max_abs_err": abs_err, "hidden_max_rel_err": rel_err, "top1_agreement": match / n if n else 1.0,
             "top1_matches": match, "slots": n, "top1_agreement_tie_aware": tie_aware / n if n else 1.0,
             "kl_mean": kl_mean(want.logits, got.logits)}
+
+
+def _sorted_lattice(candidates: torch.Tensor, lattice: torch.Tensor) -> torch.Tensor:
+    """[n, k, k] lattice with both axes in ascending candidate-id order (predecessors: the previous slot's
+    candidates; the first slot's rows are all the anchor's and stay as they are)."""
+    n, k = candidates.shape
+    perm = candidates.argsort(-1)
+    prev = torch.cat([torch.arange(k)[None], perm[:-1]]) if n else perm
+    out = lattice.gather(-1, perm[:, None, :].expand(n, k, k))
+    return out.gather(1, prev[:, :, None].expand(n, k, k))
+
+
+def selector_agreement(got: ForwardResult, want: ForwardResult) -> dict[str, Any] | None:
+    """DFlash2: the share of slots whose two candidate sets are equal, and the largest lattice difference
+    over the slots where both those and the predecessors' sets are (the pairs then mean the same tokens).
+    None for drafters without a selector. Reported, never gating: the drafted tokens are gated."""
+    if CANDIDATES not in got.extras or CANDIDATES not in want.extras:
+        return None
+    gc, wc = got.extras[CANDIDATES].cpu(), want.extras[CANDIDATES].cpu()
+    if gc.shape != wc.shape:
+        return {"candidate_sets_equal": 0.0, "lattice_max_abs_err": None, "top_k": [gc.shape[-1], wc.shape[-1]]}
+    same = (gc.sort(-1).values == wc.sort(-1).values).all(-1)
+    comparable = same & torch.cat([torch.ones(1, dtype=torch.bool), same[:-1]])
+    diff = (_sorted_lattice(gc, got.extras[LATTICE].detach().cpu().double())
+            - _sorted_lattice(wc, want.extras[LATTICE].detach().cpu().double()))[comparable]
+    return {"candidate_sets_equal": float(same.double().mean()) if same.numel() else 1.0,
+            "lattice_max_abs_err": float(diff.abs().max()) if diff.numel() else None, "top_k": [gc.shape[-1]] * 2}
 
 
 # --- file type ---------------------------------------------------------------------------------
@@ -646,6 +681,9 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     if own_draft is not None:
         match, n = int((own_draft.tokens.cpu() == want.tokens.cpu()).sum()), int(want.tokens.numel())
         metrics["draft_top1_agreement"], metrics["draft_matches"] = match / n if n else 1.0, match
+    selector = selector_agreement(got, want)  # DFlash2: reported, never gating
+    if selector is not None:
+        metrics["selector"] = selector
     if not metrics["hidden_max_rel_err"] <= limits.hidden_max_rel:
         failures.append(f"hidden states differ: max rel error {metrics['hidden_max_rel_err']:.3g} > {limits.hidden_max_rel:g} "
                         f"(max abs error {metrics['hidden_max_abs_err']:.3g})")

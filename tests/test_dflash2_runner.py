@@ -30,7 +30,7 @@ from drafter_gguf import Tensor, get_tensor, kv, read_parts, set_key, set_tensor
 from safetensors.torch import save_file
 
 from dflash_convert import convert
-from dflash_convert.check import check, synthetic_inputs
+from dflash_convert.check import check, selector_agreement, synthetic_inputs
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.family import ATTN_CONV_BASE, FFN_CONV_BASE, SELECTOR_PREV
 from dflash_convert.format.ggml import GGMLType
@@ -39,7 +39,7 @@ from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
 from dflash_convert.runtime.accept import anchor_drafts
 from dflash_convert.runtime.dflash2 import CANDIDATES, CHOSEN, LATTICE, dynamic_conv
-from dflash_convert.runtime.forward import block_tokens, contiguous_positions, run_gguf
+from dflash_convert.runtime.forward import ForwardResult, block_tokens, contiguous_positions, run_gguf
 from dflash_convert.runtime.reference import load_reference, reference_forward
 from dflash_convert.runtime.weights import load_weights
 from dflash_convert.sources.checkpoint import read_checkpoint
@@ -282,6 +282,33 @@ def test_check_passes_f32_with_every_drafted_token_equal(world):
     assert rep.precision_class == "F32" and rep.metrics["top1_agreement"] == 1.0
     assert rep.metrics["slots"] == 7 and rep.metrics["hidden_max_rel_err"] < 1e-5
     assert not rep.semantics_gap["differs"] and not any("as it was trained" in w for w in rep.warnings)
+    sel = rep.metrics["selector"]
+    assert sel["candidate_sets_equal"] == 1.0 and sel["lattice_max_abs_err"] < 1e-5 and sel["top_k"] == [TOP_K, TOP_K]
+    assert "selector               candidate sets equal in 1.000 of the slots" in rep.render_text()
+
+
+def test_selector_agreement_aligns_candidates_by_id():
+    """The same lattice with its candidates in another order on one side compares as equal; another set does not."""
+    g = torch.Generator().manual_seed(0)
+    cand = torch.tensor([[5, 9, 2], [7, 3, 8], [1, 4, 6]])
+    lat = torch.randn(3, 3, 3, generator=g)
+    lat[0] = lat[0, :1].expand(3, 3)  # the first slot's rows are all the anchor's
+    perm = torch.tensor([[2, 0, 1], [1, 2, 0], [0, 2, 1]])
+    cand2 = cand.gather(1, perm)
+    prev = torch.cat([torch.arange(3)[None], perm[:-1]])
+    lat2 = lat.gather(2, perm[:, None, :].expand(3, 3, 3)).gather(1, prev[:, :, None].expand(3, 3, 3))
+
+    def result(c, lt):
+        return ForwardResult(hidden=torch.zeros(4, 2), logits=torch.zeros(3, 10), tokens=c[:, 0],
+                             extras={CANDIDATES: c, LATTICE: lt, CHOSEN: torch.zeros(3, dtype=torch.int64)})
+
+    same = selector_agreement(result(cand2, lat2), result(cand, lat))
+    assert same["candidate_sets_equal"] == 1.0 and same["lattice_max_abs_err"] < 1e-6
+    other = cand.clone()
+    other[1, 0] = 0  # slot 2 draws another set: it and slot 3 (whose predecessors differ) are not compared
+    part = selector_agreement(result(other, lat), result(cand, lat))
+    assert part["candidate_sets_equal"] == pytest.approx(2 / 3) and part["lattice_max_abs_err"] == 0.0
+    assert selector_agreement(result(cand, lat + 1.0), result(cand, lat))["lattice_max_abs_err"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("qtype,cls", [("F16", "F16"), ("BF16", "BF16"), ("Q8_0", "Q8_0"), ("Q4_K_M", "Q4"), ("Q2_K", "Q2_K")])
@@ -359,6 +386,8 @@ def test_broken_file_fails_naming_the_cause(world, what, edit, cause):
     assert not rep.passed and rep.exit_code == 1
     assert any(f.startswith(cause) for f in rep.failures), rep.failures
     assert not any(f.startswith("the file fails validate") for f in rep.failures), rep.failures  # llama.cpp loads it
+    if what == "selector-top-k":
+        assert rep.metrics["selector"]["top_k"] == [TOP_K - 1, TOP_K]
     if what == "swapped-conv-bases":
         assert any("(swapped?)" in f for f in rep.failures), rep.failures
     assert f"FAIL: {cause}" in rep.render_text()
