@@ -13,7 +13,8 @@ What is proved, on a tiny DFlash2 drafter (2 layers, hidden 64, the synthetic Ge
 * ``check`` passes the F32 file with every drafted token equal, F16/BF16/Q8_0/Q4_K_M/Q2_K files
   within their class, writes the lattice arrays with ``save_io``; a swapped pair of conv base
   kernels, a transposed codebook, a wrong selector_top_k and a wrong conv_kernel_size that still
-  loads each fail with a line naming the cause.
+  loads each fail with a line naming the cause; with a features file the acceptance loop drafts by the
+  walk on both sides (the F32 file accepts what the checkpoint accepts, swapped conv kernels lose it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dflash_convert import convert
 from dflash_convert.check import check, selector_agreement, synthetic_inputs
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.family import ATTN_CONV_BASE, FFN_CONV_BASE, SELECTOR_PREV
+from dflash_convert.format.features import SCHEMA as FEATURES_SCHEMA
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.rules import EMBEDDING_TENSOR
 from dflash_convert.format.tensors import layer_name
@@ -45,6 +47,7 @@ from dflash_convert.runtime.weights import load_weights
 from dflash_convert.sources.checkpoint import read_checkpoint
 from dflash_convert.sources.gguf_drafter import read_drafter
 from dflash_convert.sources.target import read_target_dir
+from dflash_convert.write_features import FeatureWriter
 from fixtures.drafters import edit_config
 from fixtures.family import make_dflash2_drafter, make_dspark_drafter
 from fixtures.targets import make_target_dir
@@ -439,3 +442,50 @@ def test_dspark_is_still_refused(world, tmp_path):
         load_weights(read_drafter(out), target)
     with pytest.raises(DFlashError, match="a DSpark drafter: the reference forward computes classic DFlash and DFlash2"):
         load_reference(read_checkpoint(src), target)
+
+
+# --- acceptance: check with a features file --------------------------------------------------------------
+
+NEW_TOKENS = 24
+ACCEPT_PER_STEP = 3  # the continuation follows the checkpoint's drafts this far at every loop anchor
+
+
+def _features_file(world, out: Path) -> Path:
+    """A features file the checkpoint drafts into: random layer inputs, a random prompt, then a continuation
+    built along llama-speculative-simple's loop that takes ACCEPT_PER_STEP tokens of the checkpoint's draft
+    (the reference, walked) and then one token it did not draft. No target model is needed to write it."""
+    d, _, model = _sides(world)
+    layers = list(d.target_layers)
+    g = torch.Generator().manual_seed(11)
+    total, prompt = 8 + NEW_TOKENS + d.block_size + 2, 8
+    streams = torch.randn(len(layers), total, d.hidden_size, generator=g)
+    feats = torch.cat(list(streams), dim=-1).double()
+    tokens = torch.randint(5, d.vocab_size, (total,), generator=g)
+    c = prompt - 1
+    while c + ACCEPT_PER_STEP + 1 < total:
+        ids = block_tokens(d, int(tokens[c]))
+        draft = reference_forward(model, feats[:c], ids, contiguous_positions(c, len(ids))).tokens
+        tokens[c + 1:c + 1 + ACCEPT_PER_STEP] = draft[:ACCEPT_PER_STEP]
+        tokens[c + 1 + ACCEPT_PER_STEP] = (int(draft[ACCEPT_PER_STEP]) + 1) % d.vocab_size  # the draft stops here
+        c += ACCEPT_PER_STEP + 1
+    meta = {"schema": FEATURES_SCHEMA, "layers": json.dumps(layers), "dtype": "F32", "sequences": "1",
+            "new_tokens": str(NEW_TOKENS), "eos_ids": "[]"}
+    w = FeatureWriter(out, [total], len(layers), d.hidden_size, "F32", meta)
+    w.write(0, tokens.numpy(), prompt, streams.numpy())
+    return w.commit()
+
+
+def test_check_measures_acceptance_on_the_walked_drafts(world, tmp_path):
+    """With a features file the acceptance loop drafts by the walk on both sides: the F32 file accepts what the
+    checkpoint accepts (ACCEPT_PER_STEP per step by construction); swapped conv kernels lose it."""
+    root, _, _, f32 = world
+    feats = _features_file(world, tmp_path / "feats.safetensors")
+    rep = _check(world, f32, features=str(feats))
+    assert rep.passed, rep.render_text()
+    a = rep.metrics["acceptance"]
+    assert a["checkpoint"]["n_accept"] == ACCEPT_PER_STEP * a["checkpoint"]["steps"] and a["checkpoint"]["accept"] > 0.3
+    assert a["file"] == a["checkpoint"] and a["lost"] == 0.0
+    broken = write_parts(root / "broken-acceptance.gguf", _swap_conv_bases(read_parts(f32)))
+    bad = _check(world, broken, features=str(feats))
+    assert bad.metrics["acceptance"]["lost"] > 0.2
+    assert any(f.startswith("accepted tokens lost: the file accepts") for f in bad.failures), bad.failures
