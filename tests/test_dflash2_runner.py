@@ -32,7 +32,6 @@ from safetensors.torch import save_file
 
 from dflash_convert import convert
 from dflash_convert.check import check, selector_agreement, synthetic_inputs
-from dflash_convert.errors import DFlashError
 from dflash_convert.format.family import ATTN_CONV_BASE, FFN_CONV_BASE, SELECTOR_PREV
 from dflash_convert.format.features import SCHEMA as FEATURES_SCHEMA
 from dflash_convert.format.ggml import GGMLType
@@ -49,7 +48,7 @@ from dflash_convert.sources.gguf_drafter import read_drafter
 from dflash_convert.sources.target import read_target_dir
 from dflash_convert.write_features import FeatureWriter
 from fixtures.drafters import edit_config
-from fixtures.family import make_dflash2_drafter, make_dspark_drafter
+from fixtures.family import make_dflash2_drafter
 from fixtures.targets import make_target_dir
 
 CTX = 7
@@ -430,18 +429,6 @@ def test_cuda_drafts_what_cpu_drafts(world):
         assert gpu.tokens.is_cuda and torch.equal(gpu.tokens.cpu(), cpu.tokens)
         assert torch.equal(gpu.extras[CANDIDATES].cpu(), cpu.extras[CANDIDATES])
         assert float((gpu.extras[LATTICE].cpu() - cpu.extras[LATTICE]).abs().max()) < 1e-4
-
-
-def test_dspark_is_still_refused(world, tmp_path):
-    """Only DFlash2's refusal is lifted: a DSpark file and checkpoint are refused by name, never run as DFlash."""
-    _, _, tgt, _ = world
-    src = make_dspark_drafter(tmp_path / "dspark", dtype="f32", with_lm_head=False, **G4)
-    out = convert(src, tgt, outfile=tmp_path / "dspark-f32.gguf", outtype="f32").output
-    target = read_target_dir(tgt)
-    with pytest.raises(DFlashError, match="DSpark heads are not run here"):
-        load_weights(read_drafter(out), target)
-    with pytest.raises(DFlashError, match="a DSpark drafter: the reference forward computes classic DFlash and DFlash2"):
-        load_reference(read_checkpoint(src), target)
 
 
 # --- acceptance: check with a features file --------------------------------------------------------------
