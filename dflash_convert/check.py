@@ -79,6 +79,13 @@ DSpark files (``markov_w1.weight``): both sides run the Markov chain and confide
 (``conditioned_like``), the free-running agreement is ``draft_top1_agreement``, the confidences are
 gated by ``confidence_max_abs_err <= hidden_max_rel``, and a different block layout is a named failure
 (``dspark_common_slots``). docs/check.md has the details and the ``.npz`` arrays it adds.
+
+DFlash2 drafters are judged on what the driver drafts: ``tokens`` are the walk over the selector
+lattice (not the argmax of the logits), a flipped slot is a near-tie when the reference's walked
+lattice row rates the file's token within the class's margin (a token outside the reference's
+candidates never is), and the KL compares the transformed logits the candidates are drawn from.
+``metrics["selector"]`` reports (never gates) the share of slots whose candidate sets agree and the
+largest lattice difference where they do (``selector_agreement``).
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_par
 from .runtime.accept import gguf_drafts, measure, reference_drafts
 from .runtime.capture import load_target_model, run_target
 from .runtime.device import resolve_device
+from .runtime.dflash2 import CANDIDATES, LATTICE
 from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
 from .runtime.dspark import markov_chain
 from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
@@ -245,6 +253,11 @@ class CheckReport:
                          "file's greedy Markov chain equal to the checkpoint's)")
         if "confidence_max_abs_err" in m:  # DSpark's confidence head
             lines.append(f"  confidence max abs err {m['confidence_max_abs_err']:.3g}  (limit {t.hidden_max_rel:g})")
+        sel = m.get("selector")
+        if sel:
+            err = "n/a" if sel["lattice_max_abs_err"] is None else f"{sel['lattice_max_abs_err']:.3g}"
+            lines.append(f"  selector               candidate sets equal in {sel['candidate_sets_equal']:.3f} of the slots, "
+                         f"lattice max abs error {err} (top-k {sel['top_k'][0]}, checkpoint {sel['top_k'][1]})")
         a = m.get("acceptance")
         if a:
             f, c = a["file"], a["checkpoint"]
@@ -309,10 +322,39 @@ def compare(got: ForwardResult, want: ForwardResult, tie_margin: float = TIE_MAR
     """The check's metrics of ``got`` against ``want``."""
     abs_err, rel_err = hidden_errors(got.hidden, want.hidden)
     match, n = top1_agreement(got.tokens, want.tokens)
-    tie_aware = int(((got.tokens.cpu() == want.tokens.cpu()) | near_ties(want.logits, got.tokens, tie_margin, tie_sd)).sum())
+    # a near-tie is judged on what the driver chose the token from (DFlash2: the walked lattice row)
+    ties = near_ties(want.choice_logits(), got.tokens, tie_margin, tie_sd)
+    tie_aware = int(((got.tokens.cpu() == want.tokens.cpu()) | ties).sum())
     return {"hidden_max_abs_err": abs_err, "hidden_max_rel_err": rel_err, "top1_agreement": match / n if n else 1.0,
             "top1_matches": match, "slots": n, "top1_agreement_tie_aware": tie_aware / n if n else 1.0,
             "kl_mean": kl_mean(want.logits, got.logits)}
+
+
+def _sorted_lattice(candidates: torch.Tensor, lattice: torch.Tensor) -> torch.Tensor:
+    """[n, k, k] lattice with both axes in ascending candidate-id order (predecessors: the previous slot's
+    candidates; the first slot's rows are all the anchor's and stay as they are)."""
+    n, k = candidates.shape
+    perm = candidates.argsort(-1)
+    prev = torch.cat([torch.arange(k)[None], perm[:-1]]) if n else perm
+    out = lattice.gather(-1, perm[:, None, :].expand(n, k, k))
+    return out.gather(1, prev[:, :, None].expand(n, k, k))
+
+
+def selector_agreement(got: ForwardResult, want: ForwardResult) -> dict[str, Any] | None:
+    """DFlash2: the share of slots whose two candidate sets are equal, and the largest lattice difference
+    over the slots where both those and the predecessors' sets are (the pairs then mean the same tokens).
+    None for drafters without a selector. Reported, never gating: the drafted tokens are gated."""
+    if CANDIDATES not in got.extras or CANDIDATES not in want.extras:
+        return None
+    gc, wc = got.extras[CANDIDATES].cpu(), want.extras[CANDIDATES].cpu()
+    if gc.shape != wc.shape:
+        return {"candidate_sets_equal": 0.0, "lattice_max_abs_err": None, "top_k": [gc.shape[-1], wc.shape[-1]]}
+    same = (gc.sort(-1).values == wc.sort(-1).values).all(-1)
+    comparable = same & torch.cat([torch.ones(1, dtype=torch.bool), same[:-1]])
+    diff = (_sorted_lattice(gc, got.extras[LATTICE].detach().cpu().double())
+            - _sorted_lattice(wc, want.extras[LATTICE].detach().cpu().double()))[comparable]
+    return {"candidate_sets_equal": float(same.double().mean()) if same.numel() else 1.0,
+            "lattice_max_abs_err": float(diff.abs().max()) if diff.numel() else None, "top_k": [gc.shape[-1]] * 2}
 
 
 # --- file type ---------------------------------------------------------------------------------
@@ -406,14 +448,18 @@ def find_sibling(path: str | Path, type_name: str) -> Path | None:
 
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                    ref: ForwardResult, draft_slots: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-    """The ``.npz`` schema: inputs, then each side's hidden states, logits and greedy tokens. A DSpark
+    """The ``.npz`` schema: inputs, then each side's hidden states, logits and drafted tokens. A DSpark
     drafter's logits are the Markov-conditioned ones the driver reads; it adds ``draft_slots`` (the block
-    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``."""
+    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``. A DFlash2 drafter
+    adds each side's member arrays (``candidates``, ``lattice``, ``chosen``; docs/check.md)."""
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.float32).numpy()
 
     def i64(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.int64).numpy()
+
+    def typed(t: torch.Tensor) -> np.ndarray:
+        return f32(t) if t.is_floating_point() else i64(t)
 
     out = {"target_hidden": f32(feats), "block_ids": i64(ids), "positions": i64(pos),
            "hidden_gguf": f32(gguf.hidden), "hidden_ref": f32(ref.hidden),
@@ -423,6 +469,7 @@ def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gg
         out["draft_slots"] = i64(draft_slots)
         if gguf.confidence is not None and ref.confidence is not None:
             out["confidence_gguf"], out["confidence_ref"] = f32(gguf.confidence), f32(ref.confidence)
+    out.update({f"{name}_{side}": typed(v) for side, r in (("gguf", gguf), ("ref", ref)) for name, v in r.extras.items()})
     return out
 
 
@@ -641,6 +688,9 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     if own_draft is not None:
         match, n = int((own_draft.tokens.cpu() == want.tokens.cpu()).sum()), int(want.tokens.numel())
         metrics["draft_top1_agreement"], metrics["draft_matches"] = match / n if n else 1.0, match
+    selector = selector_agreement(got, want)  # DFlash2: reported, never gating
+    if selector is not None:
+        metrics["selector"] = selector
     if not metrics["hidden_max_rel_err"] <= limits.hidden_max_rel:
         failures.append(f"hidden states differ: max rel error {metrics['hidden_max_rel_err']:.3g} > {limits.hidden_max_rel:g} "
                         f"(max abs error {metrics['hidden_max_abs_err']:.3g})")

@@ -39,6 +39,7 @@ from .forward import (
     contiguous_positions,
     cpu_matmul_input,
     layer_tail,
+    matmul,
     position_rows,
     rms_norm,
     rope_cos_sin,
@@ -86,7 +87,8 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     ``features``: [L, T*E] the sequence's target features (taps in ``d.target_layers`` order);
     ``tokens``: [L] its token ids. An anchor ``c`` drafts from the features of ``0..c-1`` and the block
     ``[tokens[c], mask * (B-1)]`` at positions ``c..c+B-1``; slots ``1..n_max`` are its draft.
-    ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only).
+    ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only; for
+    DFlash2 the walked lattice rows the tokens were chosen from, -inf off the candidates).
     ``cpu_matmul``: round each matmul's activations as ggml's CPU backend does; ``kv_cache_dtype``
     (torch.float16: llama.cpp's default cache, flash attention off) rounds K, V, Q and the attention
     weights as that cache does (both ``run_gguf``'s options, off by default). ``ctx_kv``: the
@@ -112,9 +114,9 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     out, kept = [], []
     for at in range(0, len(anchors), batch):
         part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
-        logits = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max, cpu_matmul,
-                         kv_cache_dtype)
-        out.append(logits.argmax(dim=-1).cpu())
+        logits, drafted = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max,
+                                  cpu_matmul, kv_cache_dtype)
+        out.append(drafted.cpu())
         if keep_logits:
             kept.append(logits.cpu())
     drafts = torch.cat(out) if out else torch.empty(0, n_max, dtype=torch.int64)
@@ -125,7 +127,9 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
 
 def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
             causal: bool, spec, mrope: bool, kq_scale: float, n_max: int, cpu_matmul: bool,
-            cache_dtype: torch.dtype | None) -> torch.Tensor:
+            cache_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores [A, n_max, V] the tokens are chosen from, drafted tokens [A, n_max]) of blocks from ``anchors``:
+    the logits and their argmax, or for DFlash2 the walked lattice rows and the walk's tokens."""
     dev, dt = w.device, w.dtype
     A, B = anchors.shape[0], d.block_size
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
@@ -153,6 +157,9 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
         if win is not None:
             vis_blk &= diff_blk < win
         h = rms_norm(x, eps, lw.attn_norm)
+        convs = None if w.dflash2 is None else w.dflash2.layer(il, B, matmul(cpu_matmul))  # rows are whole blocks
+        if convs is not None:
+            h = convs.attn_in(h)
         q = rms_norm(_layer_mm(lw, "wq", h, cpu_matmul).reshape(-1, H, D), eps, lw.q_norm)
         k_blk, v_blk = _kv(lw, h, D, eps, cpu_matmul)
         q = apply_rope_neox(q, cos_b, sin_b).reshape(A, B, H, D)
@@ -180,18 +187,25 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
             probs = probs.to(cache_dtype).to(dt)
         attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
                 + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
-        x = layer_tail(d, lw, x, attn, False, cpu_matmul)  # no fp16 GELU table here, as before
+        x = layer_tail(d, lw, x, attn, False, cpu_matmul, convs)  # no fp16 GELU table here, as before
     if w.markov is not None:  # DSpark: every slot through the head, then the Markov chain (runtime.dspark)
         states = rms_norm(x, eps, w.output_norm)
         read = cpu_matmul_input(states, w.head.source.dtype) if cpu_matmul else states
         logits = scatter_d2t(w.head.project(read), w.d2t, d.vocab_size).reshape(A, B, -1)
         chain = markov_chain(w.markov, logits, states.reshape(A, B, -1), ids[:, 0], w.d2t,
                              cpu_matmul_input if cpu_matmul else None)
-        return chain.logits[:, :n_max]
-    hidden = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1].reshape(A * n_max, -1)
+        return chain.logits[:, :n_max], chain.tokens[:, :n_max]
+    normed = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1]
+    hidden = normed.reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)
-    return scatter_d2t(w.head.project(hidden), w.d2t, d.vocab_size).reshape(A, n_max, -1)
+    raw = w.head.project(hidden)
+    if w.dflash2 is None:
+        logits = scatter_d2t(raw, w.d2t, d.vocab_size).reshape(A, n_max, -1)
+        return logits, logits.argmax(dim=-1)
+    logits = scatter_d2t(w.dflash2.output_transforms(raw), w.d2t, d.vocab_size).reshape(A, n_max, -1)
+    sel = w.dflash2.select(normed, logits, ids[:, 0], matmul(cpu_matmul))
+    return sel.choice_rows(d.vocab_size), sel.tokens
 
 
 # --- llama.cpp's count -------------------------------------------------------------------------------

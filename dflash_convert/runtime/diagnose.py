@@ -33,13 +33,21 @@ from ..tensor_source import NeoxPermuted, RowOverride, TensorSource
 from .weights import source_values
 
 # fields of Drafter that change what the forward computes (origin, context length and key positions
-# are not among them; of the family's parts only DSpark's, which the runner runs)
+# are not among them; of the family's parts DSpark's are listed here, DFlash2's compared below: the
+# runner runs both)
 FORWARD_FIELDS = ("n_layers", "hidden_size", "intermediate_size", "n_head", "n_head_kv", "head_dim", "rms_eps",
                   "vocab_size", "mask_token_id", "target_layers", "block_size", "rope_theta", "rope_scaling",
                   "rope_sections", "n_rot", "sliding_window", "swa_pattern", "causal", "value_scale",
                   "embedding_scale", "hidden_act", "draft_vocab_size", "attention_scale",
                   # DSpark: the block layout and the heads the driver reads
                   "sample_from_anchor", "markov", "has_confidence_head")
+
+# DFlash2's parts (Drafter.conv, Drafter.selector): field -> the key it is read from, for the message
+PART_FIELDS: dict[str, dict[str, str]] = {
+    "conv": {"kernel_size": "conv_kernel_size", "group_size": "conv_group_size"},
+    "selector": {"rank": "selector_rank", "top_k": "selector_top_k"},
+}
+DFLASH2_FORWARD_FIELDS = ("logit_scale", "final_logit_softcapping")  # applied in-graph for DFlash2 only
 
 # relative RMS error a storage type may add to a weight (measured on normal-distributed rows with
 # our quantizers, then doubled for headroom: F16 2.1e-4, BF16 1.6e-3, Q8_0 3.6e-3, Q6_K 8e-3,
@@ -71,12 +79,22 @@ def _as_f32(v: Any) -> Any:
 
 
 def hparam_differences(file: Drafter, checkpoint: Drafter) -> list[str]:
-    """``name: file X, checkpoint Y`` for each forward field whose two readings differ."""
+    """``name: file X, checkpoint Y`` for each forward field whose two readings differ (a member's part
+    field by field, under its key's name)."""
     out = []
-    for name in FORWARD_FIELDS:
+    dflash2 = file.selector is not None or checkpoint.selector is not None
+    for name in FORWARD_FIELDS + (DFLASH2_FORWARD_FIELDS if dflash2 else ()):
         a, b = _as_f32(getattr(file, name)), _as_f32(getattr(checkpoint, name))
         if a != b:
             out.append(f"{name}: file {a}, checkpoint {b}")
+    for part, fields in PART_FIELDS.items():
+        pa, pb = getattr(file, part), getattr(checkpoint, part)
+        if pa is None or pb is None:
+            if (pa is None) != (pb is None):
+                out.append(f"{part}: file {pa}, checkpoint {pb}")
+            continue
+        out += [f"{k}: file {getattr(pa, f)}, checkpoint {getattr(pb, f)}" for f, k in fields.items()
+                if getattr(pa, f) != getattr(pb, f)]
     return out
 
 

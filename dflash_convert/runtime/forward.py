@@ -21,10 +21,13 @@ not is kept here on purpose (``runtime.reference`` has the reference's own seman
   yarn uses ext_factor 1, beta_fast 32, beta_slow 1 and attn_factor = mscale(factor)/(1+0.1 ln
   factor) (the yarn_* keys are not read for dflash); ``rope_freqs.weight`` divides the angles on the
   NeoX path only;
-* logit_scale and final_logit_softcapping are not applied (only DFlash2, which is refused, applies
-  them); a ``d2t`` drafter's logits are scattered into a -inf row of the target vocabulary;
+* logit_scale and final_logit_softcapping are not applied (only DFlash2 applies them); a ``d2t``
+  drafter's logits are scattered into a -inf row of the target vocabulary;
 * DSpark (``markov_w1.weight``): the Markov and confidence heads of ``runtime.dspark`` follow, over
-  every slot; with ``sample_from_anchor`` (the default) slot 0 drafts too.
+  every slot; with ``sample_from_anchor`` (the default) slot 0 drafts too;
+* a DFlash2 drafter adds its dynamic convolutions around attention and the FFN, the output
+  transforms and the candidate selector, whose lattice the driver walks instead of taking the
+  argmax (``runtime.dflash2``; its hooks below are the ``dflash2`` lines).
 
 Numerics: everything is computed in the weights' dtype (float32 by default), as ggml's CPU backend
 does with an F32 GGUF, an F32 KV cache and flash attention off; RoPE angles are formed exactly as
@@ -37,7 +40,8 @@ flash attention off) and ``gelu_fp16_table`` (the CPU GELU lookup table).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +49,7 @@ import torch.nn.functional as F
 from ..drafter import Drafter
 from ..errors import DFlashError
 from ..format.rules import ROPE_SECTIONS
+from .dflash2 import LayerConvs, Selection
 from .dspark import markov_chain
 from .weights import DrafterWeights, LayerWeights
 
@@ -63,9 +68,17 @@ class ForwardResult:
 
     hidden: torch.Tensor  # [n_block, hidden] output of the final norm
     logits: torch.Tensor  # [n_drafted, vocab] for the predicted slots, target vocabulary ids
-    tokens: torch.Tensor  # [n_drafted] int64 argmax target ids
+    tokens: torch.Tensor  # [n_drafted] int64 target ids as the driver drafts them (the argmax, or DFlash2's walk)
     confidence: torch.Tensor | None = None  # [n_drafted] DSpark's confidence head, when the file has one
     head_logits: torch.Tensor | None = None  # DSpark: [n_block, vocab] the output head's, before the Markov bias
+    # [n_drafted, vocab] the scores the driver picks each token by when they are not ``logits`` (DFlash2:
+    # the walked lattice row at the slot's candidates, -inf elsewhere); None: the logits
+    choice: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # a member's per-slot arrays (DFlash2: candidates, lattice)
+
+    def choice_logits(self) -> torch.Tensor:
+        """What the driver chose each drafted token from: its near-ties are the ones that matter."""
+        return self.logits if self.choice is None else self.choice
 
 
 @dataclass
@@ -375,20 +388,26 @@ def contiguous_positions(n_ctx: int, n_block: int, start: int = 0) -> torch.Tens
 
 @torch.no_grad()
 def layer_tail(d: Drafter, lw: LayerWeights, x: torch.Tensor, attn: torch.Tensor, gelu_fp16_table: bool,
-               cpu_matmul: bool) -> torch.Tensor:
+               cpu_matmul: bool, convs: LayerConvs | None = None) -> torch.Tensor:
     """The rest of a layer after attention, as llama.cpp's dflash graph computes it: the output
     projection (times value_scale), the post-attention norm, the residual, the FFN with its
     post-FFW norm and residual, the layer's output scale. ``x``: the layer's input, [rows, E];
     ``attn``: the attention output, [rows, H*D]. Shared by the single draft (run_gguf) and the
-    batched drafts of every anchor (runtime.accept)."""
+    batched drafts of every anchor (runtime.accept). ``convs``: a DFlash2 layer's convolutions (whose
+    attention coefficients ``convs.attn_in`` already projected)."""
     eps = d.rms_eps
     o = _layer_mm(lw, "wo", attn, cpu_matmul)
     if d.value_scale:
         o = o * d.value_scale
+    if convs is not None:
+        o = convs.attn_out(o)
     if lw.post_attn_norm is not None:
         o = rms_norm(o, eps, lw.post_attn_norm)
     x = x + o
-    y = _ffn(rms_norm(x, eps, lw.ffn_norm), lw, d.hidden_act, gelu_fp16_table, cpu_matmul)
+    h = rms_norm(x, eps, lw.ffn_norm)
+    y = _ffn(h if convs is None else convs.ffn_in(h), lw, d.hidden_act, gelu_fp16_table, cpu_matmul)
+    if convs is not None:
+        y = convs.ffn_out(y)
     if lw.post_ffw_norm is not None:
         y = rms_norm(y, eps, lw.post_ffw_norm)
     x = x + y
@@ -438,24 +457,44 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
     if d.embedding_scale:
         x = x * d.embedding_scale
     masks = {w: attention_mask(q_pos, k_pos, causal=causal, window=w) for w in set(window_of)}
+    dflash2 = weights.dflash2
     for il, lw in enumerate(weights.layers):
         k_ctx, v_ctx = _kv(lw, g, D, eps, cpu_matmul)
         h = rms_norm(x, eps, lw.attn_norm)
+        convs = None if dflash2 is None else dflash2.layer(il, ids.shape[0], matmul(cpu_matmul))
+        if convs is not None:
+            h = convs.attn_in(h)
         q = rms_norm(_layer_mm(lw, "wq", h, cpu_matmul).reshape(-1, H, D), eps, lw.q_norm)
         k_blk, v_blk = _kv(lw, h, D, eps, cpu_matmul)
         q = apply_rope_neox(q, cos[n_ctx:], sin[n_ctx:])
         k = apply_rope_neox(torch.cat([k_ctx, k_blk]), cos, sin)
         v = torch.cat([v_ctx, v_blk])
         attn = attend(q, k, v, masks[window_of[il]], kq_scale, lw.sinks, kv_cache_dtype)
-        x = layer_tail(d, lw, x, attn, gelu_fp16_table, cpu_matmul)
+        x = layer_tail(d, lw, x, attn, gelu_fp16_table, cpu_matmul, convs)
     hidden = rms_norm(x, eps, weights.output_norm)
     read = hidden if weights.markov is not None else hidden[1:]  # DSpark's heads read slot 0 too
     out = read if not cpu_matmul else cpu_matmul_input(read, weights.head.source.dtype)
-    logits = scatter_d2t(weights.head.project(out), weights.d2t, d.vocab_size)
+    raw = weights.head.project(out)
+    if dflash2 is not None:
+        logits = scatter_d2t(dflash2.output_transforms(raw), weights.d2t, d.vocab_size)
+        sel = dflash2.select(hidden[None, 1:], logits[None], ids[:1], matmul(cpu_matmul))
+        return dflash2_result(hidden, logits, sel, d.vocab_size)
+    logits = scatter_d2t(raw, weights.d2t, d.vocab_size)
     if weights.markov is not None:  # DSpark: each drafted slot conditioned on the token before it (runtime.dspark)
         m = markov_chain(weights.markov, logits, hidden, ids[0], weights.d2t, cpu_matmul_input if cpu_matmul else None)
         return ForwardResult(hidden=hidden, logits=m.logits, tokens=m.tokens, confidence=m.confidence, head_logits=logits)
     return ForwardResult(hidden=hidden, logits=logits, tokens=logits.argmax(dim=-1))
+
+
+def matmul(cpu_matmul: bool) -> Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]:
+    """x @ w.T for runtime.dflash2, with the CPU backend's input rounding when ``cpu_matmul``."""
+    return lambda x, w, wtype: _mm(x, w, None, wtype if cpu_matmul else None)
+
+
+def dflash2_result(hidden: torch.Tensor, logits: torch.Tensor, sel: Selection, vocab_size: int) -> ForwardResult:
+    """One DFlash2 draft: the walked tokens, the walked rows as the choice, the lattice as extras."""
+    return ForwardResult(hidden=hidden, logits=logits, tokens=sel.tokens[0], choice=sel.choice_rows(vocab_size)[0],
+                         extras=sel.arrays(0))
 
 
 def scatter_d2t(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:

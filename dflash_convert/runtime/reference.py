@@ -16,7 +16,7 @@ target), plus the few raw config entries whose meaning differs between the two s
   float tolerance; where llama.cpp departs from the trained model, it departs here too: one
   causality flag for all layers (``is_causal`` / ``dflash_config.causal``, non-causal unless true),
   a sliding window that never hides future cells, GELU always the tanh approximation, and no
-  ``output_multiplier`` / ``final_logit_softcapping`` on the logits.
+  ``output_multiplier`` / ``final_logit_softcapping`` on a classic drafter's logits.
 * ``"reference"`` is the model as trained. z-lab: a layer is causal iff ``is_causal`` says so (or,
   without it, ``dflash_config.causal``: z-lab's current code reads only ``is_causal``, but a
   drafter that declares ``causal`` was trained causal), or, with neither set, iff its
@@ -45,6 +45,10 @@ target's head is, as upstream's converter drops that head. Gemma-4 DSpark (``Gem
 V is the K projection through a weightless RMSNorm (``attention_k_eq_v``), Gemma's sandwich norms
 and ``layer_scalar`` apply, attention is scaled by ``attention.scale`` (1), and proportional RoPE
 rotates only the first ``partial_rotary_factor * head_dim / 2`` pairs, read from the config.
+
+A DFlash2 checkpoint adds its convolutions, output transforms and candidate selector
+(``runtime.dflash2_reference``, read by HF names; what is known of their semantics is there): its
+``tokens`` are the lattice walk's, as the driver drafts them, its ``choice`` the walked scores.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ import torch.nn.functional as F
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
-from ..format.family import DFLASH, DSPARK, GEMMA4_DSPARK_ARCHITECTURES, member_of
+from ..format.family import DFLASH, DFLASH2, DSPARK, GEMMA4_DSPARK_ARCHITECTURES, member_of
 from ..format.rules import D2T_TENSOR, EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from ..format.tensors import GEMMA4_ROLES_HF, HIDDEN_NORM_HF, LAYER_ROLES_HF, OUTPUT_NORM_HF, SINK_HF, gguf_to_hf, strip_model_prefix
 from ..sources.checkpoint import Checkpoint, merged_text_config
@@ -67,6 +71,7 @@ from ..sources.config import ConfigView
 from ..sources.dispatch import checkpoint_reader
 from ..sources.vocabulary import MASK_EMBEDDING_FILE
 from ..target import Target
+from .dflash2_reference import CheckpointDflash2, load_checkpoint_dflash2
 from .dspark import checkpoint_markov_chain
 from .forward import ForwardResult
 from .weights import LazyMatrix, target_weights
@@ -100,6 +105,7 @@ class ReferenceModel:
     notes: list[str] = field(default_factory=list)
     member: str = DFLASH  # DFlash or DSpark (format.family.member_of)
     gemma4: bool = False  # Gemma-4 DSpark: shared K/V, sandwich norms, layer scalar, proportional RoPE
+    dflash2: CheckpointDflash2 | None = None  # a DFlash2 checkpoint's convolutions and selector
 
     def layer(self, i: int, role: str) -> torch.Tensor:
         return self.tensors[f"layers.{i}.{GEMMA4_ROLES_HF[role] if self.gemma4 and role in GEMMA4_ROLES_HF else LAYER_ROLES_HF[role]}"]
@@ -171,8 +177,8 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
     tgt = target
     d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
     member = member_of({t.gguf_name for t in d.tensors})
-    if member not in (DFLASH, DSPARK):
-        raise DFlashError(f"a {member} drafter: the reference forward computes classic DFlash and DSpark drafters only "
+    if member not in (DFLASH, DSPARK, DFLASH2):
+        raise DFlashError(f"a {member} drafter: the reference forward computes classic DFlash, DSpark and DFlash2 drafters only "
                           f"(the {member} parts are not implemented here)", ckpt.config_path)
     speculators = d.origin.format == SPECULATORS_LAYOUT
     if speculators:
@@ -222,8 +228,9 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
     if gemma4:  # the confidence head's Gemma-4 spelling is the same tensor
         tensors = {k.replace("confidence_proj.", "confidence_head.proj.", 1) if k.startswith("confidence_proj.") else k: v
                    for k, v in tensors.items()}
+    dflash2 = load_checkpoint_dflash2(tensors, d, ckpt.dir) if member == DFLASH2 else None
     return ReferenceModel(d, cfg, SPECULATORS_LAYOUT if speculators else d.origin.format, tensors, embed, head, d2t_ids,
-                          mask_row, device, dtype, notes, member=member, gemma4=gemma4)
+                          mask_row, device, dtype, notes, member=member, gemma4=gemma4, dflash2=dflash2)
 
 
 def _view(model: ReferenceModel) -> ConfigView:
@@ -362,7 +369,7 @@ def semantics_differ(model: ReferenceModel) -> bool:
         return True
     if d.hidden_act != "silu" and _view(model).first(("hidden_act", "hidden_activation")) == "gelu":
         return True
-    if d.logit_scale or d.final_logit_softcapping:
+    if (d.logit_scale or d.final_logit_softcapping) and model.dflash2 is None:  # DFlash2: llama.cpp applies them too
         return True
     sc = d.rope_scaling
     return sc is not None and sc.kind == "yarn" and any(
@@ -401,7 +408,11 @@ def reference_forwards(model: ReferenceModel, target_hidden: torch.Tensor, block
             out[s] = ForwardResult(hidden=h, logits=m.logits, tokens=m.tokens, confidence=m.confidence)
             continue
         logits = _finish_logits(model, logits, s)
-        out[s] = ForwardResult(hidden=h, logits=logits, tokens=logits.argmax(dim=-1))
+        if model.dflash2 is None:
+            out[s] = ForwardResult(hidden=h, logits=logits, tokens=logits.argmax(dim=-1))
+            continue
+        sel = model.dflash2.select(h[1:], logits, int(block_ids[0]), s)  # the driver walks the lattice
+        out[s] = ForwardResult(hidden=h, logits=logits, tokens=sel.pop("tokens"), choice=sel.pop("choice"), extras=sel)
     return out
 
 
@@ -427,6 +438,9 @@ def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.
     for i, (causal, window, symmetric) in enumerate(layer_attention(model, semantics)):
         residual = x
         h = _rms(x, model.layer(i, "attn_norm"), eps)
+        convs = model.dflash2.layer(i) if model.dflash2 is not None else None
+        if convs is not None:
+            h = convs.apply("attn", h, 0)
         n = h.shape[0]
         q = _rms((h @ model.layer(i, "wq").T).view(n, H, D), model.layer(i, "q_norm"), eps)
         kv_in = torch.cat([ctx, h])
@@ -456,12 +470,18 @@ def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.
         attn = (probs @ v).transpose(0, 1).reshape(n, H * D) @ model.layer(i, "wo").T
         if d.value_scale:
             attn = attn * d.value_scale
+        if convs is not None:
+            attn = convs.apply("attn", attn, 1)
         if (post := model.optional_layer(i, "post_attn_norm")) is not None:
             attn = _rms(attn, post, eps)
         x = residual + attn
         h2 = _rms(x, model.layer(i, "ffn_norm"), eps)
+        if convs is not None:
+            h2 = convs.apply("ffn", h2, 0)
         mlp = _act(model, semantics, h2 @ model.layer(i, "gate").T) * (h2 @ model.layer(i, "up").T)
         mlp = mlp @ model.layer(i, "down").T
+        if convs is not None:
+            mlp = convs.apply("ffn", mlp, 1)
         if (post := model.optional_layer(i, "post_ffw_norm")) is not None:
             mlp = _rms(mlp, post, eps)
         x = x + mlp
@@ -472,8 +492,10 @@ def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.
 
 
 def _transform_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) -> torch.Tensor:
-    """The trained model's logit scale and softcap (llama.cpp applies neither)."""
+    """The trained model's logit scale and softcap (llama.cpp applies neither, except to DFlash2's logits)."""
     d = model.drafter
+    if model.dflash2 is not None:  # part of DFlash2's logits under both semantics (llama.cpp applies them)
+        return model.dflash2.transform(logits)
     if semantics == "reference":
         if d.logit_scale:
             logits = logits * d.logit_scale

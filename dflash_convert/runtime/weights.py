@@ -23,7 +23,7 @@ import torch
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
-from ..format.family import MARKOV_TENSORS
+from ..format.family import DFLASH2, MARKOV_TENSORS, member_of
 from ..format.ggml import GGMLType
 from ..format.rules import (
     D2T_TENSOR,
@@ -41,6 +41,7 @@ from ..sources.target import target_tensors
 from ..target import Target
 from ..tensor_source import TensorSource, n_rows
 from .dequant import dequantize
+from .dflash2 import Dflash2Weights, dflash2_tensor_names, load_dflash2
 from .dspark import MarkovHead, markov_head
 
 SCALE_SUFFIX = ".scale"  # per-tensor scale of a matrix (llama.cpp's generic "<name>.scale" pass)
@@ -92,7 +93,8 @@ def source_values(source: TensorSource, device: torch.device | str = "cpu", dtyp
         raise InputFileError(f"cannot run a tensor of type {source.dtype}") from None
     raw = np.ascontiguousarray(source.rows(a, b)).view(np.uint8)
     shape = tuple(source.shape)
-    shape = (b - a, *shape[1:]) if len(shape) > 1 else shape
+    if rows is not None and len(shape) > 1:  # a row range of a matrix (a 3-D tensor, DFlash2's conv base, is read whole)
+        shape = (b - a, *shape[1:])
     out = dequantize(torch.from_numpy(raw.copy()).to(device), int(gtype), shape, dtype=dtype)
     return out if out.dtype == torch.int64 else out.to(dtype)
 
@@ -197,6 +199,7 @@ class DrafterWeights:
     rope_freqs: torch.Tensor | None  # [D/2] frequency divisors (NeoX path only)
     attention_scale: float | None  # attention.scale; None/0 -> 1/sqrt(head_dim)
     markov: MarkovHead | None = None  # DSpark's Markov and confidence heads (runtime.dspark)
+    dflash2: Dflash2Weights | None = None  # a DFlash2 drafter's convolutions and selector (runtime.dflash2)
     embed_from: str = "drafter"  # "drafter" or "target", for messages
     head_from: str = "drafter"  # "drafter", "drafter (tied to token_embd)" or "target"
     # every tensor of the drafter decoded while loading, by GGUF name (the embedding and head are
@@ -223,12 +226,14 @@ def target_weights(t: Target, device: torch.device | str = "cpu",
 
 
 def _reject_other_members(d: Drafter) -> None:
-    """DFlash2 and DeepSeek-V4 drafters share the arch but not this graph: refuse, never guess. DSpark's
-    heads are run (runtime.dspark)."""
+    """DeepSeek-V4 drafters share the arch but not this graph: refuse, never guess. DSpark's heads
+    (runtime.dspark) and DFlash2's convolutions and selector (runtime.dflash2) are run."""
     names = {t.gguf_name for t in d.tensors}
+    if member_of(names) == DFLASH2:
+        names -= set(dflash2_tensor_names(d.n_layers))
     other = sorted(n for n in names if (n in HEAD_GLOBAL and n not in MARKOV_TENSORS) or generic_name(n) in HEAD_PER_LAYER)
     if other:
-        raise DFlashError(f"this drafter has {other[0]}: DFlash2 heads are not run here (classic DFlash and DSpark only)",
+        raise DFlashError(f"this drafter has {other[0]}: not a head this runner runs (classic DFlash, DSpark, DFlash2)",
                           d.source)
     known_layer = set(LAYER_ROLES.values()) | {scale_name(LAYER_ROLES[r]) for r in SCALED_ROLES}
     known_global = {FC_TENSOR, scale_name(FC_TENSOR), ENC_NORM_TENSOR, OUTPUT_NORM_TENSOR, EMBEDDING_TENSOR,
@@ -309,8 +314,11 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
                              "(and there is no d2t)", d.source)
     markov = markov_head(d, {n: v for n in MARKOV_TENSORS if (v := get(n)) is not None},
                          {n: by[n].dtype for n in MARKOV_TENSORS if n in by})
+    dflash2 = None
+    if member_of(set(by)) == DFLASH2:
+        dflash2 = load_dflash2(d, get, lambda name: by[name].dtype)
     return DrafterWeights(
-        device=device, dtype=dtype, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
+        device=device, dtype=dtype, dflash2=dflash2, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
         enc_norm=need(ENC_NORM_TENSOR), output_norm=need(OUTPUT_NORM_TENSOR), layers=layers,
         embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR),
         attention_scale=d.attention_scale if d.attention_scale else None,

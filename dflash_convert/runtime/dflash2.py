@@ -1,0 +1,243 @@
+"""DFlash2's parts of the dflash graph, as llama.cpp 0c1e57098 computes them (the GGUF side).
+
+A DFlash2 drafter (``selector_hidden.weight`` present, format/family.py) is a classic DFlash
+decoder with three additions, all in src/models/dflash.cpp (``build_dflash2_conv``,
+``build_dflash2_selector``, the output transforms) and read by common/speculative.cpp's
+draft-dflash path:
+
+* two dynamic convolutions per layer, one around attention (``attn_conv``), one around the FFN
+  (``ffn_conv``). Each path projects the normed input once, ``coeffs = conv_proj @ h`` ([2, K,
+  E/G] per token: side, tap, channel group), and convolves twice with per-token weights
+  ``w[side, tap, c] = coeffs[side, tap, c // G] + base[side, tap, c]``: side 0 the sublayer's
+  input (the normed hidden state), side 1 its output (attention after value_scale, before any
+  post norm; the FFN's output). ``out[t] = sum_{tap < min(K, n)} w[tap] * in[t - tap]`` within one
+  noise block (a tap before the block's first token reads zero padding), so every block of a
+  batch convolves alone;
+* ``logit_scale`` and then ``final_logit_softcapping`` on the logits (classic DFlash stores but
+  never applies them), before the d2t scatter;
+* the candidate selector: per block slot p >= 1, the ``top_k`` largest logits (ggml_top_k on CPU:
+  a descending partial sort, then the first two swapped) and their logits (``unary``); a gate
+  ``selector_hidden @ hidden[p]`` (the final-norm state); each pair (predecessor j at p-1,
+  successor i at p) scores ``sum_r next[cand_p[i], r] * prev[pred_j, r] * gate_p[r] +
+  unary_p[i]``; at p = 1 the one predecessor is the anchor token (its row repeated over j), later
+  the candidates of p-1. The driver walks that lattice: predecessor index 0 at p = 1, then at each
+  slot the first maximum of the predecessor's score row is the next predecessor and its candidate
+  the drafted token. It never reads the raw logits (``--spec-draft-p-min`` would stop the walk
+  where the softmax of the row at its maximum is below it; not modelled, as for classic drafts).
+
+Nothing here imports the classic runner: ``runtime.forward`` calls in at its hook points with a
+matmul that applies its own CPU rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..drafter import Drafter
+from ..errors import InputFileError
+from ..format.family import (
+    ATTN_CONV_BASE,
+    ATTN_CONV_PROJ,
+    FFN_CONV_BASE,
+    FFN_CONV_PROJ,
+    SELECTOR_HIDDEN,
+    SELECTOR_NEXT,
+    SELECTOR_PREV,
+)
+from ..format.tensors import layer_name
+
+CONV_SIDES = 2  # side 0 convolves the sublayer's input, side 1 its output
+# names of the extra per-slot arrays a DFlash2 draft carries (ForwardResult.extras, check --save-io)
+CANDIDATES, LATTICE, CHOSEN = "candidates", "lattice", "chosen"
+
+# (x, weight, storage type) -> x @ weight.T, rounded as the caller's backend rounds a matmul input
+MatMul = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
+
+
+@dataclass
+class ConvWeights:
+    """One dynamic convolution path of one layer."""
+
+    base: torch.Tensor  # [2, K, E] static kernel (F32 in every file)
+    proj: torch.Tensor  # [2 * K * E/G, E] kernel projection
+    proj_type: str
+
+
+@dataclass
+class Dflash2Weights:
+    """Everything DFlash2 adds to the classic graph, decoded."""
+
+    kernel_size: int
+    group_size: int
+    top_k: int
+    attn: list[ConvWeights]
+    ffn: list[ConvWeights]
+    prev: torch.Tensor  # [V, r] predecessor codebook
+    next: torch.Tensor  # [V, r] successor codebook
+    hidden: torch.Tensor  # [r, E] selector hidden projection
+    hidden_type: str
+    logit_scale: float | None = None
+    softcap: float | None = None
+
+    def layer(self, il: int, block_len: int, mm: MatMul) -> LayerConvs:
+        """Layer ``il``'s two convolutions over rows that are whole blocks of ``block_len`` tokens."""
+        return LayerConvs(self, il, block_len, mm)
+
+    def output_transforms(self, logits: torch.Tensor) -> torch.Tensor:
+        """ggml_scale by logit_scale, then cap * tanh(x / cap) (before the d2t scatter, as the graph)."""
+        if self.logit_scale:
+            logits = logits * self.logit_scale
+        if self.softcap and self.softcap > 0:
+            logits = torch.tanh(logits * (1.0 / self.softcap)) * self.softcap
+        return logits
+
+    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor, mm: MatMul) -> Selection:
+        """The lattice and the driver's walk over it for blocks of slots 1..n.
+
+        hidden [A, n, E] final-norm states and logits [A, n, V] (target ids, transformed) of the
+        predicted slots of A blocks; anchors [A] the blocks' slot-0 tokens.
+        """
+        A, n, V = logits.shape
+        k = self.top_k
+        if k > V:
+            raise InputFileError(f"selector_top_k {k} exceeds the {V} logits of a slot")
+        # ggml_top_k (CPU): std::partial_sort descending, then the first two entries swapped
+        cand = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k].clone()
+        if k > 1:
+            cand[..., [0, 1]] = cand[..., [1, 0]]
+        unary = logits.gather(-1, cand)  # [A, n, k]
+        gate = mm(hidden.reshape(A * n, -1), self.hidden, self.hidden_type).reshape(A, n, -1)  # [A, n, r]
+        succ = self.next[cand]  # [A, n, k, r]
+        pred_ids = torch.cat([anchors.reshape(A, 1, 1).expand(A, 1, k), cand[:, :-1]], dim=1)  # [A, n, k]
+        cond = self.prev[pred_ids] * gate[:, :, None, :]  # [A, n, k(pred), r]
+        lattice = torch.einsum("apjr,apir->apji", cond, succ) + unary[:, :, None, :]  # [A, n, pred j, succ i]
+        return walk(cand, lattice)
+
+
+@dataclass
+class Selection:
+    """What the driver reads of one or more DFlash2 drafts: [A, n] slots each."""
+
+    candidates: torch.Tensor  # [A, n, k] target ids, in ggml_top_k's order
+    lattice: torch.Tensor  # [A, n, k, k] score of (predecessor j, successor i); at slot 1 every j is the anchor
+    chosen: torch.Tensor  # [A, n] index of the drafted candidate
+    tokens: torch.Tensor  # [A, n] the drafted tokens
+    choice: torch.Tensor | None = None  # [A, n, V]: the walked row at the candidates, -inf elsewhere
+
+    def choice_rows(self, vocab_size: int) -> torch.Tensor:
+        """Per slot, the scores the driver picked its token by, as a vocabulary row (-inf off the candidates)."""
+        if self.choice is None:
+            A, n, k = self.candidates.shape
+            prev = torch.cat([torch.zeros(A, 1, dtype=torch.int64, device=self.chosen.device), self.chosen[:, :-1]], dim=1)
+            rows = self.lattice.gather(2, prev[:, :, None, None].expand(A, n, 1, k))[:, :, 0]  # [A, n, k]
+            full = torch.full((A, n, vocab_size), float("-inf"), dtype=rows.dtype, device=rows.device)
+            self.choice = full.scatter(-1, self.candidates, rows)
+        return self.choice
+
+    def arrays(self, block: int = 0) -> dict[str, torch.Tensor]:
+        """Block ``block``'s arrays under their ``ForwardResult.extras`` names."""
+        return {CANDIDATES: self.candidates[block], LATTICE: self.lattice[block], CHOSEN: self.chosen[block]}
+
+
+def walk(candidates: torch.Tensor, lattice: torch.Tensor) -> Selection:
+    """common/speculative.cpp's walk: predecessor 0 at the first slot, then the first maximum of its row."""
+    A, n, k = candidates.shape
+    pred = torch.zeros(A, dtype=torch.int64, device=candidates.device)
+    chosen = []
+    for p in range(n):
+        row = lattice[torch.arange(A, device=candidates.device), p, pred]  # [A, k]
+        pred = row.argmax(dim=-1)  # torch.argmax returns the first maximal index, like std::max_element
+        chosen.append(pred)
+    idx = torch.stack(chosen, dim=1) if chosen else torch.empty(A, 0, dtype=torch.int64, device=candidates.device)
+    return Selection(candidates, lattice, idx, candidates.gather(-1, idx[..., None])[..., 0])
+
+
+def dynamic_conv(x: torch.Tensor, coeffs: torch.Tensor, base: torch.Tensor, side: int, block_len: int,
+                 group_size: int) -> torch.Tensor:
+    """build_dflash2_conv: x [rows, E] (whole blocks of ``block_len``), coeffs [rows, 2*K*E/G], base [2, K, E]."""
+    rows, E = x.shape
+    K = base.shape[1]
+    blocks = x.reshape(rows // block_len, block_len, E)
+    c = coeffs.reshape(rows, CONV_SIDES, K, E // group_size)[:, side]  # [rows, K, groups]
+    weight = (c.repeat_interleave(group_size, dim=-1) + base[side][None]).reshape(rows // block_len, block_len, K, E)
+    out = None
+    for tap in range(min(K, block_len)):  # taps at or past the block length only read padding
+        shifted = blocks if tap == 0 else torch.cat([torch.zeros_like(blocks[:, :tap]), blocks[:, :block_len - tap]], dim=1)
+        term = weight[:, :, tap] * shifted
+        out = term if out is None else out + term
+    assert out is not None
+    return out.reshape(rows, E)
+
+
+class LayerConvs:
+    """One layer's convolutions for one batch of blocks: each path's coefficients are projected from
+    its input and reused for its output, as the graph does."""
+
+    def __init__(self, parts: Dflash2Weights, il: int, block_len: int, mm: MatMul) -> None:
+        self.parts, self.il, self.block_len, self.mm = parts, il, block_len, mm
+        self._coeffs: dict[str, torch.Tensor] = {}
+
+    def _conv(self, path: str, x: torch.Tensor, side: int) -> torch.Tensor:
+        cw = (self.parts.attn if path == "attn" else self.parts.ffn)[self.il]
+        if side == 0:
+            self._coeffs[path] = self.mm(x, cw.proj, cw.proj_type)
+        return dynamic_conv(x, self._coeffs[path], cw.base, side, self.block_len, self.parts.group_size)
+
+    def attn_in(self, h: torch.Tensor) -> torch.Tensor:
+        return self._conv("attn", h, 0)
+
+    def attn_out(self, o: torch.Tensor) -> torch.Tensor:
+        return self._conv("attn", o, 1)
+
+    def ffn_in(self, h: torch.Tensor) -> torch.Tensor:
+        return self._conv("ffn", h, 0)
+
+    def ffn_out(self, y: torch.Tensor) -> torch.Tensor:
+        return self._conv("ffn", y, 1)
+
+
+def dflash2_tensor_names(n_layers: int) -> list[str]:
+    """Every GGUF tensor DFlash2 adds."""
+    per_layer = [layer_name(i, s) for i in range(n_layers) for s in (ATTN_CONV_BASE, ATTN_CONV_PROJ, FFN_CONV_BASE, FFN_CONV_PROJ)]
+    return [*per_layer, SELECTOR_PREV, SELECTOR_NEXT, SELECTOR_HIDDEN]
+
+
+def load_dflash2(d: Drafter, get: Callable[[str], torch.Tensor | None], type_of: Callable[[str], str]) -> Dflash2Weights:
+    """DFlash2's tensors of ``d`` through the loader's ``get`` (decodes and records a tensor, None when absent),
+    with the shapes llama.cpp's loader demands (a file it refuses is refused here with the reason)."""
+    if d.conv is None or d.selector is None or not d.conv.kernel_size or not d.conv.group_size or not d.selector.top_k:
+        raise InputFileError("a DFlash2 drafter without its conv/selector keys (llama.cpp refuses it: missing conv/selector "
+                             "metadata)", d.source)
+    K, G, E = d.conv.kernel_size, d.conv.group_size, d.hidden_size
+    if E % G:
+        raise InputFileError(f"conv_group_size {G} does not divide the hidden size {E}", d.source)
+
+    def need(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        v = get(name)
+        if v is None:
+            raise InputFileError(f"tensor {name} is missing", d.source)
+        if tuple(v.shape) != shape:
+            raise InputFileError(f"tensor {name} has shape {list(v.shape)[::-1]} (ggml order), llama.cpp expects "
+                                 f"{list(shape)[::-1]}", d.source)
+        return v
+
+    def path(i: int, base: str, proj: str) -> ConvWeights:
+        return ConvWeights(need(layer_name(i, base), (CONV_SIDES, K, E)),
+                           need(layer_name(i, proj), (CONV_SIDES * K * (E // G), E)), type_of(layer_name(i, proj)))
+
+    r = d.selector.rank
+    V = d.vocab_size
+    return Dflash2Weights(
+        kernel_size=K, group_size=G, top_k=d.selector.top_k,
+        attn=[path(i, ATTN_CONV_BASE, ATTN_CONV_PROJ) for i in range(d.n_layers)],
+        ffn=[path(i, FFN_CONV_BASE, FFN_CONV_PROJ) for i in range(d.n_layers)],
+        prev=need(SELECTOR_PREV, (V, r)), next=need(SELECTOR_NEXT, (V, r)), hidden=need(SELECTOR_HIDDEN, (r, E)),
+        hidden_type=type_of(SELECTOR_HIDDEN), logit_scale=d.logit_scale or None,
+        softcap=d.final_logit_softcapping or None)
+
+
+__all__ = ["CANDIDATES", "CHOSEN", "LATTICE", "ConvWeights", "Dflash2Weights", "LayerConvs", "Selection",
+           "dflash2_tensor_names", "dynamic_conv", "load_dflash2", "walk"]

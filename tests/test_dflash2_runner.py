@@ -1,0 +1,478 @@
+"""DFlash2 drafters in the runner, the checkpoint reference and ``check`` (issue #18, the DFlash2 half).
+
+What is proved, on a tiny DFlash2 drafter (2 layers, hidden 64, the synthetic Gemma-4 vocabulary of
+916 tokens, top-k 4, kernel 2, group 16, Muse-Glimmer's logit transforms) converted at F32:
+
+* the GGUF runner (runtime/forward.py + runtime/dflash2.py) and the checkpoint reference
+  (runtime/reference.py + runtime/dflash2_reference.py, HF names, float64) draft the same tokens,
+  the walk over the selector lattice, with the same candidates and lattice scores to float32
+  rounding; the walk is not the argmax of the logits (the driver never reads them raw);
+* the batched drafts of the acceptance measurement (runtime/accept.py) are the single drafts;
+* libllama itself (a probe reading the lattice from h_nextn, as common/speculative.cpp does) gives, at F32 and Q8_0,
+  the same candidates, lattice and walked tokens (runtime tier, skipped without the cached build);
+* ``check`` passes the F32 file with every drafted token equal, F16/BF16/Q8_0/Q4_K_M/Q2_K files
+  within their class, writes the lattice arrays with ``save_io``; a swapped pair of conv base
+  kernels, a transposed codebook, a wrong selector_top_k and a wrong conv_kernel_size that still
+  loads each fail with a line naming the cause; with a features file the acceptance loop drafts by the
+  walk on both sides (the F32 file accepts what the checkpoint accepts, swapped conv kernels lose it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from drafter_gguf import Tensor, get_tensor, kv, read_parts, set_key, set_tensor, swap_tensors, write_parts
+from safetensors.torch import save_file
+
+from dflash_convert import convert
+from dflash_convert.check import check, selector_agreement, synthetic_inputs
+from dflash_convert.format.family import ATTN_CONV_BASE, FFN_CONV_BASE, SELECTOR_PREV
+from dflash_convert.format.features import SCHEMA as FEATURES_SCHEMA
+from dflash_convert.format.ggml import GGMLType
+from dflash_convert.format.rules import EMBEDDING_TENSOR
+from dflash_convert.format.tensors import layer_name
+from dflash_convert.quantize import quantize
+from dflash_convert.runtime.accept import anchor_drafts
+from dflash_convert.runtime.dflash2 import CANDIDATES, CHOSEN, LATTICE, dynamic_conv
+from dflash_convert.runtime.forward import ForwardResult, block_tokens, contiguous_positions, run_gguf
+from dflash_convert.runtime.reference import load_reference, reference_forward
+from dflash_convert.runtime.weights import load_weights
+from dflash_convert.sources.checkpoint import read_checkpoint
+from dflash_convert.sources.gguf_drafter import read_drafter
+from dflash_convert.sources.target import read_target_dir
+from dflash_convert.write_features import FeatureWriter
+from fixtures.drafters import edit_config
+from fixtures.family import make_dflash2_drafter
+from fixtures.targets import make_target_dir
+
+CTX = 7
+G4 = dict(vocab_size=916, mask_token_id=4)  # the synthetic Gemma-4 target vocabulary
+TOP_K = 4  # the fixture's selector_top_k
+GEMMA4_EMBED = "model.language_model.embed_tokens.weight"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> tuple[Path, Path, Path, Path]:
+    """(work folder, DFlash2 checkpoint, target directory with an embedding, F32 GGUF)."""
+    root = tmp_path_factory.mktemp("dflash2-runner")
+    tgt = make_target_dir(root / "gemma4", "gemma4")
+    cfg = json.loads((tgt / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    g = torch.Generator().manual_seed(7)
+    save_file({GEMMA4_EMBED: torch.randn(text["vocab_size"], text["hidden_size"], generator=g) * 0.05},
+              str(tgt / "model.safetensors"))
+    src = make_dflash2_drafter(root / "d2", dtype="f32", seed=1, **G4)
+    out = convert(src, tgt, outfile=root / "d2-f32.gguf", outtype="f32").output
+    return root, src, tgt, out
+
+
+def _sides(world, gguf: Path | None = None):
+    root, src, tgt, f32 = world
+    target = read_target_dir(tgt)
+    d = read_drafter(gguf or f32)
+    return d, load_weights(d, target), load_reference(read_checkpoint(src), target)
+
+
+# --- the runner against the reference ---------------------------------------------------------------
+
+
+def test_runner_and_reference_draft_the_same_tokens(world):
+    d, w, model = _sides(world)
+    walked_differs = False
+    for seed in range(4):
+        feats, ids, pos = synthetic_inputs(d, CTX, seed)
+        got = run_gguf(d, w, feats, ids, pos)
+        want = reference_forward(model, feats.double(), ids, pos)
+        assert torch.equal(got.tokens, want.tokens), seed
+        assert torch.equal(got.extras[CANDIDATES], want.extras[CANDIDATES]), seed
+        assert torch.equal(got.extras[CHOSEN], want.extras[CHOSEN]), seed
+        assert float((got.extras[LATTICE].double() - want.extras[LATTICE]).abs().max()) < 1e-5
+        assert float((got.hidden.double() - want.hidden).abs().max()) < 1e-5
+        assert got.extras[LATTICE].shape == (d.block_size - 1, TOP_K, TOP_K)
+        # the drafted token is the chosen candidate, and its walked score the row's maximum
+        assert torch.equal(got.tokens, got.extras[CANDIDATES].gather(1, got.extras[CHOSEN][:, None])[:, 0])
+        assert torch.equal(got.choice_logits().argmax(-1), got.tokens)
+        walked_differs |= not torch.equal(got.tokens, got.logits.argmax(-1))
+    assert walked_differs, "the lattice walk never departed from the argmax: the selector is not exercised"
+
+
+def test_logit_transforms_are_applied_in_both_semantics(world):
+    """llama.cpp applies logit_scale and the softcap to DFlash2's logits, so the two semantics agree here."""
+    d, w, model = _sides(world)
+    assert d.logit_scale and d.final_logit_softcapping == 20.0
+    feats, ids, pos = synthetic_inputs(d, CTX, 0)
+    got = run_gguf(d, w, feats, ids, pos)
+    assert float(got.logits.abs().max()) < d.final_logit_softcapping  # capped
+    trained = reference_forward(model, feats.double(), ids, pos, semantics="reference")
+    assert torch.equal(trained.tokens, got.tokens)
+    assert float((trained.logits - reference_forward(model, feats.double(), ids, pos).logits).abs().max()) == 0.0
+
+
+def test_dynamic_conv_by_hand():
+    """K = 2, two groups of 2 channels, blocks of 3: out[t] = w0[t] x[t] + w1[t] x[t-1], nothing across blocks."""
+    x = torch.arange(1.0, 25.0).reshape(6, 4)  # two blocks of 3 tokens, E = 4
+    coeffs = torch.zeros(6, 2 * 2 * 2)
+    coeffs[:, 2:4] = torch.tensor([0.5, -1.0])  # side 0, tap 1: group 0 -> 0.5, group 1 -> -1
+    base = torch.zeros(2, 2, 4)
+    base[0, 0] = 1.0  # side 0, tap 0: identity
+    out = dynamic_conv(x, coeffs, base, 0, 3, 2)
+    prev = torch.cat([torch.zeros(1, 4), x[:2], torch.zeros(1, 4), x[3:5]])  # the token before, zero at a block start
+    want = x + prev * torch.tensor([0.5, 0.5, -1.0, -1.0])
+    assert torch.equal(out, want)
+
+
+def test_batched_drafts_are_the_single_drafts(world):
+    """runtime.accept's batched blocks (what the acceptance measurement drafts) walk the same lattice."""
+    d, w, _ = _sides(world)
+    feats, _, _ = synthetic_inputs(d, 12, 3)
+    tokens = torch.randint(0, d.vocab_size, (12,), generator=torch.Generator().manual_seed(5))
+    anchors = [3, 6, 9]
+    batched = anchor_drafts(d, w, feats, tokens, anchors, d.block_size - 1, batch=2)
+    for row, c in zip(batched, anchors, strict=True):
+        ids = block_tokens(d, int(tokens[c]))
+        single = run_gguf(d, w, feats[:c], ids, contiguous_positions(c, len(ids)))
+        assert torch.equal(row, single.tokens), c
+
+
+# --- ground truth: libllama ----------------------------------------------------------------------------
+
+PROBE_SOURCE = r"""
+// One DFlash2 draft through libllama as common/speculative.cpp's draft-dflash path drives it: inject
+// the features, decode [anchor, mask...] with the nextn output unmasked, dump logits and lattice rows.
+#include "llama.h"
+#include "llama-ext.h"
+#include <cstdio>
+#include <vector>
+
+static void quiet(ggml_log_level, const char *, void *) {}
+
+int main(int argc, char ** argv) {
+    if (argc != 3) return 2;
+    llama_log_set(quiet, nullptr);
+    llama_backend_init();
+    FILE * f = fopen(argv[2], "rb");
+    int32_t hdr[3];  // n_ctx, width, n_block
+    if (!f || fread(hdr, 4, 3, f) != 3) return 3;
+    const int n_ctx = hdr[0], width = hdr[1], n_block = hdr[2];
+    std::vector<float> feats((size_t) n_ctx * width);
+    std::vector<int32_t> ids(n_block);
+    if (fread(feats.data(), 4, feats.size(), f) != feats.size() || fread(ids.data(), 4, n_block, f) != (size_t) n_block) return 3;
+    fclose(f);
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (!model) return 4;
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 256; cp.n_batch = 256; cp.n_ubatch = 256; cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = 2;
+    cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) return 5;
+    llama_set_causal_attn(ctx, false);
+    llama_set_embeddings_nextn(ctx, true, /*masked*/ false);  // what the driver sets for DFlash2
+    llama_batch_ext * batch = llama_batch_ext_init(ctx);
+    for (int i = 0; i < n_ctx; ++i) {
+        const llama_embd e = { feats.data() + (size_t) i * width, 1, (size_t) width };
+        const int idx = llama_batch_ext_add_embd(batch, 0, e);
+        const llama_pos p = i;
+        llama_batch_ext_set_pos(batch, idx, &p);
+        llama_batch_ext_set_output_logits(batch, idx, false);
+    }
+    if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 6;
+    llama_batch_ext_clear(batch);
+    for (int i = 0; i < n_block; ++i) {
+        const int idx = llama_batch_ext_add_token(batch, 0, ids[i]);
+        const llama_pos p = n_ctx + i;
+        llama_batch_ext_set_pos(batch, idx, &p);
+        llama_batch_ext_set_output_logits(batch, idx, true);
+    }
+    if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 7;
+    const int n_embd = llama_model_n_embd(model);
+    const float * lattice = llama_get_embeddings_nextn(ctx);
+    if (!lattice) return 8;
+    FILE * o = fopen(argv[2], "wb");
+    fwrite(&n_embd, 4, 1, o);
+    fwrite(lattice, 4, (size_t) n_block * n_embd, o);
+    fclose(o);
+    llama_batch_ext_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    from fixtures.targets import cache_root
+    from fixtures.upstream import SDIST_DIR, build_dir
+
+    tree = cache_root() / "sdist" / SDIST_DIR / "vendor" / "llama.cpp"
+    lib = build_dir() / "bin"
+    if not (lib / "libllama.so").exists() or not (tree / "src" / "llama-ext.h").is_file() or shutil.which("g++") is None:
+        pytest.skip("llama.cpp build from the cached sdist (libllama.so, headers) or g++ not available")
+    out = tmp_path_factory.mktemp("probe2")
+    (out / "probe.cpp").write_text(PROBE_SOURCE)
+    exe = out / "probe"
+    r = subprocess.run(["g++", "-O1", "-std=c++17", f"-I{tree / 'include'}", f"-I{tree / 'ggml' / 'include'}", f"-I{tree / 'src'}",
+                        str(out / "probe.cpp"), "-o", str(exe), f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
+                        f"-Wl,-rpath,{lib}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot compile the libllama probe: {r.stderr[-500:]}")
+    return exe
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_runner_matches_libllama(world, probe, qtype):
+    """Candidates and walked tokens equal, lattice to float32 rounding; a Q8_0 file with the CPU backend's
+    activation rounding (``cpu_matmul``) too, except where an activation sits on an int8 rounding boundary
+    and the two round it apart (then ~5e-4): the median input agrees to rounding."""
+    root, _, _, f32 = world
+    gguf = f32
+    if qtype != "F32":
+        gguf = root / f"d2-probe-{qtype}.gguf"
+        quantize(f32, gguf, qtype)
+    d, w, _ = _sides(world, gguf)
+    v = w.embed.full().to(torch.float32).numpy()  # the probe has no target context: the embedding goes in the file
+    own = write_parts(root / f"d2-{qtype}-self-contained.gguf", set_tensor(read_parts(gguf), Tensor(
+        EMBEDDING_TENSOR, (v.shape[1], v.shape[0]), GGMLType.F32, v.astype("<f4").tobytes())))
+    errors = []
+    for seed in range(3):
+        feats, ids, pos = synthetic_inputs(d, CTX, seed)
+        io = root / "probe-io.bin"
+        io.write_bytes(np.array([CTX, feats.shape[1], len(ids)], np.int32).tobytes()
+                       + feats.numpy().astype("<f4").tobytes() + ids.numpy().astype("<i4").tobytes())
+        r = subprocess.run([str(probe), str(own), str(io)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"probe failed ({r.returncode}): {r.stderr[-2000:]}"
+        raw = np.fromfile(io, np.uint8)
+        n_embd = int(raw[:4].view(np.int32)[0])
+        rows = torch.from_numpy(raw[4:].view(np.float32).reshape(len(ids), n_embd).copy())[1:]
+        cand = rows[:, :TOP_K].round().to(torch.int64)
+        lattice = rows[:, TOP_K:TOP_K + TOP_K * TOP_K].reshape(-1, TOP_K, TOP_K)
+        at, walked = 0, []
+        for p in range(lattice.shape[0]):  # common/speculative.cpp's walk
+            at = int(lattice[p, at].argmax())
+            walked.append(int(cand[p, at]))
+        got = run_gguf(d, w, feats, ids, pos, cpu_matmul=True)
+        assert torch.equal(got.extras[CANDIDATES], cand)
+        assert got.tokens.tolist() == walked
+        assert not rows[:, TOP_K + TOP_K * TOP_K:].any()  # the rest of each row is padding
+        errors.append(float((got.extras[LATTICE] - lattice).abs().max()))
+    assert (max(errors) if qtype == "F32" else sorted(errors)[1]) < 1e-5, errors
+
+
+# --- check ----------------------------------------------------------------------------------------------
+
+
+def _check(world, gguf: Path, **kw):
+    _, src, tgt, _ = world
+    return check(gguf, src, target_model_dir=tgt, device="cpu", context=CTX, **kw)
+
+
+def test_check_passes_f32_with_every_drafted_token_equal(world):
+    rep = _check(world, world[3])
+    assert rep.passed, rep.render_text()
+    assert rep.precision_class == "F32" and rep.metrics["top1_agreement"] == 1.0
+    assert rep.metrics["slots"] == 7 and rep.metrics["hidden_max_rel_err"] < 1e-5
+    assert not rep.semantics_gap["differs"] and not any("as it was trained" in w for w in rep.warnings)
+    sel = rep.metrics["selector"]
+    assert sel["candidate_sets_equal"] == 1.0 and sel["lattice_max_abs_err"] < 1e-5 and sel["top_k"] == [TOP_K, TOP_K]
+    assert "selector               candidate sets equal in 1.000 of the slots" in rep.render_text()
+
+
+def test_selector_agreement_aligns_candidates_by_id():
+    """The same lattice with its candidates in another order on one side compares as equal; another set does not."""
+    g = torch.Generator().manual_seed(0)
+    cand = torch.tensor([[5, 9, 2], [7, 3, 8], [1, 4, 6]])
+    lat = torch.randn(3, 3, 3, generator=g)
+    lat[0] = lat[0, :1].expand(3, 3)  # the first slot's rows are all the anchor's
+    perm = torch.tensor([[2, 0, 1], [1, 2, 0], [0, 2, 1]])
+    cand2 = cand.gather(1, perm)
+    prev = torch.cat([torch.arange(3)[None], perm[:-1]])
+    lat2 = lat.gather(2, perm[:, None, :].expand(3, 3, 3)).gather(1, prev[:, :, None].expand(3, 3, 3))
+
+    def result(c, lt):
+        return ForwardResult(hidden=torch.zeros(4, 2), logits=torch.zeros(3, 10), tokens=c[:, 0],
+                             extras={CANDIDATES: c, LATTICE: lt, CHOSEN: torch.zeros(3, dtype=torch.int64)})
+
+    same = selector_agreement(result(cand2, lat2), result(cand, lat))
+    assert same["candidate_sets_equal"] == 1.0 and same["lattice_max_abs_err"] < 1e-6
+    other = cand.clone()
+    other[1, 0] = 0  # slot 2 draws another set: it and slot 3 (whose predecessors differ) are not compared
+    part = selector_agreement(result(other, lat), result(cand, lat))
+    assert part["candidate_sets_equal"] == pytest.approx(2 / 3) and part["lattice_max_abs_err"] == 0.0
+    assert selector_agreement(result(cand, lat + 1.0), result(cand, lat))["lattice_max_abs_err"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("qtype,cls", [("F16", "F16"), ("BF16", "BF16"), ("Q8_0", "Q8_0"), ("Q4_K_M", "Q4"), ("Q2_K", "Q2_K")])
+def test_check_passes_quantized_files(world, qtype, cls):
+    root, _, _, f32 = world
+    out = root / f"d2-{qtype}.gguf"
+    quantize(f32, out, qtype)
+    rep = _check(world, out, reference_gguf=f32)
+    assert rep.passed, rep.render_text()
+    assert rep.precision_class == cls
+    assert rep.metrics["against_reference_gguf"]["file_type"] == "F32"
+
+
+def test_save_io_has_the_lattice(world, tmp_path):
+    d = read_drafter(world[3])
+    out = tmp_path / "io.npz"
+    _check(world, world[3], save_io=out)
+    n = d.block_size - 1
+    want = {CANDIDATES: (np.int64, (n, TOP_K)), LATTICE: (np.float32, (n, TOP_K, TOP_K)), CHOSEN: (np.int64, (n,))}
+    with np.load(out) as z:
+        for name, (dtype, shape) in want.items():
+            for side in ("gguf", "ref"):
+                a = z[f"{name}_{side}"]
+                assert a.dtype == dtype and a.shape == shape, (name, side)
+        assert np.array_equal(z["candidates_gguf"], z["candidates_ref"])
+        assert np.array_equal(z["tokens_gguf"], z["tokens_ref"])
+        picked = np.take_along_axis(z["candidates_gguf"], z["chosen_gguf"][:, None], 1)[:, 0]
+        assert np.array_equal(picked, z["tokens_gguf"])
+        assert float(np.abs(z["lattice_gguf"] - z["lattice_ref"]).max()) < 1e-5
+
+
+# --- files broken on purpose ------------------------------------------------------------------------------
+
+
+def _swap_conv_bases(parts):
+    return swap_tensors(parts, layer_name(0, ATTN_CONV_BASE), layer_name(0, FFN_CONV_BASE))
+
+
+def _transposed_codebook(parts):
+    """The predecessor codebook's [V, r] values written transposed into the same shape (a missed transpose)."""
+    t = get_tensor(parts, SELECTOR_PREV)
+    r, V = t.ne
+    vals = np.frombuffer(t.data, "<f4").reshape(V, r)
+    return set_tensor(parts, Tensor(t.name, t.ne, t.gtype, np.ascontiguousarray(vals.T).astype("<f4").tobytes()))
+
+
+def _top_k(parts):
+    return set_key(parts, kv("selector_top_k", TOP_K - 1))
+
+
+def _kernel_size(parts):
+    """conv_kernel_size 1 with group 8: the projections keep their shape, the bases keep their first tap, so
+    llama.cpp loads the file (every shape is what its keys demand)."""
+    parts = set_key(set_key(parts, kv("conv_kernel_size", 1)), kv("conv_group_size", 8))
+    for i in range(2):
+        for base in (ATTN_CONV_BASE, FFN_CONV_BASE):
+            t = get_tensor(parts, layer_name(i, base))
+            vals = np.frombuffer(t.data, "<f4").reshape(2, 2, t.ne[0])[:, :1]
+            parts = set_tensor(parts, Tensor(t.name, (t.ne[0], 1, 2), t.gtype, np.ascontiguousarray(vals).tobytes()))
+    return parts
+
+
+@pytest.mark.parametrize("what,edit,cause", [
+    ("swapped-conv-bases", _swap_conv_bases,
+     f"tensor differs: {layer_name(0, ATTN_CONV_BASE)}: relative RMS error"),
+    ("transposed-codebook", _transposed_codebook, f"tensor differs: {SELECTOR_PREV}: relative RMS error"),
+    ("selector-top-k", _top_k, f"hyper-parameter differs from the checkpoint's: selector_top_k: file {TOP_K - 1}, "
+                               f"checkpoint {TOP_K}"),
+    ("conv-kernel-size", _kernel_size, "hyper-parameter differs from the checkpoint's: conv_kernel_size: file 1, checkpoint 2"),
+])
+def test_broken_file_fails_naming_the_cause(world, what, edit, cause):
+    root, _, _, f32 = world
+    out = write_parts(root / f"broken-{what}.gguf", edit(read_parts(f32)))
+    rep = _check(world, out)
+    assert not rep.passed and rep.exit_code == 1
+    assert any(f.startswith(cause) for f in rep.failures), rep.failures
+    assert not any(f.startswith("the file fails validate") for f in rep.failures), rep.failures  # llama.cpp loads it
+    if what == "selector-top-k":
+        assert rep.metrics["selector"]["top_k"] == [TOP_K - 1, TOP_K]
+    if what == "swapped-conv-bases":
+        assert any("(swapped?)" in f for f in rep.failures), rep.failures
+    assert f"FAIL: {cause}" in rep.render_text()
+
+
+def test_kernel_size_edit_keeps_a_loadable_file(world):
+    """The conv_kernel_size sabotage is a file llama.cpp would run, not one its loader refuses."""
+    root = world[0]
+    out = write_parts(root / "kernel1.gguf", _kernel_size(read_parts(world[3])))
+    d = read_drafter(out)
+    assert d.conv is not None and (d.conv.kernel_size, d.conv.group_size) == (1, 8)
+    w = load_weights(d, read_target_dir(world[2]))
+    assert w.dflash2 is not None and w.dflash2.attn[0].base.shape == (2, 1, d.hidden_size)
+
+
+
+def test_semantics_gap_for_a_window_below_the_block(world, tmp_path):
+    """Window 4 < block 8, non-causal: the trained model hides future cells 4 or more slots away, llama.cpp never
+    does. The file is right (llama.cpp's semantics pass); the trained semantics differ and are reported."""
+    _, _, tgt, _ = world
+    src = make_dflash2_drafter(tmp_path / "swa", dtype="f32", seed=2, **G4)
+    edit_config(src, sliding_window=4)
+    out = convert(src, tgt, outfile=tmp_path / "swa-f32.gguf", outtype="f32").output
+    rep = check(out, src, target_model_dir=tgt, device="cpu", context=CTX)
+    assert rep.passed, rep.render_text()
+    assert rep.semantics_gap["differs"] and rep.semantics_gap["hidden_max_abs_err"] > 1e-3
+    assert any(w.startswith("llama.cpp does not run this drafter as it was trained") for w in rep.warnings)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_drafts_what_cpu_drafts(world):
+    d, w, _ = _sides(world)
+    wc = load_weights(d, read_target_dir(world[2]), device="cuda")
+    for seed in range(3):
+        feats, ids, pos = synthetic_inputs(d, CTX, seed)
+        cpu, gpu = run_gguf(d, w, feats, ids, pos), run_gguf(d, wc, feats, ids, pos)
+        assert gpu.tokens.is_cuda and torch.equal(gpu.tokens.cpu(), cpu.tokens)
+        assert torch.equal(gpu.extras[CANDIDATES].cpu(), cpu.extras[CANDIDATES])
+        assert float((gpu.extras[LATTICE].cpu() - cpu.extras[LATTICE]).abs().max()) < 1e-4
+
+
+# --- acceptance: check with a features file --------------------------------------------------------------
+
+NEW_TOKENS = 24
+ACCEPT_PER_STEP = 3  # the continuation follows the checkpoint's drafts this far at every loop anchor
+
+
+def _features_file(world, out: Path) -> Path:
+    """A features file the checkpoint drafts into: random layer inputs, a random prompt, then a continuation
+    built along llama-speculative-simple's loop that takes ACCEPT_PER_STEP tokens of the checkpoint's draft
+    (the reference, walked) and then one token it did not draft. No target model is needed to write it."""
+    d, _, model = _sides(world)
+    layers = list(d.target_layers)
+    g = torch.Generator().manual_seed(11)
+    total, prompt = 8 + NEW_TOKENS + d.block_size + 2, 8
+    streams = torch.randn(len(layers), total, d.hidden_size, generator=g)
+    feats = torch.cat(list(streams), dim=-1).double()
+    tokens = torch.randint(5, d.vocab_size, (total,), generator=g)
+    c = prompt - 1
+    while c + ACCEPT_PER_STEP + 1 < total:
+        ids = block_tokens(d, int(tokens[c]))
+        draft = reference_forward(model, feats[:c], ids, contiguous_positions(c, len(ids))).tokens
+        tokens[c + 1:c + 1 + ACCEPT_PER_STEP] = draft[:ACCEPT_PER_STEP]
+        tokens[c + 1 + ACCEPT_PER_STEP] = (int(draft[ACCEPT_PER_STEP]) + 1) % d.vocab_size  # the draft stops here
+        c += ACCEPT_PER_STEP + 1
+    meta = {"schema": FEATURES_SCHEMA, "layers": json.dumps(layers), "dtype": "F32", "sequences": "1",
+            "new_tokens": str(NEW_TOKENS), "eos_ids": "[]"}
+    w = FeatureWriter(out, [total], len(layers), d.hidden_size, "F32", meta)
+    w.write(0, tokens.numpy(), prompt, streams.numpy())
+    return w.commit()
+
+
+def test_check_measures_acceptance_on_the_walked_drafts(world, tmp_path):
+    """With a features file the acceptance loop drafts by the walk on both sides: the F32 file accepts what the
+    checkpoint accepts (ACCEPT_PER_STEP per step by construction); swapped conv kernels lose it."""
+    root, _, _, f32 = world
+    feats = _features_file(world, tmp_path / "feats.safetensors")
+    rep = _check(world, f32, features=str(feats))
+    assert rep.passed, rep.render_text()
+    a = rep.metrics["acceptance"]
+    assert a["checkpoint"]["n_accept"] == ACCEPT_PER_STEP * a["checkpoint"]["steps"] and a["checkpoint"]["accept"] > 0.3
+    assert a["file"] == a["checkpoint"] and a["lost"] == 0.0
+    broken = write_parts(root / "broken-acceptance.gguf", _swap_conv_bases(read_parts(f32)))
+    bad = _check(world, broken, features=str(feats))
+    assert bad.metrics["acceptance"]["lost"] > 0.2
+    assert any(f.startswith("accepted tokens lost: the file accepts") for f in bad.failures), bad.failures
