@@ -99,7 +99,7 @@ def _truncate(entry: Path) -> None:
 def _flip_a_byte(entry: Path) -> None:
     """One byte of one token's text: the payload is still valid JSON of the right shape; only its hash tells."""
     data = bytearray(entry.read_bytes())
-    data[data.index(b'"<0x41>"') + 4] = ord("Z")
+    data[data.index(b"<0x41>") + 3] = ord("Z")
     entry.write_bytes(bytes(data))
 
 
@@ -127,20 +127,32 @@ def _another_keys_entry(entry: Path) -> None:
 
 
 def _wrong_shape(entry: Path) -> None:
-    """A checksum that matches a payload of the wrong shape (a token that is a number)."""
+    """A checksum that matches a payload of the wrong shape (a token type that is a string)."""
     cache_key = entry.name.removesuffix(ENTRY_SUFFIX)
-    doc = json.loads(entry.read_bytes().split(b"\n", 2)[2])
+    _, _, payload = entry.read_bytes().split(b"\n", 2)
+    line, _, sections = payload.partition(b"\n")
+    doc = json.loads(line)
     for item in doc["kv"]:
-        if item[0] == TOKENS:
-            item[3][5] = 5
-    payload = json.dumps({"key": cache_key, "kv": doc["kv"]}).encode()
+        if item[0] == "tokenizer.ggml.token_type":
+            item[3][5] = "5"
+    payload = json.dumps({**doc, "key": cache_key}).encode() + b"\n" + sections
+    entry.write_bytes(MAGIC + f"{hashlib.sha256(payload).hexdigest()} {len(payload)}\n".encode() + payload)
+
+
+def _lengths_off_by_one(entry: Path) -> None:
+    """A checksum that matches sections whose item lengths do not add up to their text."""
+    _, _, payload = entry.read_bytes().split(b"\n", 2)
+    line, _, sections = payload.partition(b"\n")
+    sections = bytes([sections[0] + 1]) + sections[1:]  # the first item's length (little-endian), one more
+    payload = line + b"\n" + sections
     entry.write_bytes(MAGIC + f"{hashlib.sha256(payload).hexdigest()} {len(payload)}\n".encode() + payload)
 
 
 # spoiler -> (how, the reason the entry is ignored)
 SPOILERS = {"truncated": (_truncate, "not as the header says"), "flipped_byte": (_flip_a_byte, "SHA-256 does not match"),
             "fifo": (_fifo, "not a regular file"), "symlink": (_symlink, "symbolic link"), "huge": (_huge, "byte limit"),
-            "another_key": (_another_keys_entry, "another key"), "wrong_shape": (_wrong_shape, "not of type STRING")}
+            "another_key": (_another_keys_entry, "another key"), "wrong_shape": (_wrong_shape, "not of type INT32"),
+            "bad_lengths": (_lengths_off_by_one, "do not add up")}
 
 
 @pytest.mark.parametrize("spoil", list(SPOILERS), ids=list(SPOILERS))

@@ -9,7 +9,7 @@ version, the route inputs (target architecture, draft vocab size, --tokenizer-pr
 tokenizer input file's name and SHA-256. Nothing read from the cache is trusted: an entry is read
 without following a symbolic link or blocking on a FIFO, bounded in size, its payload's SHA-256 and
 length checked, and every key's shape checked before use; any fault and the entry is ignored and
-rebuilt. It is never pickle: the payload is JSON. Entries are written to a temporary file in the
+rebuilt. It is never pickle: the payload is one line of JSON and the string arrays' text. Entries are written to a temporary file in the
 cache directory and renamed into place; a cache directory that cannot be written costs the speed,
 never the conversion.
 
@@ -26,9 +26,12 @@ import json
 import logging
 import os
 import stat
+import sys
 import tempfile
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +143,19 @@ def default_directory() -> Path:
     return Path.home() / ".cache" / "dflash-convert" / "tokenizer"
 
 
-# --- the entry's payload: JSON, every value checked against its declared type on the way back ----
+# --- the entry's payload -------------------------------------------------------------------------
+#
+# MAGIC, a line "<SHA-256 of the payload> <its length>", then the payload: one line of JSON with
+# every key as [name, value type, element type or null, value], then the string arrays' sections.
+# A string array's value is {"section": i}; section i is its n items' lengths in code points
+# (little-endian uint32) and then their UTF-8 text, back to back: one decode and n slices read it
+# back, several times faster than JSON for the 300k tokens and merges of a large vocabulary.
+
+_LENGTHS = "I"  # array typecode of a uint32 on every platform CPython builds for (checked below)
+
 
 def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
-    """Can JSON carry this value back exactly? (Raw bytes, from a GGUF, cannot; the dir routes make none.)"""
+    """Can the entry carry this value back exactly? (Raw bytes, from a GGUF, cannot; the dir routes make none.)"""
     values = kv_value if vtype == ValueType.ARRAY else [kv_value]
     kind = VALUE_TYPES[sub if vtype == ValueType.ARRAY else vtype]  # type: ignore[index]
     if vtype == ValueType.ARRAY and sub == ValueType.STRING or vtype == ValueType.STRING:
@@ -157,17 +169,31 @@ def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
 
 def encode_entry(cache_key: str, md: Metadata) -> bytes | None:
     """The bytes of an entry for ``md``, or None if a value could not come back exactly."""
-    items = []
-    for kv in md:
-        if kv.vtype == ValueType.ARRAY and (kv.sub is None or kv.sub == ValueType.ARRAY):
-            return None
-        if not _encodable(kv.value, kv.vtype, kv.sub):
-            return None
-        items.append([kv.key, int(kv.vtype), None if kv.sub is None else int(kv.sub), kv.value])
-    try:  # NaN and infinities stay floats (Python's JSON writes and reads them)
-        payload = json.dumps({"key": cache_key, "kv": items}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    items: list[list[Any]] = []
+    sections: list[list[int]] = []
+    body: list[bytes] = []
+    try:
+        for kv in md:
+            if kv.vtype == ValueType.ARRAY and (kv.sub is None or kv.sub == ValueType.ARRAY):
+                return None
+            if not _encodable(kv.value, kv.vtype, kv.sub):
+                return None
+            value = kv.value
+            if kv.vtype == ValueType.ARRAY and kv.sub == ValueType.STRING:
+                lengths = array(_LENGTHS, map(len, value))
+                if sys.byteorder == "big":
+                    lengths.byteswap()
+                text = "".join(value).encode("utf-8")
+                value = {"section": len(sections)}
+                sections.append([len(lengths), len(lengths) * lengths.itemsize, len(text)])
+                body += [lengths.tobytes(), text]
+            items.append([kv.key, int(kv.vtype), None if kv.sub is None else int(kv.sub), value])
+        # NaN and infinities stay floats (Python's JSON writes and reads them); newlines in strings are escaped
+        head = json.dumps({"key": cache_key, "kv": items, "sections": sections}, ensure_ascii=False,
+                          separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: the writer would refuse the string anyway
         return None
+    payload = b"".join([head, b"\n", *body])
     return MAGIC + f"{hashlib.sha256(payload).hexdigest()} {len(payload)}\n".encode() + payload
 
 
@@ -198,6 +224,40 @@ def _check_values(values: Any, t: ValueType, where: str) -> None:
         raise CorruptEntry(f"{where}: a value is not of type {t.name}")
 
 
+def _is_count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _read_sections(sections: Any, body: memoryview) -> list[list[str]]:
+    """Every string array's items, from the sections that follow the JSON line."""
+    if not isinstance(sections, list):
+        raise CorruptEntry("no section list")
+    out: list[list[str]] = []
+    at = 0
+    for sec in sections:
+        if not isinstance(sec, list) or len(sec) != 3 or not all(map(_is_count, sec)):
+            raise CorruptEntry("malformed section")
+        n, lengths_bytes, text_bytes = sec
+        lengths = array(_LENGTHS)
+        if lengths.itemsize != 4 or lengths_bytes != 4 * n or at + lengths_bytes + text_bytes > len(body):
+            raise CorruptEntry("a section's sizes do not fit the entry")
+        lengths.frombytes(body[at:at + lengths_bytes])
+        if sys.byteorder == "big":
+            lengths.byteswap()
+        try:
+            text = str(body[at + lengths_bytes:at + lengths_bytes + text_bytes], "utf-8")
+        except UnicodeDecodeError:
+            raise CorruptEntry("a section's text is not UTF-8") from None
+        at += lengths_bytes + text_bytes
+        ends = list(accumulate(lengths))
+        if (ends[-1] if ends else 0) != len(text):
+            raise CorruptEntry("a section's lengths do not add up to its text")
+        out.append([text[a:b] for a, b in zip([0, *ends][:-1], ends, strict=True)])
+    if at != len(body):
+        raise CorruptEntry("bytes after the last section")
+    return out
+
+
 def decode_entry(data: bytes, cache_key: str) -> Metadata:
     """The Metadata an entry holds; CorruptEntry for any fault (truncation, a flipped byte, a foreign key)."""
     if not data.startswith(MAGIC):
@@ -206,17 +266,21 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
     if head_end < 0:
         raise CorruptEntry("no header line")
     head = data[len(MAGIC):head_end].split(b" ")
-    payload = data[head_end + 1:]
+    payload = memoryview(data)[head_end + 1:]
     if len(head) != 2 or not head[1].isdigit() or int(head[1]) != len(payload):
         raise CorruptEntry(f"payload is {len(payload)} bytes, not as the header says")
     if hashlib.sha256(payload).hexdigest().encode() != head[0]:
         raise CorruptEntry("payload SHA-256 does not match")
+    json_end = data.find(b"\n", head_end + 1)
+    if json_end < 0:
+        raise CorruptEntry("no key line")
     try:
-        doc = parse_json(payload, "tokenizer cache entry")
+        doc = parse_json(data[head_end + 1:json_end], "tokenizer cache entry")
     except DFlashError as e:
         raise CorruptEntry(e.message) from None
     if not isinstance(doc, dict) or doc.get("key") != cache_key or not isinstance(doc.get("kv"), list):
         raise CorruptEntry("entry is for another key, or has no key list")
+    strings = _read_sections(doc.get("sections"), memoryview(data)[json_end + 1:])
     md = Metadata()
     for item in doc["kv"]:
         if not isinstance(item, list) or len(item) != 4 or type(item[0]) is not str or item[0] in md:
@@ -224,6 +288,11 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
         name, vtype, sub, value = item[0], _type_of(item[1], item[0]), item[2], item[3]
         if vtype == ValueType.ARRAY:
             sub_t = _type_of(sub, name)
+            if isinstance(value, dict):  # a string array, in its section
+                ref = value.get("section")
+                if sub_t != ValueType.STRING or len(value) != 1 or not _is_count(ref) or ref >= len(strings):
+                    raise CorruptEntry(f"{name}: malformed section reference")
+                value = strings[ref]
             if sub_t == ValueType.ARRAY or not isinstance(value, list) or not value:
                 raise CorruptEntry(f"{name}: not a flat, non-empty array")
             _check_values(value, sub_t, name)
