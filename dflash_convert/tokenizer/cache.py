@@ -293,9 +293,12 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
                 if sub_t != ValueType.STRING or len(value) != 1 or not _is_count(ref) or ref >= len(strings):
                     raise CorruptEntry(f"{name}: malformed section reference")
                 value = strings[ref]
-            if sub_t == ValueType.ARRAY or not isinstance(value, list) or not value:
-                raise CorruptEntry(f"{name}: not a flat, non-empty array")
-            _check_values(value, sub_t, name)
+            elif sub_t == ValueType.ARRAY or not isinstance(value, list):
+                raise CorruptEntry(f"{name}: not a flat array")
+            else:
+                _check_values(value, sub_t, name)  # (a section's items are strings by construction)
+            if not value:
+                raise CorruptEntry(f"{name}: an empty array")
         else:
             if sub is not None:
                 raise CorruptEntry(f"{name}: element type on a scalar")
