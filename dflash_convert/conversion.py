@@ -29,7 +29,7 @@ from .sources.model_card import parameter_count, read_model_card
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
 from .tensor_source import source_path
-from .tokenizer import borrow_from_dir, borrow_from_gguf
+from .tokenizer.borrow import borrow_from_dir, borrow_from_gguf
 from .tokenizer.cache import TokenizerCache, open_cache
 from .tokenizer.pre_hashes import KNOWN_PRE_NAMES
 from .validate.gate import ValidationGate
