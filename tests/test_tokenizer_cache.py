@@ -254,3 +254,19 @@ def test_where_the_cache_lives(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # the XDG spec: ignored
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_directory() == tmp_path / "home" / ".cache" / "dflash-convert" / "tokenizer"
+
+
+def test_the_oldest_entries_beyond_the_limit_are_removed(gemma4, tmp_path, monkeypatch):
+    from dflash_convert.tokenizer import cache as cache_module
+
+    src, target = gemma4
+    monkeypatch.setattr(cache_module, "MAX_ENTRIES", 3)
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    old = [cache_dir / f"{i:064x}{ENTRY_SUFFIX}" for i in range(4)]
+    for age, path in enumerate(old):
+        path.write_bytes(b"an older entry\n")
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))
+    assert _convert(src, target, tmp_path / "o.gguf", cache_dir)[0] == "miss"
+    kept = _entries(cache_dir)
+    assert len(kept) == 3 and old[3] in kept and old[2] in kept and not old[0].exists() and not old[1].exists()
