@@ -270,3 +270,20 @@ def test_the_oldest_entries_beyond_the_limit_are_removed(gemma4, tmp_path, monke
     assert _convert(src, target, tmp_path / "o.gguf", cache_dir)[0] == "miss"
     kept = _entries(cache_dir)
     assert len(kept) == 3 and old[3] in kept and old[2] in kept and not old[0].exists() and not old[1].exists()
+
+
+def test_files_rewritten_while_read_are_not_stored(gemma4, tmp_path, monkeypatch):
+    """The key is made again after the build: an entry is stored only for the files the keys came from."""
+    src, target = gemma4
+    changing = shutil.copytree(target, tmp_path / "changing")
+    build = borrow._build
+
+    def build_then_rewrite(md, target_dir, *args):
+        n = build(md, target_dir, *args)
+        (target_dir / "chat_template.jinja").write_text((target_dir / "chat_template.jinja").read_text() + "\n")
+        return n
+
+    monkeypatch.setattr(borrow, "_build", build_then_rewrite)
+    cache = TokenizerCache(tmp_path / "cache")
+    assert _convert(src, changing, tmp_path / "o.gguf", cache)[0] == "uncacheable"
+    assert _entries(tmp_path / "cache") == []
