@@ -152,6 +152,9 @@ def convert(
     keep_embeddings: bool = typer.Option(False, "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's.", metavar=""),
     metadata: Path | None = typer.Option(None, "--metadata", metavar="FILE.json", help="general.* keys over the model card's "
                                          "(README.md, generation_config.json), as upstream's --metadata."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the tokenizer cache ($DFLASH_CONVERT_CACHE/"
+                                  "tokenizer, else $XDG_CACHE_HOME/dflash-convert/tokenizer, else ~/.cache/dflash-convert/tokenizer).",
+                                  metavar=""),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
 ) -> None:
     """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
@@ -159,7 +162,7 @@ def convert(
     try:
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                                outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
-                               hash_sources=not dry_run, metadata=metadata)
+                               hash_sources=not dry_run, metadata=metadata, cache=not no_cache)
         if dry_run:
             _print_plan(plan)
             typer.echo("dry run: nothing written")

@@ -30,7 +30,8 @@ from .sources.model_card import parameter_count, read_model_card
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
 from .tensor_source import source_path
-from .tokenizer import borrow_from_dir, borrow_from_gguf
+from .tokenizer.borrow import borrow_from_dir, borrow_from_gguf
+from .tokenizer.cache import TokenizerCache, open_cache
 from .tokenizer.pre_hashes import KNOWN_PRE_NAMES
 from .validate.gate import ValidationGate
 from .write import string_array_item_offset, write_gguf
@@ -81,6 +82,7 @@ class ConversionPlan:
     hasher: SourceHasher | None = None
     inputs: Inputs | None = None  # every file and model directory the conversion reads
     fallbacks: int = 0
+    tokenizer_cache: str = "off"  # the borrowed keys: "hit" (from the cache), "miss" (built, stored), ... (tokenizer/cache.py)
 
     @property
     def type_name(self) -> str:
@@ -143,7 +145,8 @@ def write_hub_provenance(md: Metadata, src: ResolvedRepo, target: ResolvedRepo |
 def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | None = None, *,
                     target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
                     outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
-                    hash_sources: bool = True, metadata: str | os.PathLike | None = None) -> ConversionPlan:
+                    hash_sources: bool = True, metadata: str | os.PathLike | None = None,
+                    cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
     """Read and check everything, decide every key and tensor type; writes nothing.
 
     ``metadata`` is a JSON file of general.* keys over the model card's, as upstream's ``--metadata``.
@@ -151,6 +154,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     With ``hash_sources`` the source files start being hashed in the background at once, for the
     provenance keys write_plan fills in (pass False for a dry run). ``src_dir`` and
     ``target_model_dir`` may be Hugging Face repo ids, ``org/name[@revision]`` (sources/hub.py).
+    ``cache``: where the borrowed tokenizer keys are cached (True: the user cache directory, False:
+    neither read nor written, or a directory).
     """
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
@@ -170,6 +175,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     hasher = SourceHasher(ckpt.files) if hash_sources else None
 
     tok_md = Metadata()
+    tok_cache = open_cache(cache)
     if target_gguf is not None:
         gguf_target = read_target_gguf(target_gguf)
         n_tokens = borrow_from_gguf(tok_md, gguf_target)
@@ -187,7 +193,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                            dir_name=source.name)  # a repo id is named by the repo, not its snapshot sha
     if target_gguf is None:
         n_tokens = borrow_from_dir(tok_md, Path(target_model_dir), target.architecture,  # type: ignore[arg-type]
-                                   drafter.vocab_size, tokenizer_pre)
+                                   drafter.vocab_size, tokenizer_pre, cache=tok_cache)
     for t in drafter.tensors:
         rows = t.shape[0]
         if t.gguf_name in (EMBEDDING_TENSOR, *VOCAB_ROW_TENSORS) or (t.gguf_name == OUTPUT_TENSOR and drafter.draft_vocab_size is None):
@@ -235,7 +241,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     inputs.add_file(target_gguf)
     inputs.add_files([ckpt.config_path, *ckpt.files, *card.files])
     return ConversionPlan(drafter, md, planned, out_type, output, target, n_tokens, hasher=hasher,
-                          fallbacks=fallbacks, inputs=inputs)
+                          fallbacks=fallbacks, inputs=inputs, tokenizer_cache=tok_cache.outcome)
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:
@@ -266,13 +272,14 @@ def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | No
             target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
             tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False,
-            metadata: str | os.PathLike | None = None) -> ConversionPlan:
+            metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
     """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run.
 
-    ``metadata``: a JSON file of general.* keys over the model card's (upstream's ``--metadata``)."""
+    ``metadata``: a JSON file of general.* keys over the model card's (upstream's ``--metadata``).
+    ``cache``: as plan_conversion's (the borrowed tokenizer keys)."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                            outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
-                           hash_sources=not dry_run, metadata=metadata)
+                           hash_sources=not dry_run, metadata=metadata, cache=cache)
     if not dry_run:
         write_plan(plan, force=force, progress=progress)
     return plan

@@ -162,3 +162,24 @@ def test_model_card_equal_to_upstream(qwen3_target, tmp_path, shape, override):
     # upstream's size label from the parameter count (82K for this drafter), unless overridden
     assert g.get("general.size_label") == ("1B" if override else "82K")
     assert g.get("general.converter.name") == "dflash-convert"  # our provenance stays in the file
+
+
+# the tokenizer cache must not change a byte: one case per tokenizer route (gpt2 with the probe, gemma4),
+# each converted with a cold cache, then a warm one, then compared to upstream (the others run with
+# whatever the user cache holds)
+CACHE_CASES = [("dense", "bf16"), ("gemma4", "bf16")]
+
+
+@pytest.mark.parametrize("drafter,outtype", CACHE_CASES, ids=[f"{d}-{t}" for d, t in CACHE_CASES])
+def test_equal_to_upstream_with_a_cold_and_a_warm_cache(built, drafter, outtype, tmp_path):
+    get, root = built
+    src, target = get(drafter)
+    cold, warm = tmp_path / "cold.gguf", tmp_path / "warm.gguf"
+    assert convert(src, target, outfile=cold, outtype=outtype, cache=tmp_path / "cache").tokenizer_cache == "miss"
+    assert convert(src, target, outfile=warm, outtype=outtype, cache=tmp_path / "cache").tokenizer_cache == "hit"
+    assert warm.read_bytes() == cold.read_bytes()
+    theirs = tmp_path / "upstream.gguf"
+    r = run_upstream_convert(src, theirs, outtype=outtype, target_model_dir=target)
+    assert r.returncode == 0, r.stderr[-3000:]
+    diffs = parity_differences(warm, theirs)
+    assert diffs == [], "\n".join(diffs)

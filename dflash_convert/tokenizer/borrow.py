@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputFileError
-from ..format.keys import TOKENIZER_MODEL_BPE
+from ..format.keys import TOKENIZER_MODEL_BPE, key
 from ..metadata import Metadata
 from ..target import Target
 from .bpe import read_bpe_vocab
+from .cache import TokenizerCache, copy_keys, entry_key
 from .from_gguf import copy_tokenizer_keys
 from .gemma4 import write_gemma4_vocab
 from .probe import Probe
@@ -38,8 +39,12 @@ ROUTES: dict[str, str] = {
 
 
 def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vocab_size: int | None,
-                    tokenizer_pre: str | None = None) -> int:
-    """Write the tokenizer keys llama.cpp would write for this target; returns the token count."""
+                    tokenizer_pre: str | None = None, cache: TokenizerCache | None = None) -> int:
+    """Write the tokenizer keys llama.cpp would write for this target; returns the token count.
+
+    With a ``cache`` (tokenizer/cache.py), keys built once for the same tokenizer files are read
+    back instead of probed and parsed again; ``cache.outcome`` says which happened.
+    """
     route = ROUTES.get(architecture or "")
     if route is None:
         raise InputFileError(
@@ -52,6 +57,27 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
                 "vocabulary; pass --target-gguf with the converted target instead", target_dir)
         if not (target_dir / "tokenizer.json").exists():  # a FIFO or device there is refused by the probe, by name
             raise InputFileError("target has no tokenizer.json (pass --target-gguf with the converted target instead)", target_dir)
+    if cache is None or cache.directory is None:
+        return _build(md, target_dir, route, vocab_size, tokenizer_pre)
+    cache_key = entry_key(target_dir, route, architecture, vocab_size, tokenizer_pre)
+    cached = cache.lookup(cache_key) if cache_key is not None else None
+    if cached is not None:
+        copy_keys(cached, md)
+        return len(cached.get(key("tok_tokens")))
+    built = Metadata()
+    n_tokens = _build(built, target_dir, route, vocab_size, tokenizer_pre)
+    # stored only if the files are still those the key was made of (not rewritten while we read them)
+    if cache_key is None or entry_key(target_dir, route, architecture, vocab_size, tokenizer_pre) != cache_key:
+        cache.outcome = "uncacheable"
+    else:
+        cache.store(cache_key, built)
+    copy_keys(built, md)
+    return n_tokens
+
+
+def _build(md: Metadata, target_dir: Path, route: str, vocab_size: int | None, tokenizer_pre: str | None) -> int:
+    """The slow path: probe the tokenizer in a child, parse its files, derive every key."""
+    if route == BPE:
         # probe first, parse after: the tokenizer library's memory is gone before ours grows
         result = Probe(target_dir / "tokenizer.json").result()
         tj, tc = load_tokenizer_files(target_dir)

@@ -20,7 +20,7 @@ from ..metadata import Metadata
 from ..sources.gguf import NumArray, StrArray, read_gguf
 from ..sources.target import read_target_dir, target_from_gguf
 from ..target import GGUF, Target
-from ..tokenizer import borrow_from_dir
+from ..tokenizer.borrow import borrow_from_dir
 from .report import FAIL, SKIP, WARN, Check, check_from, passed
 from .semantics import Reading, ne_of, tensor_ids
 
