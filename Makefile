@@ -24,7 +24,7 @@ lint: venv
 
 # Every tier: unit, bad input, parity with llama.cpp's converter, llama.cpp runtime.
 test: venv lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=30
 
 # Without the llama.cpp tiers (no sdist download, no cmake build).
 test-fast: venv
