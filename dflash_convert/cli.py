@@ -531,9 +531,11 @@ def accept(
 
 @app.command()
 def publish(
-    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors)."),
-    target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target model dir every file is converted "
-                                          "for and validated against (with --check: its embedding safetensors too)."),
+    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors), or a Hugging Face "
+                                   "repo id org/name[@revision]."),
+    target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target model dir (or org/name[@revision]) every "
+                                          "file is converted for and validated against (with --check: its embedding "
+                                          "safetensors too)."),
     out_dir: str = typer.Option(..., "-o", "--output", metavar="RELEASE_DIR", help="The release directory to create."),
     types: str = typer.Option(",".join(DEFAULT_TYPES), "--types", metavar="T1,T2,...",
                               help="The files: float types are converted from the checkpoint, the others quantized "

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .conversion import default_output, plan_conversion, write_plan
+from .conversion import plan_conversion, write_plan
 from .errors import DFlashError, InputFileError
 from .files import open_regular, read_regular_bytes
-from .format.family import draft_tokens_per_block
+from .format.family import DSPARK, draft_tokens_per_block, member_of
+from .format.file_names import quantized_file_name
 from .format.keys import ARCH, key
 from .inspect_gguf import block_size, member
 from .outputs import exchange_paths, rename_no_replace, temporary_name
@@ -38,6 +39,7 @@ from .plan import AUTO, FLOAT_INPUTS, parse_ftype
 from .quantize import quantize
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import read_drafter
+from .sources.hub import DRAFTER, TARGET, TARGET_WEIGHTS, resolve_source
 from .terminal import visible
 from .validate import validate
 from .validate.gate import failure_summary
@@ -493,7 +495,7 @@ class FileBar:
             self.bar.close()
 
 
-def _fidelity(path: Path, src: Path, target_dir: Path, device: str) -> dict[str, Any]:
+def _fidelity(path: Path, src: str | os.PathLike, target_dir: str | os.PathLike, device: str) -> dict[str, Any]:
     from .check import check as run_check  # imports torch: only --check pays for it
 
     report = run_check(path, src, target_model_dir=target_dir, device=device)
@@ -525,20 +527,29 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             target_repo: str | None = None, target_revision: str | None = None, tokenizer_pre: str | None = None,
             device: str = "auto") -> Release:
     """Convert, quantize, validate (and ``check``) every type into a new release directory; with ``upload``
-    push it to that hub repo. Raises DFlashError, leaving no directory, when any file fails."""
-    src, target_dir = Path(src), Path(target_model_dir)
+    push it to that hub repo. Raises DFlashError, leaving no directory, when any file fails.
+
+    ``src`` and ``target_model_dir`` are directories or Hugging Face repo ids (``org/name[@revision]``,
+    sources/hub.py); a repo id's resolved commit goes into the files and so into the card."""
+    src_spec, target_spec = src, target_model_dir
+    source = resolve_source(src, DRAFTER)
+    target = resolve_source(target_model_dir, TARGET_WEIGHTS if check else TARGET)  # check reads the target's head
+    src, target_dir = source.path, target.path
     names = parse_types(types)
     out = check_release_dir(out_dir, [src, target_dir], force=force)
     token = upload_token(upload) if upload is not None else None
     source_card = read_source_card(src)
     base = base_type(names)
     release = Release(out, names, base_type=base or AUTO, dry_run=dry_run)
+    # the names convert and quantize give these files by default (dflash-<Name>-<TYPE>.gguf, dspark- for
+    # DSpark; <Name> is general.name from the card): read from one plan, which writes nothing
+    plan = plan_conversion(src_spec, target_spec, outfile=out.parent, outtype=(base or AUTO).lower(),
+                           tokenizer_pre=tokenizer_pre, hash_sources=False)
+    dspark = member_of({t.gguf_name for t in plan.drafter.tensors}) == DSPARK
+    file_names = {t: quantized_file_name(plan.output.name, t, dspark=dspark) for t in names}
     if dry_run:
-        plan = plan_conversion(src, target_dir, outtype=(base or AUTO).lower(), tokenizer_pre=tokenizer_pre,
-                               hash_sources=False)
         release.base_type = plan.type_name
-        release.files = [ReleaseFile(default_output(src, t).name, t, 0, "", "", default_output(src, t).name + REPORT_SUFFIX)
-                         for t in names]
+        release.files = [ReleaseFile(file_names[t], t, 0, "", "", file_names[t] + REPORT_SUFFIX) for t in names]
         return release
     for stale in _stale_staging(out):
         if force:
@@ -546,7 +557,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             log.warning("removed %s, left by a publish that did not finish", stale)
         else:
             log.warning("%s was left by a publish that did not finish; remove it, or pass --force to have it removed", stale)
-    target_label = target_repo or _resolved(target_dir).name
+    target_label = target_repo or target.repo_id or _resolved(target_dir).name
     with StagingDir(out) as staging:
         folder = staging.path
         # the full-precision file first (every quantized file comes from it), the release in the order asked
@@ -554,18 +565,19 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
         base_path: Path | None = None
         if base is None:
             with FileBar(f"scratch {AUTO} conversion", 1, progress) as bar:
-                plan = plan_conversion(src, target_dir, outfile=folder / f".scratch-{AUTO}.gguf", outtype=AUTO,
+                plan = plan_conversion(src_spec, target_spec, outfile=folder / f".scratch-{AUTO}.gguf", outtype=AUTO,
                                        tokenizer_pre=tokenizer_pre)
                 base_path = write_plan(plan, progress=progress)
                 release.base_type = plan.type_name
                 bar.step("written (not released)")
         files: dict[str, ReleaseFile] = {}
         for t in order:
-            name = default_output(src, t).name
+            name = file_names[t]
             with FileBar(name, 3 if check else 2, progress) as bar:
                 bar.doing("writing")
                 if t in FLOAT_INPUTS:  # converted from the checkpoint, never through another rounding
-                    plan = plan_conversion(src, target_dir, outfile=folder / name, outtype=t.lower(), tokenizer_pre=tokenizer_pre)
+                    plan = plan_conversion(src_spec, target_spec, outfile=folder / name, outtype=t.lower(),
+                                           tokenizer_pre=tokenizer_pre)
                     path = write_plan(plan, progress=progress)
                     if t == base:
                         base_path, release.base_type = path, plan.type_name
@@ -576,7 +588,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
                 files[t] = _validated(path, target_dir, target_label, t, folder)
                 if check:
                     bar.step("checking")
-                    files[t].fidelity = _fidelity(path, src, target_dir, device)
+                    files[t].fidelity = _fidelity(path, src_spec, target_spec, device)
                 bar.step(f"validate {files[t].validate}" + (f", check {files[t].fidelity['result']}" if check else ""))
         assert base_path is not None
         prov = read_provenance(base_path, src, target_dir, drafter_repo=drafter_repo, target_repo=target_repo,

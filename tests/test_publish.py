@@ -75,7 +75,7 @@ def released(tmp_path_factory, drafter, qwen3_target):
 def test_the_release_holds_the_files_their_reports_the_sums_and_the_card(released):
     rel, out = released
     ggufs = [f.name for f in rel.files]
-    assert ggufs == ["Qwen3-tiny-DFlash-BF16.gguf", "Qwen3-tiny-DFlash-Q8_0.gguf", "Qwen3-tiny-DFlash-Q4_K_M.gguf"]
+    assert ggufs == ["dflash-Qwen3-Tiny-DFlash-BF16.gguf", "dflash-Qwen3-Tiny-DFlash-Q8_0.gguf", "dflash-Qwen3-Tiny-DFlash-Q4_K_M.gguf"]
     assert sorted(os.listdir(out)) == rel.names == sorted([*ggufs, *(g + ".validate.json" for g in ggufs), SUMS_NAME, CARD_NAME])
     assert [f.type_name for f in rel.files] == ["BF16", "Q8_0", "Q4_K_M"] and rel.base_type == "BF16"
     for f in rel.files:
@@ -189,7 +189,7 @@ def test_an_existing_release_needs_force_and_an_input_is_never_the_release(relea
     r = cli("publish", drafter, "--target-model-dir", qwen3_target, "-o", out, "--types", "Q8_0", "--force", "-q")
     assert r.returncode == 0, r.stderr
     names = sorted(os.listdir(out))
-    assert names == ["Qwen3-tiny-DFlash-Q8_0.gguf", "Qwen3-tiny-DFlash-Q8_0.gguf.validate.json", CARD_NAME, SUMS_NAME]
+    assert names == ["dflash-Qwen3-Tiny-DFlash-Q8_0.gguf", "dflash-Qwen3-Tiny-DFlash-Q8_0.gguf.validate.json", CARD_NAME, SUMS_NAME]
     assert "Q8_0" in r.stdout and "pass" in r.stdout  # the summary table
     # no float type asked for: quantized from a scratch conversion, which is not released, and the same bytes
     assert sha256_of(out / names[0]) == released[0].files[1].sha256
@@ -204,7 +204,7 @@ def test_dry_run_writes_nothing(drafter, qwen3_target, tmp_path):
     out = tmp_path / "release"
     r = cli("publish", drafter, "--target-model-dir", qwen3_target, "-o", out, "--types", TYPES, "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert "Qwen3-tiny-DFlash-Q4_K_M.gguf" in r.stdout and "from BF16" in r.stdout and "dry run: nothing written" in r.stdout
+    assert "dflash-Qwen3-Tiny-DFlash-Q4_K_M.gguf" in r.stdout and "from BF16" in r.stdout and "dry run: nothing written" in r.stdout
     nothing_left(tmp_path, out)
 
 
@@ -288,17 +288,17 @@ def test_one_bar_per_file_quiet_with_q_and_a_summary_table(drafter, qwen3_target
     code, shown = _on_a_terminal("publish", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "a",
                                  "--types", "BF16,Q8_0")
     assert code == 0, shown
-    for name in ("Qwen3-tiny-DFlash-BF16.gguf", "Qwen3-tiny-DFlash-Q8_0.gguf"):
+    for name in ("dflash-Qwen3-Tiny-DFlash-BF16.gguf", "dflash-Qwen3-Tiny-DFlash-Q8_0.gguf"):
         assert f"{name}: validate pass" in shown  # the file's bar, left on the screen at its last step
         assert f"writing {name}" in shown  # the writer's byte bar beneath it
     table = shown[shown.index("file "):].splitlines()
     assert table[0].split() == ["file", "type", "size", "sha256", "validate"]
-    assert table[1].split()[:2] == ["Qwen3-tiny-DFlash-BF16.gguf", "BF16"] and table[1].split()[-1] == "pass"
+    assert table[1].split()[:2] == ["dflash-Qwen3-Tiny-DFlash-BF16.gguf", "BF16"] and table[1].split()[-1] == "pass"
     code, shown = _on_a_terminal("publish", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "b",
                                  "--types", "BF16,Q8_0", "-q")
     assert code == 0, shown
     assert "validate pass" not in shown and "writing " not in shown and "\r" not in shown.split("file ", 1)[0]
-    assert "Qwen3-tiny-DFlash-Q8_0.gguf" in shown.split("file ", 1)[1]  # the summary table stays
+    assert "dflash-Qwen3-Tiny-DFlash-Q8_0.gguf" in shown.split("file ", 1)[1]  # the summary table stays
 
 
 def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(released, drafter, qwen3_target, tmp_path):
@@ -323,3 +323,41 @@ def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(relea
                             target_revision=None)
     assert (plain.drafter, plain.target, plain.drafter_is_repo, plain.target_revision) == (
         drafter.name, qwen3_target.name, False, None)
+
+
+def test_a_release_from_cached_repo_ids(drafter, qwen3_target, tmp_path, monkeypatch):
+    """SRC and --target-model-dir as repo ids, read offline from a real Hugging Face cache layout: the
+    files carry the resolved commits, the card names the repos and the target's revision, and the
+    names are the ones llama.cpp discovers (general.name from the repo's name, as upstream derives it)."""
+    from dflash_convert.format.file_names import discovery_problem
+    from dflash_convert.format.keys import KEYS
+    from dflash_convert.sources.gguf import read_gguf
+    from fixtures.hub_cache import add_snapshot
+
+    cache = tmp_path / "hub"
+    drafter_commit = add_snapshot(cache, "z-lab/Qwen3-tiny-DFlash", drafter)
+    target_commit = add_snapshot(cache, "Qwen/Qwen3-tiny", qwen3_target, refs=("main", "v1"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    out = tmp_path / "release"
+    r = cli("publish", "z-lab/Qwen3-tiny-DFlash", "--target-model-dir", "Qwen/Qwen3-tiny@v1", "-o", out,
+            "--types", "BF16,Q4_K_M", "-q")
+    assert r.returncode == 0, r.stderr
+    names = ["dflash-Qwen3-Tiny-DFlash-BF16.gguf", "dflash-Qwen3-Tiny-DFlash-Q4_K_M.gguf"]
+    assert sorted(os.listdir(out)) == sorted([*names, *(n + ".validate.json" for n in names), CARD_NAME, SUMS_NAME])
+    assert all(discovery_problem(n, dspark=False) is None for n in names)
+    for n in names:
+        g = read_gguf(out / n)
+        try:
+            got = [g.get(KEYS[k][0]) for k in ("source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit")]
+        finally:
+            g.close()
+        assert got == ["z-lab/Qwen3-tiny-DFlash", drafter_commit, "Qwen/Qwen3-tiny", target_commit], n
+    card = (out / CARD_NAME).read_text()
+    assert ModelCard(card).data.to_dict()["base_model"] == "z-lab/Qwen3-tiny-DFlash"
+    assert f"`Qwen/Qwen3-tiny` at revision `{target_commit}`" in card
+    assert json.loads((out / (names[0] + ".validate.json")).read_text())["target"] == "Qwen/Qwen3-tiny"
+    assert not list(cache.rglob("*.gguf"))  # nothing written into the cache
+    r = subprocess.run(["sha256sum", "--strict", "-c", SUMS_NAME], cwd=out, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
