@@ -34,7 +34,7 @@ from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
 from .format.keys import ARCH, key
 from .inspect_gguf import block_size, member
-from .outputs import exchange_paths, rename_no_replace, temporary_name
+from .outputs import exchange_paths, hub_cache_dir, inside_hub_cache, rename_no_replace, temporary_name
 from .plan import AUTO, FLOAT_INPUTS, parse_ftype
 from .quantize import quantize
 from .sources.gguf import read_gguf
@@ -141,6 +141,8 @@ def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: 
         raise DFlashError("the release directory path is empty")
     out = Path(text.rstrip(os.sep) or os.sep)
     where = _resolved(out)
+    if inside_hub_cache(where):  # refused before a staging directory is made there
+        raise DFlashError(f"the release directory is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     for p in inputs:
         inp = _resolved(p)
         if inp == where or where in inp.parents:

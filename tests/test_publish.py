@@ -361,3 +361,8 @@ def test_a_release_from_cached_repo_ids(drafter, qwen3_target, tmp_path, monkeyp
     assert not list(cache.rglob("*.gguf"))  # nothing written into the cache
     r = subprocess.run(["sha256sum", "--strict", "-c", SUMS_NAME], cwd=out, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    # a release directory inside the cache is refused before anything is made there
+    inside = cache / "models--Qwen--Qwen3-tiny" / "release"
+    r = cli("publish", "z-lab/Qwen3-tiny-DFlash", "--target-model-dir", "Qwen/Qwen3-tiny", "-o", inside, "--types", "Q8_0")
+    assert r.returncode == 1 and "inside the Hugging Face cache" in one_error_line(r)
+    assert sorted(p.name for p in inside.parent.iterdir()) == ["blobs", "refs", "snapshots"]
