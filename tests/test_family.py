@@ -225,6 +225,11 @@ def test_refusals(tmp_path, gemma4_target):
     _refused(src, gemma4_target, "draft_vocab_size 2000 exceeds vocab_size 916", tmp_path)
     r = run_cli("convert", make_deepseek_v4_dspark(tmp_path / "dsv4-cli"), "--target-model-dir", gemma4_target)
     assert r.returncode == 1 and "--dspark" in r.stderr and r.stderr.count("\n") == 1
+    # check reads checkpoints through the same dispatcher: the same line names the member and why, never
+    # "not a DFlash drafter"
+    f32 = convert(make_dspark_drafter(tmp_path / "any", **G4), gemma4_target, outfile=tmp_path / "any.gguf", outtype="f32").output
+    c = run_cli("check", f32, "--checkpoint", tmp_path / "dsv4-cli", "--target-model-dir", gemma4_target)
+    assert c.returncode == 1 and c.stderr == r.stderr and "not a DFlash drafter" not in c.stderr
 
 
 # --- quantize and inspect -------------------------------------------------------------------------
