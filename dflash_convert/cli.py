@@ -16,6 +16,8 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -126,6 +128,20 @@ def _fail_os(e: OSError, output: str | os.PathLike | None) -> None:
     _fail(DFlashError(f"cannot write the output: {os_reason(e)}" if output is not None else os_reason(e), output))
 
 
+@contextmanager
+def _command_errors(output: str | os.PathLike | None) -> Iterator[None]:
+    """The failure rule of every command that writes: a DFlashError is its one line; a reader of stdout
+    that went away is main()'s to end quietly; any other OSError is named by its file, else by the output."""
+    try:
+        yield
+    except DFlashError as e:
+        _fail(e)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        _fail_os(e, output)
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -159,7 +175,7 @@ def convert(
 ) -> None:
     """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
     _quiet(quiet)
-    try:
+    with _command_errors(outfile):
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                                outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
                                hash_sources=not dry_run, metadata=metadata, cache=not no_cache)
@@ -168,12 +184,6 @@ def convert(
             typer.echo("dry run: nothing written")
             return
         write_plan(plan, force=force, progress=not quiet)
-    except DFlashError as e:
-        _fail(e)
-    except BrokenPipeError:
-        raise  # the reader went away (| head): main() exits quietly
-    except OSError as e:
-        _fail_os(e, outfile)
     if not quiet:
         _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
              f"file type {plan.type_name})")
@@ -265,7 +275,7 @@ def migrate(
     force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
 ) -> None:
     """Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), then validate it."""
-    try:
+    with _command_errors(out):
         layers = None
         if target_layers is not None:
             try:
@@ -274,12 +284,6 @@ def migrate(
                 raise DFlashError(f"--target-layers must be comma-separated integers, got {target_layers!r}") from None
         result = run_migrate(src, out, force=force, target_layers_offset=target_layers_offset, target_layers=layers,
                              target_gguf=target_gguf, mask_token_id=mask_token_id)
-    except DFlashError as e:
-        _fail(e)
-    except BrokenPipeError:
-        raise  # the reader went away (| head): main() exits quietly
-    except OSError as e:
-        _fail_os(e, out)
     plan = result.plan
     total = sum(t.nbytes for t, _ in plan.tensors)
     _say(f"wrote {result.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors ({_human(total)}) "
@@ -352,7 +356,7 @@ def quantize(
         _quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir, target_gguf, device, force,
                                  dry_run, quiet, threads)
         return
-    try:
+    with _command_errors(out):
         options = quantize_options(keep_types=keep_type, allow_requantize=allow_requantize, tensor_types=tensor_type,
                                    tensor_type_file=tensor_type_file, output_tensor_type=output_tensor_type,
                                    token_embedding_type=token_embedding_type, leave_output_tensor=leave_output_tensor,
@@ -372,12 +376,6 @@ def quantize(
             typer.echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
             return
         write_quantize(plan, force=force, progress=not quiet, threads=threads)
-    except DFlashError as e:
-        _fail(e)
-    except BrokenPipeError:
-        raise  # the reader went away (| head): main() exits quietly
-    except OSError as e:
-        _fail_os(e, out)
     if not quiet:
         for note in plan.notes:
             _say(f"note: {note}")
@@ -488,15 +486,9 @@ def capture(
     from .capture import capture as run_capture  # imports torch and transformers: only this command pays for them
 
     _quiet(quiet)
-    try:
+    with _command_errors(out):
         res = run_capture(target_model_dir, prompts, out, new_tokens=new_tokens, layers=layers, for_draft=for_draft,
                           device=device, dtype=dtype, force=force, progress=not quiet)
-    except DFlashError as e:
-        _fail(e)
-    except BrokenPipeError:
-        raise  # the reader went away (| head): main() exits quietly
-    except OSError as e:
-        _fail_os(e, out)
     for note in res.notes:
         _err(f"note: {note}")
     if not quiet:
@@ -559,16 +551,10 @@ def publish(
     reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is released or
     uploaded when any file fails."""
     _quiet(quiet)
-    try:
+    with _command_errors(out_dir):
         release = run_publish(src_dir, target_model_dir, out_dir, types=types, check=check, upload=upload, dry_run=dry_run,
                               force=force, progress=not quiet, drafter_repo=drafter_repo, target_repo=target_repo,
                               target_revision=target_revision, tokenizer_pre=tokenizer_pre, device=device)
-    except DFlashError as e:
-        _fail(e)
-    except BrokenPipeError:
-        raise  # the reader went away (| head): main() exits quietly
-    except OSError as e:
-        _fail_os(e, out_dir)
     if dry_run:
         _say(f"release: {release.out_dir}; every quantized type from {release.base_type}")
         for f in release.files:
