@@ -5,9 +5,10 @@ computes what the checkpoint computes under llama.cpp's semantics (to float erro
 tokens are identical; F16/Q8_0 files stay close; where llama.cpp's runtime and the trained model
 differ (causal sliding layers, a window smaller than the block, erf GELU, output multiplier) the
 two semantics of the reference differ; and GGUFs broken on purpose (wrong rope base, swapped
-tensors, a scaled norm, reversed taps) are caught. When llama.cpp's build from the cached sdist
-is present, a small probe program runs the same files through libllama itself (CPU, F32 KV cache,
-flash attention off) as the ground truth for the runner.
+tensors, a scaled norm, reversed taps) are caught. In the runtime tier a small probe program built
+against libllama of the cached sdist (built first when absent, ``fixtures.libllama_probe``) runs the
+same files through llama.cpp itself (CPU, F32 KV cache, flash attention off) as the ground truth for
+the runner: logits, and the tokens llama.cpp drafts from 8 contexts per case, equal except near-ties.
 """
 
 from __future__ import annotations
@@ -577,6 +578,22 @@ def test_libllama_drafts_the_runners_tokens(world, probe, name, record_property)
     assert agreement.untied_differences == (), agreement
     assert err < ORACLE_TOL[name]
     assert len({int(ids[0]) for _, ids in inputs}) == DRAFTS  # eight different anchors, not one draft eight times
+
+
+def test_draft_agreement_excuses_near_ties_only():
+    """The rule the libllama comparisons judge drafts by: a differing slot passes only when llama.cpp's top two
+    lie within the F32 margin and our token is one of them; any other difference is named."""
+    from fixtures.libllama_probe import NEAR_TIE_MARGIN, draft_agreement
+
+    scores = torch.tensor([[1.0, 0.0, 0.5], [2.0, 2.0 - NEAR_TIE_MARGIN / 2, 0.0], [0.0, 3.0, 3.0 - 0.01],
+                           [0.0, 1.0, 1.0 - NEAR_TIE_MARGIN / 2]])
+    theirs = scores.argmax(-1)
+    same = draft_agreement(theirs, theirs, scores)
+    assert (same.slots, same.tied, same.differing, same.untied_differences) == (4, 2, 0, ())
+    flipped_tie = draft_agreement(torch.tensor([0, 1, 1, 2]), theirs, scores)
+    assert (flipped_tie.differing, flipped_tie.untied_differences) == (2, ())
+    # slot 2: 0.01 apart, no near-tie; slot 3: a near-tie, but our token is not one of the tied two
+    assert draft_agreement(torch.tensor([0, 0, 2, 0]), theirs, scores).untied_differences == (2, 3)
 
 
 @pytest.mark.runtime
