@@ -6,7 +6,9 @@ from the anchor, the target's head), a speculators export (own 512-token vocabul
 embeddings and head, ``sample_from_anchor`` false) and a Gemma-4 DSpark drafter (shared K/V,
 sandwich norms, layer scalar, proportional RoPE, GELU). Each is converted to F32, run by the GGUF
 runner and by the reference on the checkpoint's own tensors: every drafted token must agree, and
-the Markov conditioning is checked by hand against the heads' tensors. ``check`` passes them at F32
+the Markov conditioning is checked by hand against the heads' tensors. In the runtime tier a probe built
+against libllama drafts 8 blocks per member through llama.cpp's own graph and chain: the drafted tokens
+are the runner's (near-ties excepted, counted). ``check`` passes them at F32
 and in the quantized types, fails the sabotaged files naming the cause, and ``--save-io`` carries the
 confidences.
 """
