@@ -23,14 +23,15 @@ converted once with this tree (``--outtype BF16`` by default) and cached.
 
 Each side runs in its own child process (the two never share memory: a full-size side holds ~7 GB
 of float32 drafter plus the 2 x 5 GB embedding/head) with ``torch.set_num_threads(--threads)``; the
-child loads its side, drafts once to warm up, then times ``--repeat`` drafts as bench_check does. The
+child loads its side, drafts once to warm up, then times ``--repeat`` drafts as bench_check does;
+``--rounds`` repeats the pair in ABBA order (reference, runner, runner, reference, ...) and pools them. The
 table reports the median forward time, the ratio runner/reference (target <= 1.2) and the share of
 drafted tokens equal to the reference's, so a fast wrong runner cannot pass. It also reports each
 draft's CPU time (the child's user + system seconds): on a shared machine wall times swing with the
 other load, CPU time much less, so its ratio is the steadier figure.
 
     python bench/bench_family.py [--members dflash2,dspark] [--device cpu|cuda] [--context 512]
-                                 [--repeat 5] [--threads 2] [--outtype BF16]
+                                 [--repeat 3] [--rounds 2] [--threads 2] [--outtype BF16]
 
 Prints a markdown table and writes bench/results-family.md (and .json) for ``--device cpu``,
 bench/results-family-<device>.md otherwise.
@@ -261,6 +262,18 @@ def run_worker(args: argparse.Namespace) -> dict[str, Any]:
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
 
 
+def _merge(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's rounds as one: every timed draft pooled, the first load, the highest RSS."""
+    if any(r["tokens"] != rounds[0]["tokens"] for r in rounds):
+        raise SystemExit("a side drafted different tokens in two rounds: the forward is not deterministic")
+    wall = [t for r in rounds for t in r["forward_all_s"]]
+    cpu = [t for r in rounds for t in r["cpu_all_s"]]
+    return {**rounds[0], "forward_all_s": wall, "forward_median_s": statistics.median(wall), "cpu_all_s": cpu,
+            "cpu_median_s": statistics.median(cpu), "peak_rss_gb": max(r["peak_rss_gb"] for r in rounds),
+            "loadavg_before": rounds[0]["loadavg_before"], "loadavg_after": rounds[-1]["loadavg_after"],
+            "rounds": rounds}
+
+
 def _machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), {mem:.0f} GiB, torch {torch.__version__}, "
@@ -272,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--members", default="dflash2,dspark")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--outtype", default="BF16")
     ap.add_argument("--idle-wait", type=float, default=60.0)
@@ -298,17 +312,21 @@ def main(argv: list[str] | None = None) -> int:
     for m in members:
         src = ensure_member(root, m)
         gguf = ensure_member_gguf(root, src, target, args.outtype)
-        results[m] = {"checkpoint": src.name, "gguf": gguf.name,
-                      "reference": _child("reference", args, src, target, gguf),
-                      "runner": _child(str(gguf), args, src, target, gguf)}
+        sides = {"reference": "reference", "runner": str(gguf)}
+        runs: dict[str, list[dict[str, Any]]] = {"reference": [], "runner": []}
+        for rnd in range(args.rounds):  # ABBA: neither side always runs first while the other load drifts
+            for side in (("reference", "runner") if rnd % 2 == 0 else ("runner", "reference")):
+                runs[side].append(_child(sides[side], args, src, target, gguf))
+        results[m] = {"checkpoint": src.name, "gguf": gguf.name, **{k: _merge(v) for k, v in runs.items()}}
     load_end = os.getloadavg()
 
     lines = [f"# dflash-convert family runner vs reference forward ({args.device})", "",
              f"Machine: {_machine()}; {started:%Y-%m-%d %H:%M} UTC.", "",
              f"One draft: one block after {args.context} synthetic context rows (check's synthetic inputs, seed 0); "
              f"float32 compute on both sides (the runner dequantizes the {args.outtype} GGUF, the reference reads the BF16 "
-             f"checkpoint as float32); {args.threads} torch threads; median of {args.repeat} after one warm-up; each side in "
-             "its own process, one after the other.", "",
+             f"checkpoint as float32); {args.threads} torch threads; each side in its own process, one after the other, "
+             f"{args.rounds} rounds in ABBA order; in each, one warm-up draft and {args.repeat} timed ones; the median is "
+             f"over all {args.rounds * args.repeat} timed drafts of a side.", "",
              "| member | side | load s | forward ms (median) | all runs ms | ratio | CPU s per draft (median) | "
              "CPU ratio | tokens equal to reference | peak RSS GB | load avg before / after |",
              "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
