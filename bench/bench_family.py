@@ -22,13 +22,14 @@ tokenizer, full-size random embedding and head: vocab 248320 = the drafters' voc
 converted once with this tree (``--outtype BF16`` by default) and cached.
 
 Each side runs in its own child process (the two never share memory: a full-size side holds ~7 GB
-of float32 drafter plus the 2 x 5 GB embedding/head) with ``torch.set_num_threads(--threads)``; the
+of float32 drafter, and the 5 GB float32 target head is streamed from disk in chunks per draft) with ``torch.set_num_threads(--threads)``; the
 child loads its side, drafts once to warm up, then times ``--repeat`` drafts as bench_check does;
 ``--rounds`` repeats the pair in ABBA order (reference, runner, runner, reference, ...) and pools them. The
 table reports the median forward time, the ratio runner/reference (target <= 1.2) and the share of
 drafted tokens equal to the reference's, so a fast wrong runner cannot pass. It also reports each
-draft's CPU time (the child's user + system seconds): on a shared machine wall times swing with the
-other load, CPU time much less, so its ratio is the steadier figure.
+draft's CPU time (the child's user + system seconds): on a shared machine a draft's wall time also
+counts the time other processes held the CPUs, its CPU time does not (both still pay for the memory
+bandwidth and caches they share), so its ratio is the second figure to read.
 
     python bench/bench_family.py [--members dflash2,dspark] [--device cpu|cuda] [--context 512]
                                  [--repeat 3] [--rounds 2] [--threads 2] [--outtype BF16]
