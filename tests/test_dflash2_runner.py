@@ -39,7 +39,7 @@ from dflash_convert.format.rules import EMBEDDING_TENSOR
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
 from dflash_convert.runtime.accept import anchor_drafts
-from dflash_convert.runtime.dflash2 import CANDIDATES, CHOSEN, LATTICE, dynamic_conv
+from dflash_convert.runtime.dflash2 import CANDIDATES, CHOSEN, LATTICE, dynamic_conv, top_k_descending
 from dflash_convert.runtime.forward import ForwardResult, block_tokens, contiguous_positions, run_gguf
 from dflash_convert.runtime.reference import load_reference, reference_forward
 from dflash_convert.runtime.weights import load_weights
@@ -125,6 +125,26 @@ def test_dynamic_conv_by_hand():
     prev = torch.cat([torch.zeros(1, 4), x[:2], torch.zeros(1, 4), x[3:5]])  # the token before, zero at a block start
     want = x + prev * torch.tensor([0.5, 0.5, -1.0, -1.0])
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("rows", ["distinct", "ties", "boundary-tie", "all-equal", "nan"])
+def test_top_k_is_the_stable_sort_prefix(rows):
+    """The selector's top-k (topk, not a full-vocabulary sort) gives what ggml_top_k's stable
+    descending sort gives, ties by ascending index, also where topk alone could keep another tied id."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 3000, generator=g)
+    if rows == "ties":
+        logits = (logits * 2).round() / 2  # a handful of distinct values: ties inside and at the k-th
+    elif rows == "boundary-tie":
+        top = torch.topk(logits, TOP_K, dim=-1).values
+        logits[..., 2900:] = top[..., -1:]  # the k-th value recurs at larger ids than the one that holds it
+    elif rows == "all-equal":
+        logits = torch.zeros(2, 5, 3000)
+    elif rows == "nan":
+        logits[0, 1, 77] = float("nan")
+    want = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :TOP_K]
+    assert torch.equal(top_k_descending(logits, TOP_K), want)
+    assert torch.equal(top_k_descending(logits, 1), want[..., :1])
 
 
 def test_batched_drafts_are_the_single_drafts(world):
