@@ -730,25 +730,28 @@ def legacy_quantize_f16(words, kind, d, m, qs, qh):
     # move exponent and mantissa into place and rebias; inf/NaN get the full exponent; a subnormal
     # (or zero) is built as 2**-14 * (1 + m/1024) and 2**-14 is subtracted, exact in float32; the
     # sign goes on last. NaN payloads shift unquieted, as numpy's conversion does.
-    U = np.empty(32 * B, np.uint32)
-    F = U.view(np.float32)
+    W = np.empty((32, B), np.uint16)
     Xbits = np.empty((32, B), np.uint32)
     X = Xbits.view(np.float32)
     for g0 in range(0, words.shape[0], B):
         n = min(B, words.shape[0] - g0)
-        w = words[g0:g0 + n].reshape(-1)
-        for i in range(32 * n):
-            h = np.uint32(w[i])
-            e = h & np.uint32(0x7C00)
-            u = ((h & np.uint32(0x7FFF)) << 13) + np.uint32(112 << 23)
-            u = u + np.uint32(112 << 23) if e == np.uint32(0x7C00) else u
-            U[i] = u + np.uint32(1 << 23) if e == 0 else u
-        for i in range(32 * n):
-            f = F[i]
-            F[i] = f - _TWO_TO_MINUS_14 if (w[i] & 0x7C00) == 0 else f
-        for b in range(n):
+        for b in range(n):  # the transpose on 2-byte words; the conversion then runs across lanes
             for j in range(32):
-                Xbits[j, b] = U[b * 32 + j] | (np.uint32(w[b * 32 + j] & 0x8000) << 16)
+                W[j, b] = words[g0 + b, j]
+        for j in range(32):
+            for b in range(n):
+                h = np.uint32(W[j, b])
+                e = h & np.uint32(0x7C00)
+                u = ((h & np.uint32(0x7FFF)) << 13) + np.uint32(112 << 23)
+                u = u + np.uint32(112 << 23) if e == np.uint32(0x7C00) else u
+                Xbits[j, b] = u + np.uint32(1 << 23) if e == 0 else u
+        for j in range(32):
+            for b in range(n):
+                f = X[j, b]
+                X[j, b] = f - _TWO_TO_MINUS_14 if (W[j, b] & 0x7C00) == 0 else f
+        for j in range(32):
+            for b in range(n):
+                Xbits[j, b] |= np.uint32(W[j, b] & 0x8000) << 16
         _legacy_tile(X, n, g0, kind, d, m, qs, qh)
 
 
@@ -779,10 +782,13 @@ def _legacy_tile(X, n, g0, kind, d, m, qs, qh):
             hi[b] = _ZERO
         for j in range(32):
             for b in range(n):
-                a = abs(X[j, b])
+                v = X[j, b]
+                # fabsf as a select: numba's abs() here kept the loop scalar (5x slower); -0.0 and NaN
+                # staying as they are changes nothing, neither passes `lo < a`
+                a = -v if v < _ZERO else v
                 gt = lo[b] < a
                 lo[b] = a if gt else lo[b]
-                hi[b] = X[j, b] if gt else hi[b]
+                hi[b] = v if gt else hi[b]
         for b in range(n):
             db = hi[b] / div
             d[g0 + b] = db
