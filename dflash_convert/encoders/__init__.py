@@ -95,9 +95,7 @@ def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encode
         return direct
     if src == "F16" and dst.name in _LEGACY_FROM_F16:
         # the legacy kernels widen F16 tile by tile: the whole-tensor numpy widening cost as much as quantizing
-        fused = quantize_from_f16(dst.name)
-        if fused is not None:
-            return fused
+        return quantize_from_f16(dst.name)
     if src not in FLOAT_WORDS and src in GGMLType.__members__ and BLOCK_GEOMETRY[GGMLType[src]][0] > 1 and row_length:
         widen = dequantizer(src, row_length)
         if dst in _FROM_F32:

@@ -231,17 +231,6 @@ def as_blocks_f16(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x).view(np.uint16).reshape(-1, QK)
 
 
-def quantize_from_f16(name: str) -> Callable[[np.ndarray], np.ndarray] | None:
-    """The Q4_0/Q4_1/Q5_0/Q5_1 encoder (``name``) taking F16 words directly, or None without numba.
-
-    Same bytes as widening to float32 first (the F16 -> F32 conversion is exact either way).
-    """
-    if jit.kernels() is None:
-        return None
-    block = {"Q4_0": BLOCK_Q4_0, "Q4_1": BLOCK_Q4_1, "Q5_0": BLOCK_Q5_0, "Q5_1": BLOCK_Q5_1}[name]
-    return lambda raw: _quantize_jit(raw.view(np.float16).reshape(-1), name, block)
-
-
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     """float32 ``(n*32,)`` -> Q4_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of nibbles.
 
@@ -315,3 +304,21 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
     out["qh"] = _fifth_bits(q)
     out["qs"] = _pack_nibbles(q)
     return out.view(np.uint8)
+
+
+def quantize_from_f16(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The Q4_0/Q4_1/Q5_0/Q5_1 encoder (``name``) taking F16 values (or their uint16 words).
+
+    With numba the kernel widens them itself; without, they are widened to float32 first. Same
+    bytes either way (the F16 -> F32 conversion is exact). The backend is chosen at the first
+    call, not here: planning (--dry-run) should not pay numba's import.
+    """
+    block = {"Q4_0": BLOCK_Q4_0, "Q4_1": BLOCK_Q4_1, "Q5_0": BLOCK_Q5_0, "Q5_1": BLOCK_Q5_1}[name]
+    widened = {"Q4_0": quantize_q4_0, "Q4_1": quantize_q4_1, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}[name]
+
+    def encode(raw: np.ndarray) -> np.ndarray:
+        x = raw.view(np.float16).reshape(-1)
+        fast = _quantize_jit(x, name, block)
+        return fast if fast is not None else widened(x.astype(np.float32))
+
+    return encode
