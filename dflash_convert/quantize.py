@@ -127,7 +127,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
         out = Path(out) / quantized_file_name(path.name, ftype, dspark=dspark)
         check_output_path(out, [path], force=True)
     if validate:
-        require_valid_input(path, SKIP_VALIDATION_FLAG)
+        require_valid_input(path, SKIP_VALIDATION_FLAG, parsed=g)  # the file read above, not parsed again
     else:
         log.warning("%s: %s: the input is not validated and %s is written without validation; llama.cpp may refuse "
                     "or mis-run it", path, SKIP_VALIDATION_FLAG, out)

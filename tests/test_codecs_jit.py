@@ -114,3 +114,24 @@ def test_qx_and_q3_lanes_equal_exact():
         lanes_fn(xg, s1, L1)
         exact_fn(xg, s2, L2, 0, G)
         assert _same(s1, s2) and _same(L1, L2), lanes_fn
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_legacy_from_f16_words_equals_widening_first(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The F16 -> legacy encoder widens inside the kernel; every half bit pattern (subnormals,
+    -0.0, inf, NaN), in three orders so each lands in every lane and beside every other, must give
+    the bytes of widening with numpy first and of the numpy fallback (by the same encoder, whose
+    backend is chosen per call)."""
+    from dflash_convert.encoders import encoder, legacy
+    from dflash_convert.format.ggml import GGMLType
+
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = np.concatenate([every, every[::-1], np.random.default_rng(7).permutation(every)])
+    fused = encoder("F16", GGMLType[name])
+    got = fused(x)
+    widened = getattr(legacy, f"quantize_{name.lower()}")(x.astype(np.float32))
+    np.testing.assert_array_equal(got, widened)
+    monkeypatch.setattr(jit, "kernels", lambda: None)  # the numpy port, as without numba
+    np.testing.assert_array_equal(getattr(legacy, f"quantize_{name.lower()}")(x.astype(np.float32)), got)
+    np.testing.assert_array_equal(fused(x), got)  # the same encoder, now widening with numpy first

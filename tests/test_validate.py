@@ -172,6 +172,21 @@ def test_semantic_variant(tmp_path, case):
     assert r.exit_code == (1 if r.failures() else 0)
 
 
+@pytest.mark.parametrize("case", [c for c in VARIANTS if VARIANTS[c][2] == "fail"][:3] + [None])
+def test_an_already_parsed_file_gives_the_same_report(tmp_path, case):
+    """quantize hands validate the file it has already read (``parsed``): every check's verdict and
+    words must be those of validate reading the file itself, passing and failing files alike."""
+    from dflash_convert.sources.gguf import read_gguf
+
+    parts = drafter_parts() if case is None else VARIANTS[case][0]
+    path = write_parts(tmp_path / f"{case}.gguf", parts)
+    own = validate(path)
+    handed = validate(path, parsed=read_gguf(path))
+    assert [(c.id, c.status, c.message, c.details) for c in handed.checks] == \
+        [(c.id, c.status, c.message, c.details) for c in own.checks]
+    assert (own.exit_code == 0) == (case is None)
+
+
 def test_d2t_good(tmp_path):
     r = validate(write_parts(tmp_path / "d2t.gguf", _d2t_parts()))
     assert r.exit_code == 0 and _status(r, "d2t")[0] == "pass"

@@ -22,7 +22,7 @@ from .floats import FLOAT_WORDS, bf16_to_f16, f32_to_bf16, quiet_bf16_nans, to_f
 from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants_low import quantize_q2_k, quantize_q3_k
-from .legacy import quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1
+from .legacy import quantize_from_f16, quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1
 from .q8_0 import quantize_q8_0
 
 Encoder = Callable[[np.ndarray], np.ndarray]
@@ -55,6 +55,8 @@ _FROM_F32: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.F16: to_f16,
     GGMLType.BF16: f32_to_bf16,
 }
+
+_LEGACY_FROM_F16 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 # conversions that skip float32 (faster, same bits)
 _DIRECT: dict[tuple[str, GGMLType], Encoder] = {
@@ -91,6 +93,9 @@ def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encode
     direct = _DIRECT.get((src, dst))
     if direct is not None:
         return direct
+    if src == "F16" and dst.name in _LEGACY_FROM_F16:
+        # the legacy kernels widen F16 tile by tile: the whole-tensor numpy widening cost as much as quantizing
+        return quantize_from_f16(dst.name)
     if src not in FLOAT_WORDS and src in GGMLType.__members__ and BLOCK_GEOMETRY[GGMLType[src]][0] > 1 and row_length:
         widen = dequantizer(src, row_length)
         if dst in _FROM_F32:

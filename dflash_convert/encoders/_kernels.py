@@ -692,6 +692,7 @@ LEGACY_Q4_0, LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 = 0, 1, 2, 3
 _FLT_MAX = _F32(3.4028234663852886e38)
 _INT32_LO = _F32(-2147483648.0)
 _INT32_HI = _F32(2147483648.0)
+_TWO_TO_MINUS_14 = _F32(6.103515625e-05)
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
@@ -704,13 +705,60 @@ def _c_float_to_byte(t):
 
 @_njit
 def legacy_quantize(xb, kind, d, m, qs, qh):
-    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*),
-    LANES blocks at a time (each lane one block: C's scans become per-lane selects).
+    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*).
 
     Writes the float32 scale ``d`` (and minimum ``m``, affine kinds) per block, for the caller to
     round to fp16, the packed nibbles ``qs`` uint8 [nb, 16] and, for Q5, the fifth bits ``qh``
     uint32 [nb].
     """
+    B = LANES
+    X = np.empty((32, B), np.float32)
+    for g0 in range(0, xb.shape[0], B):
+        n = min(B, xb.shape[0] - g0)
+        for b in range(n):
+            for j in range(32):
+                X[j, b] = xb[g0 + b, j]
+        _legacy_tile(X, n, g0, kind, d, m, qs, qh)
+
+
+@_njit
+def legacy_quantize_f16(words, kind, d, m, qs, qh):
+    """``legacy_quantize`` straight from F16 words (uint16 [nb, 32]): the widening to float32 is
+    done per tile, in cache, instead of as a whole-tensor numpy pass (as slow as the quantizer)."""
+    B = LANES
+    # F16 -> F32 exactly, in integer and float selects that vectorise (the magic-number scheme):
+    # move exponent and mantissa into place and rebias; inf/NaN get the full exponent; a subnormal
+    # (or zero) is built as 2**-14 * (1 + m/1024) and 2**-14 is subtracted, exact in float32; the
+    # sign goes on last. NaN payloads shift unquieted, as numpy's conversion does.
+    W = np.empty((32, B), np.uint16)
+    Xbits = np.empty((32, B), np.uint32)
+    X = Xbits.view(np.float32)
+    for g0 in range(0, words.shape[0], B):
+        n = min(B, words.shape[0] - g0)
+        for b in range(n):  # the transpose on 2-byte words; the conversion then runs across lanes
+            for j in range(32):
+                W[j, b] = words[g0 + b, j]
+        for j in range(32):
+            for b in range(n):
+                h = np.uint32(W[j, b])
+                e = h & np.uint32(0x7C00)
+                u = ((h & np.uint32(0x7FFF)) << 13) + np.uint32(112 << 23)
+                u = u + np.uint32(112 << 23) if e == np.uint32(0x7C00) else u
+                Xbits[j, b] = u + np.uint32(1 << 23) if e == 0 else u
+        for j in range(32):
+            for b in range(n):
+                f = X[j, b]
+                X[j, b] = f - _TWO_TO_MINUS_14 if (W[j, b] & 0x7C00) == 0 else f
+        for j in range(32):
+            for b in range(n):
+                Xbits[j, b] |= np.uint32(W[j, b] & 0x8000) << 16
+        _legacy_tile(X, n, g0, kind, d, m, qs, qh)
+
+
+@_njit
+def _legacy_tile(X, n, g0, kind, d, m, qs, qh):
+    """One tile of ``n`` blocks, block b in lane b of ``X`` [32, LANES]: C's scans become per-lane
+    selects, and each pass is a loop over lanes that LLVM vectorises."""
     symmetric = kind == LEGACY_Q4_0 or kind == LEGACY_Q5_0
     five = kind == LEGACY_Q5_0 or kind == LEGACY_Q5_1
     if kind == LEGACY_Q4_0:
@@ -720,67 +768,66 @@ def legacy_quantize(xb, kind, d, m, qs, qh):
     elif kind == LEGACY_Q4_1:
         div, bias, top = _F32(15.0), _F32(0.5), 15
     else:
-        div, bias, top = _F32(31.0), _F32(0.5), 255  # Q5_1: (uint8_t)(x0 + 0.5f), no MIN
+        # Q5_1: (uint8_t)(x0 + 0.5f), no MIN in C; MIN(127, signed byte) & 0xFF is the byte itself
+        div, bias, top = _F32(31.0), _F32(0.5), 127
     B = LANES
-    X = np.empty((32, B), np.float32)
-    Q = np.empty((32, B), np.int64)
     lo = np.empty(B, np.float32)
     hi = np.empty(B, np.float32)
     idb = np.empty(B, np.float32)
-    nb = xb.shape[0]
-    for g0 in range(0, nb, B):
-        n = min(B, nb - g0)
+    Q = np.empty((16, B), np.uint8)
+    bits = np.zeros(B, np.uint32)
+    if symmetric:  # `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` from 0: lo = amax, hi = max
         for b in range(n):
-            for j in range(32):
-                X[j, b] = xb[g0 + b, j]
-        if symmetric:  # `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` from 0: lo = amax, hi = max
-            for b in range(n):
-                lo[b] = _ZERO
-                hi[b] = _ZERO
-            for j in range(32):
-                for b in range(n):
-                    a = abs(X[j, b])
-                    gt = lo[b] < a
-                    lo[b] = a if gt else lo[b]
-                    hi[b] = X[j, b] if gt else hi[b]
-            for b in range(n):
-                db = hi[b] / div
-                d[g0 + b] = db
-                idb[b] = _ONE / db if db != _ZERO else _ZERO
-                lo[b] = _ZERO  # nothing is subtracted below
-        else:  # min = FLT_MAX, max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;
-            for b in range(n):
-                lo[b] = _FLT_MAX
-                hi[b] = -_FLT_MAX
-            for j in range(32):
-                for b in range(n):
-                    v = X[j, b]
-                    lo[b] = v if v < lo[b] else lo[b]
-                    hi[b] = v if v > hi[b] else hi[b]
-            for b in range(n):
-                db = (hi[b] - lo[b]) / div
-                d[g0 + b] = db
-                m[g0 + b] = lo[b]
-                idb[b] = _ONE / db if db != _ZERO else _ZERO
+            lo[b] = _ZERO
+            hi[b] = _ZERO
         for j in range(32):
             for b in range(n):
-                t = (X[j, b] * idb[b]) if symmetric else ((X[j, b] - lo[b]) * idb[b])
-                byte = _c_float_to_byte(t + bias)
-                if top != 255:  # MIN(top, (int8_t)...), then stored as uint8_t
-                    signed = byte - 256 if byte >= 128 else byte
-                    byte = min(top, signed) & 0xFF
-                Q[j, b] = byte
+                v = X[j, b]
+                # fabsf as a select: numba's abs() here kept the loop scalar (5x slower); -0.0 and NaN
+                # staying as they are changes nothing, neither passes `lo < a`
+                a = -v if v < _ZERO else v
+                gt = lo[b] < a
+                lo[b] = a if gt else lo[b]
+                hi[b] = v if gt else hi[b]
         for b in range(n):
-            blk = g0 + b
-            bits = np.uint32(0)
-            for j in range(16):
-                q0 = Q[j, b]
-                q1 = Q[j + 16, b]
-                if five:
-                    qs[blk, j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4)
-                    bits |= np.uint32(((q0 & 0x10) >> 4) << j)
-                    bits |= np.uint32(((q1 & 0x10) >> 4) << (j + 16))
-                else:  # qs[j] = xi0; qs[j] |= xi1 << 4: no mask on xi0
-                    qs[blk, j] = (q0 | (q1 << 4)) & 0xFF
+            db = hi[b] / div
+            d[g0 + b] = db
+            idb[b] = _ONE / db if db != _ZERO else _ZERO
+            lo[b] = _ZERO  # x - (+0.0) is x for every float (-0.0 and NaN included): one rounding pass for all kinds
+    else:  # min = FLT_MAX, max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;
+        for b in range(n):
+            lo[b] = _FLT_MAX
+            hi[b] = -_FLT_MAX
+        for j in range(32):
+            for b in range(n):
+                v = X[j, b]
+                lo[b] = v if v < lo[b] else lo[b]
+                hi[b] = v if v > hi[b] else hi[b]
+        for b in range(n):
+            db = (hi[b] - lo[b]) / div
+            d[g0 + b] = db
+            m[g0 + b] = lo[b]
+            idb[b] = _ONE / db if db != _ZERO else _ZERO
+    # the rounding pass, quants j and j + 16 together as C pairs them into one byte
+    for j in range(16):
+        for b in range(n):
+            q0 = _legacy_quant(X[j, b], lo[b], idb[b], bias, top)
+            q1 = _legacy_quant(X[j + 16, b], lo[b], idb[b], bias, top)
             if five:
-                qh[blk] = bits
+                Q[j, b] = np.uint8((q0 & 0x0F) | ((q1 & 0x0F) << 4))
+                bits[b] |= np.uint32(((q0 >> 4) & 1) << j) | np.uint32(((q1 >> 4) & 1) << (j + 16))
+            else:  # qs[j] = xi0; qs[j] |= xi1 << 4: no mask on xi0
+                Q[j, b] = np.uint8((q0 | (q1 << 4)) & 0xFF)
+    for b in range(n):
+        for j in range(16):
+            qs[g0 + b, j] = Q[j, b]
+        if five:
+            qh[g0 + b] = bits[b]
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _legacy_quant(x, lo, idb, bias, top):
+    """``MIN(top, (int8_t)((x - lo)*id + bias))`` stored as uint8_t, as 0..255."""
+    byte = _c_float_to_byte((x - lo) * idb + bias)
+    signed = byte - 256 if byte >= 128 else byte
+    return min(top, signed) & 0xFF

@@ -32,11 +32,13 @@ thread pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from . import jit
 
-__all__ = ["quantize_q4_0", "quantize_q4_1", "quantize_q5_0", "quantize_q5_1"]
+__all__ = ["quantize_from_f16", "quantize_q4_0", "quantize_q4_1", "quantize_q5_0", "quantize_q5_1"]
 
 QK = 32
 _F32 = np.float32
@@ -195,22 +197,38 @@ def _fifth_bits(q: np.ndarray) -> np.ndarray:
 
 
 def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | None:
-    """The compiled quantizer (see ``jit``), or None without numba. Same bytes as the numpy path."""
+    """The compiled quantizer (see ``jit``), or None without numba. Same bytes as the numpy path.
+
+    ``x`` is float32, or float16 (F16 source words): those are widened inside the kernel, tile by
+    tile, which saves a whole-tensor float32 copy and the numpy pass that makes it.
+    """
     k = jit.kernels()
     if k is None:
         return None
-    xb = as_blocks(x, QK)
+    if x.dtype == np.float16:
+        xb = as_blocks_f16(x)
+        run = k.legacy_quantize_f16
+    else:
+        xb = as_blocks(x, QK)
+        run = k.legacy_quantize
     nb = xb.shape[0]
     out = np.empty(nb, block)
     d, m = np.empty(nb, _F32), np.empty(nb, _F32)
     qh = np.empty(nb, np.uint32)
-    k.legacy_quantize(xb, getattr(k, f"LEGACY_{name}"), d, m, out["qs"], qh)
+    run(xb, getattr(k, f"LEGACY_{name}"), d, m, out["qs"], qh)
     out["d"] = fp16_bits(d)
     if "m" in block.names:
         out["m"] = fp16_bits(m)
     if "qh" in block.names:
         out["qh"] = qh.astype("<u4").view(np.uint8).reshape(nb, 4)
     return out.view(np.uint8)
+
+
+def as_blocks_f16(x: np.ndarray) -> np.ndarray:
+    """F16 values as their uint16 words, ``[n_blocks, 32]`` (the contract of ``as_blocks``)."""
+    if x.ndim != 1 or x.size % QK:
+        raise ValueError(f"expected a 1-D array of whole {QK}-value blocks, got shape {x.shape}")
+    return np.ascontiguousarray(x).view(np.uint16).reshape(-1, QK)
 
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
@@ -286,3 +304,21 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
     out["qh"] = _fifth_bits(q)
     out["qs"] = _pack_nibbles(q)
     return out.view(np.uint8)
+
+
+def quantize_from_f16(name: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The Q4_0/Q4_1/Q5_0/Q5_1 encoder (``name``) taking F16 values (or their uint16 words).
+
+    With numba the kernel widens them itself; without, they are widened to float32 first. Same
+    bytes either way (the F16 -> F32 conversion is exact). The backend is chosen at the first
+    call, not here: planning (--dry-run) should not pay numba's import.
+    """
+    block = {"Q4_0": BLOCK_Q4_0, "Q4_1": BLOCK_Q4_1, "Q5_0": BLOCK_Q5_0, "Q5_1": BLOCK_Q5_1}[name]
+    widened = {"Q4_0": quantize_q4_0, "Q4_1": quantize_q4_1, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}[name]
+
+    def encode(raw: np.ndarray) -> np.ndarray:
+        x = raw.view(np.float16).reshape(-1)
+        fast = _quantize_jit(x, name, block)
+        return fast if fast is not None else widened(x.astype(np.float32))
+
+    return encode

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import DFlashError
+from ..sources.gguf import GGUFFile
 from . import validate
 from .report import FAIL, Report
 
@@ -43,9 +44,10 @@ class ValidationGate:
             raise DFlashError(f"refusing to write a file that fails validate ({summary})", self.out)
 
 
-def require_valid_input(path: str | os.PathLike, skip_flag: str) -> Report:
-    """validate ``path``; raises (exit 1) when it fails, naming the first failure and ``skip_flag``."""
-    report = validate(path)
+def require_valid_input(path: str | os.PathLike, skip_flag: str, *, parsed: GGUFFile | None = None) -> Report:
+    """validate ``path`` (``parsed``: already read, see ``validate``); raises (exit 1) when it fails,
+    naming the first failure and ``skip_flag``."""
+    report = validate(path, parsed=parsed)
     summary = failure_summary(report)
     if summary is not None:
         raise DFlashError(f"refusing an input that fails validate ({summary}); fix the file, or pass {skip_flag} "
