@@ -169,7 +169,8 @@ def temporary_name(out: Path, pid: int, token: str) -> str:
     return f".{stem}{tail}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that id exists (one we may not signal counts: it is alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -194,7 +195,7 @@ def stale_partials(out: Path) -> list[Path]:
             pid_text = name[len(stem) + 1:-len(PARTIAL_SUFFIX)].split("-", 1)[0]
         elif name.startswith(f".{out.name}{_LEGACY_PARTIAL}"):
             pid_text = name[len(f".{out.name}{_LEGACY_PARTIAL}"):]
-        if pid_text is not None and pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text is not None and pid_text.isdigit() and not pid_alive(int(pid_text)):
             found.append(folder / name)
     return sorted(found)
 

@@ -34,7 +34,7 @@ from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
 from .format.keys import ARCH, key
 from .inspect_gguf import block_size, member
-from .outputs import exchange_paths, hub_cache_dir, inside_hub_cache, rename_no_replace, temporary_name
+from .outputs import exchange_paths, hub_cache_dir, inside_hub_cache, pid_alive, rename_no_replace, temporary_name
 from .plan import AUTO, FLOAT_INPUTS, parse_ftype
 from .quantize import quantize
 from .sources.gguf import read_gguf
@@ -170,19 +170,9 @@ def _stale_staging(out: Path) -> list[Path]:
     for name in sorted(os.listdir(folder)):
         if name.startswith(stem) and name.endswith(STAGING_SUFFIX):
             pid = name[len(stem):].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)) and (folder / name).is_dir():
+            if pid.isdigit() and not pid_alive(int(pid)) and (folder / name).is_dir():
                 found.append(folder / name)
     return found
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StagingDir:
