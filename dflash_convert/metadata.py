@@ -6,6 +6,8 @@ writer does; matching that keeps our key order identical to upstream's.
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +79,17 @@ def _check_range(key: str, vtype: ValueType, values: Any) -> None:
             raise DFlashError(f"{key} value {v} does not fit {vtype.name} ({lo} to {hi})")
 
 
+F32_MAX = struct.unpack("<f", bytes.fromhex("ffff7f7f"))[0]  # the largest finite FLOAT32
+
+
+def _check_f32(key: str, values: Any) -> None:
+    """A finite value beyond FLOAT32's range cannot be written (struct refuses to pack it): refused here,
+    before anything is written; inf and NaN pack as themselves."""
+    for v in values:
+        if math.isfinite(v) and abs(v) > F32_MAX:
+            raise DFlashError(f"{key} value {v!r} does not fit FLOAT32 (largest finite value {F32_MAX:.6g})")
+
+
 def _coerce(vtype: ValueType, value: Any, sub: ValueType | None, key: str = "") -> Any:
     if vtype == ValueType.ARRAY:
         assert sub is not None
@@ -85,10 +98,16 @@ def _coerce(vtype: ValueType, value: Any, sub: ValueType | None, key: str = "") 
         items = list(map(_PYTHON_TYPE[VALUE_TYPES[sub].kind], value))
         if sub in INT_TYPES:
             _check_range(key, sub, items)
+        if sub == ValueType.FLOAT32:
+            _check_f32(key, items)
         return items
     if vtype in INT_TYPES:
         _check_range(key, vtype, [int(value)])
     if vtype in (ValueType.FLOAT32, ValueType.FLOAT64):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > F32_MAX:
+            raise DFlashError(f"{key} value {value} does not fit {vtype.name}")  # float() of it may itself overflow
+        if vtype == ValueType.FLOAT32:
+            _check_f32(key, [float(value)])
         return float(value)
     if vtype == ValueType.BOOL:
         return bool(value)

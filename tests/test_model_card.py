@@ -115,6 +115,11 @@ def test_unreadable_generation_config_is_left_out(tmp_path, qwen3_target, caplog
     ('{"general.tags": "one"}', "general.tags must be a list of strings, not 'one'"),
     ('{"general.base_models": ["x"]}', "base_models must be a list of objects, not ['x']"),
     ('{"general.name": 7}', "general.name must be a string, not 7"),
+    # values that do not fit the GGUF type they are written as: named with the file, before anything is written
+    ('{"general.sampling.top_k": 99999999999999999999}',
+     "general.sampling.top_k value 99999999999999999999 does not fit INT32"),
+    ('{"general.sampling.top_p": 1e300}', "general.sampling.top_p value 1e+300 does not fit FLOAT32"),
+    ('{"general.sampling.temp": 1' + '0' * 400 + '}', "general.sampling.temp value 1" + "0" * 400 + " does not fit FLOAT32"),
 ])
 def test_bad_metadata_file(tmp_path, qwen3_target, content, message):
     src = drafter_with_card(tmp_path)
@@ -173,3 +178,24 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path, qwen3_target):
         plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
     message = str(e.value)
     assert message.startswith(f"{src / 'README.md'}: general.tags must be a list of strings, not [[[") and len(message) < 300
+
+
+def test_metadata_refuses_floats_float32_cannot_hold():
+    """The key table's mechanism: a finite FLOAT32 beyond its range is refused where it is set (struct would
+    refuse to pack it mid-write); inf, NaN and the largest finite value are kept."""
+    import math
+
+    from dflash_convert.format.keys import ValueType
+    from dflash_convert.metadata import F32_MAX, Metadata
+
+    md = Metadata()
+    for v in (F32_MAX, -F32_MAX, math.inf, 0.5):
+        md.set_raw("x", ValueType.FLOAT32, v)
+    md.set_raw("n", ValueType.FLOAT32, math.nan)
+    assert math.isnan(md.get("n"))
+    md.set_raw("big64", ValueType.FLOAT64, 1e300)  # FLOAT64 holds it
+    for bad in (3.5e38, -1e39, 10 ** 400):
+        with pytest.raises(DFlashError, match="does not fit FLOAT32"):
+            md.set_raw("x", ValueType.FLOAT32, bad)
+    with pytest.raises(DFlashError, match="does not fit FLOAT32"):
+        md.set_raw("a", ValueType.ARRAY, [1.0, 1e39], ValueType.FLOAT32)

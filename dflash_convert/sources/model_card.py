@@ -219,7 +219,12 @@ def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -
         if value is None or value == "":
             continue
         _, vtype, _ = KEYS[f]
-        md.set_raw(key(f), vtype, _typed(key(f), vtype, value, where(f)))
+        try:
+            md.set_raw(key(f), vtype, _typed(key(f), vtype, value, where(f)))
+        except ConfigError:
+            raise
+        except DFlashError as e:  # a value that does not fit its GGUF type: named with the file it came from
+            raise ConfigError(str(e), where(f)) from None
     for f, count_key, entry_key in (("base_models", "base_model_count", BASE_MODEL_FIELD),
                                     ("datasets", "dataset_count", DATASET_FIELD)):
         entries = getattr(fields, f)
