@@ -22,13 +22,20 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check dflash_convert fixtures tests bench
 
-# Every tier: unit, bad input, parity with llama.cpp's converter, llama.cpp runtime.
-test: venv lint
-	$(BIN)/python -m pytest -q -ra --durations=30
+# Tests run on every core (pytest-xdist), one test file per worker at a time, so a module's
+# fixtures (the trained pair's captures, converted files) are built once.
+JOBS ?= auto
+XDIST := -n $(JOBS) --dist loadfile
 
-# Without the llama.cpp tiers (no sdist download, no cmake build).
+# Every tier: unit, bad input, parity with llama.cpp's converter, llama.cpp runtime, the trained
+# pair. Prints the 30 slowest tests.
+test: venv lint
+	$(BIN)/python -m pytest -q -ra $(XDIST) --durations=30
+
+# Unit and bad-input tiers: no llama.cpp (no sdist download, no cmake build) and no trained pair.
+# DFLASH_CONVERT_FAST_TIER makes a test that reaches for either fail, naming the mark it lacks.
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not parity and not runtime"
+	DFLASH_CONVERT_FAST_TIER=1 $(BIN)/python -m pytest -q -ra $(XDIST) -m "not parity and not runtime and not slow" --durations=10
 
 bench: venv
 	$(BIN)/python bench/bench_convert.py

@@ -95,8 +95,27 @@ def quantizer_backend(request, monkeypatch) -> str:
     return request.param
 
 
+# under pytest-xdist each worker validates its own conversions: the workers report their counts
+# back (workeroutput) and the controller prints the sum
+_WORKER_COUNTS: list[tuple[int, int]] = []
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["conversions_validated"] = (len(_CONVERSIONS_VALIDATED), len(_CONVERSION_FAILURES))
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown where xdist is not installed
+def pytest_testnodedown(node, error) -> None:
+    counts = getattr(node, "workeroutput", {}).get("conversions_validated")
+    if counts:
+        _WORKER_COUNTS.append(tuple(counts))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    if _CONVERSIONS_VALIDATED:
-        bad = len(_CONVERSION_FAILURES)
-        terminalreporter.write_line(f"dflash-convert validate: {len(_CONVERSIONS_VALIDATED)} conversion outputs checked, "
+    checked = len(_CONVERSIONS_VALIDATED) + sum(n for n, _ in _WORKER_COUNTS)
+    bad = len(_CONVERSION_FAILURES) + sum(b for _, b in _WORKER_COUNTS)
+    if checked:
+        terminalreporter.write_line(f"dflash-convert validate: {checked} conversion outputs checked, "
                                     f"{bad} failing check(s)")
