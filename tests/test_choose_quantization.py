@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def pair() -> TrainedPair:
+    """Built once per machine (about two minutes on a clean clone, then read from the cache)."""
     return build_trained_pair(seed=0)
 
 
@@ -50,6 +51,8 @@ def files(pair, tmp_path_factory) -> dict[str, Path]:
 
 
 def test_sweep_table_json_and_plot(files, tmp_path):
+    """About 40 s: two sweeps (three types, then one for the text table) and an accept, each a live loop
+    over the small capture: a row is only shown to be accept's own count by measuring both."""
     png = tmp_path / "sweep.png"
     r = run_cli("sweep", files["f16"], "--features", files["features"], "--types", "Q8_0,Q4_K_M,Q2_K", "--json",
                 "--plot", png)
@@ -125,10 +128,15 @@ def test_min_acceptance_chooses_records_and_llama_quantize_agrees(files, tmp_pat
     items = [md[CHOSEN_TENSOR_TYPE.format(i=i)].value.decode() for i in range(n)]
     recipe_line = next(x for x in r.stdout.splitlines() if x.startswith("recipe: "))
     assert shlex.split(recipe_line[len("recipe: "):])[1::2] == items or (not items and "plain mix" in recipe_line)
-    # bigger than plain Q2_K (it raised something) unless plain Q2_K already kept the acceptance
+    # more tensor bytes than plain Q2_K (it raised something) unless plain Q2_K already kept the
+    # acceptance, and then the very same tensors (the file is bigger only by the keys that record the choice)
     plain = tmp_path / "plain.gguf"
     assert run_cli("quantize", "-q", files["f16"], plain, "Q2_K").returncode == 0
-    assert (out.stat().st_size > plain.stat().st_size) == bool(items)
+    chosen_tensors, plain_tensors = read_gguf(out).tensors, read_gguf(plain).tensors
+    if items:
+        assert sum(t.nbytes for t in chosen_tensors) > sum(t.nbytes for t in plain_tensors)
+    else:
+        assert [(t.name, t.ggml_type, t.nbytes) for t in chosen_tensors] == [(t.name, t.ggml_type, t.nbytes) for t in plain_tensors]
     # inspect shows how the file was chosen
     i = run_cli("inspect", out)
     assert i.returncode == 0 and "chosen by acceptance (quantize --min-acceptance 0.98): Q2_K" in i.stdout
@@ -154,8 +162,17 @@ def test_search_refuses_what_it_cannot(files, tmp_path):
         r = run_cli("quantize", f16, tmp_path / "x.gguf", "Q2_K", *args)
         assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert not (tmp_path / "x.gguf").exists()
-    with pytest.raises(DFlashError, match="within 0 step"):
-        quantize_for_acceptance(f16, tmp_path / "x.gguf", "Q2_K", feats, 1.0, device="cpu", max_steps=0)
+    # out of steps: refused, unless plain Q2_K already accepts as much as the input on the held-out
+    # sequences (it does on some machines' pair: the pair is trained with this CPU's kernels), and then
+    # the search takes no step at all
+    try:
+        chosen = quantize_for_acceptance(f16, tmp_path / "x.gguf", "Q2_K", feats, 1.0, device="cpu", max_steps=0,
+                                         dry_run=True)
+    except DFlashError as e:
+        assert "within 0 step(s) reaches it" in str(e) and "nothing written" in str(e), e
+    else:
+        res = chosen.search
+        assert res.reached and not res.steps and not chosen.tensor_types and res.plain.accept >= res.baseline.accept, res
     q8 = tmp_path / "q8.gguf"
     assert run_cli("quantize", "-q", f16, q8, "Q8_0").returncode == 0
     r = run_cli("quantize", q8, tmp_path / "x.gguf", "Q2_K", "--features", feats, "--min-acceptance", "0.9")

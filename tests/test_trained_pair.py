@@ -31,6 +31,8 @@ REPLAY_TOLERANCE = 0.05  # llama.cpp vs the Python replay, aggregate acceptance 
 
 @pytest.fixture(scope="module")
 def pair() -> TrainedPair:
+    """Built once per machine (about two minutes on a clean clone, then read from the cache): the
+    setup time of whichever test asks first."""
     return build_trained_pair(seed=0)
 
 
@@ -88,6 +90,9 @@ def test_f16_acceptance_is_real_and_unsaturated(kind, pair, target, gguf_dir):
 
 
 def test_quantized_drafters_accept_differently(pair, target, gguf_dir):
+    """Eight files (F16 and seven quantized types) x the six prompts through llama-speculative-simple,
+    about two minutes: fewer types could all accept alike by chance (neighbouring types often do on a
+    drafter this small), and fewer prompts leave too few drafted tokens for a 2-bit file to differ."""
     rates = {}
     for qtype in ("F16", *QUANT_TYPES):
         stats = _run(pair, target, drafter_gguf(pair, "full", gguf_dir, qtype), pair.prompts)
@@ -121,6 +126,9 @@ def _last_target_tokens(output: str) -> list[int]:
 
 def test_accept_agrees_with_llama_cpp(pair, target, gguf_dir, features):
     """accept's live loop against llama-speculative-simple on the same prompts, target and drafter files.
+
+    About two minutes: six files (both drafters, F16 to Q2_K) x six prompts in llama.cpp, and accept on
+    the same; the agreement bound (2 points) means something only over hundreds of drafted tokens per file.
 
     The captured features agree with llama.cpp's target wherever it matters: at every step llama.cpp
     logs the token its target chose to close the step, and that token is the captured continuation's
@@ -156,7 +164,13 @@ def test_accept_agrees_with_llama_cpp(pair, target, gguf_dir, features):
 
 
 def test_check_judges_a_file_by_its_acceptance(pair, gguf_dir, features, monkeypatch):
-    """check --features FILE: a file's acceptance next to its checkpoint's, failing past its class's allowance."""
+    """check --features FILE: a file's acceptance next to its checkpoint's, failing past its class's allowance.
+
+    Needs the whole capture (6 prompts x 64 tokens, about a minute per check): the gate is only tested
+    where the Q2_K file loses something, and on a few short sequences a Q2_K file can accept exactly as
+    many tokens as its checkpoint. What it loses depends on the pair (trained on this machine's CPU
+    kernels), so the stricter allowance is set from the measured loss.
+    """
     import dflash_convert.check as check_module
 
     q2 = drafter_gguf(pair, "full", gguf_dir, "Q2_K")
@@ -165,7 +179,11 @@ def test_check_judges_a_file_by_its_acceptance(pair, gguf_dir, features, monkeyp
     a = rep.metrics["acceptance"]
     print(f"\n{rep.render_text()}")
     assert rep.passed and 0 < a["lost"] <= a["allowance"] == check_module.ACCEPT_ALLOWANCE["Q2_K"], rep.failures
-    monkeypatch.setitem(check_module.ACCEPT_ALLOWANCE, "Q2_K", 0.01)  # a stricter allowance than Q2_K earns
+    assert a["lost"] == pytest.approx(a["checkpoint"]["accept"] - a["file"]["accept"])
+    stricter = a["lost"] / 2  # an allowance the file does not earn
+    monkeypatch.setitem(check_module.ACCEPT_ALLOWANCE, "Q2_K", stricter)
     rep = check_module.check(q2, pair.drafters["full"], target_model_dir=pair.target_dir, features=str(features),
                              device="cpu", context=32)
-    assert not rep.passed and any(f.startswith("accepted tokens lost: the file accepts 0.601") for f in rep.failures), rep.failures
+    want = (f"accepted tokens lost: the file accepts {a['file']['accept']:.3f} of its drafted tokens, the checkpoint "
+            f"{a['checkpoint']['accept']:.3f}: {a['lost']:.3f} more than {stricter:g} (Q2_K) lost")
+    assert not rep.passed and want in rep.failures, rep.failures
