@@ -15,11 +15,12 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .drafter import DrafterTensor
-from .encoders import Encoder
+from .encoders import COPY, Encoder
 from .files import FdCache
 from .format.ggml import GGMLType
 from .tensor_source import n_rows, row_length
@@ -76,6 +77,18 @@ def row_spans(p: PlannedTensor, chunk_elements: int | None = None) -> list[tuple
     return [(a, min(rows, a + step)) for a in range(0, rows, step)]
 
 
+def file_span(p: PlannedTensor) -> tuple[Path, int] | None:
+    """(path, offset) of a tensor whose output bytes are its source's bytes as they lie in a file (a
+    byte copy of a GGUF or safetensors tensor, read in place: no permutation), for the writer's in-kernel copy."""
+    if p.encode is not COPY:
+        return None
+    src = p.tensor.source
+    path, offset, nbytes = getattr(src, "path", None), getattr(src, "offset", None), getattr(src, "nbytes", None)
+    if not isinstance(path, Path) or not isinstance(offset, int) or nbytes != p.nbytes:
+        return None
+    return path, offset
+
+
 def _encoded(p: PlannedTensor, a: int, b: int, fds: FdCache) -> np.ndarray:
     return p.encode(p.tensor.source.rows(a, b, fds))
 
@@ -103,7 +116,8 @@ class ChunkPipeline:
                 f.cancel()
 
     def out_tensors(self, planned: list[PlannedTensor]) -> list[OutTensor]:
-        return [OutTensor(p.tensor.gguf_name, p.ne, p.ggml_type, p.nbytes, (lambda p=p: self.chunks(p))) for p in planned]
+        return [OutTensor(p.tensor.gguf_name, p.ne, p.ggml_type, p.nbytes, (lambda p=p: self.chunks(p)), file_span(p))
+                for p in planned]
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -77,9 +77,9 @@ def test_encode_matches_upstream_pipeline(src, out):
     assert encoder(src, out)(raw).tobytes() == ref.tobytes()
 
 
-@pytest.mark.parametrize("where", ["disk", "shm"])
-def test_output_file_direct_and_buffered(tmp_path, where):
-    """Unaligned sizes through the direct-I/O stage (disk) and the buffered fallback (tmpfs)."""
+@pytest.mark.parametrize("where,direct", [("disk", True), ("disk", False), ("shm", True)])
+def test_output_file_direct_and_buffered(tmp_path, where, direct):
+    """Unaligned sizes through the direct-I/O stage (disk), buffered writes, and the buffered fallback (tmpfs)."""
     import os
     from pathlib import Path
 
@@ -91,7 +91,9 @@ def test_output_file_direct_and_buffered(tmp_path, where):
     parts = [rng.integers(0, 255, n, dtype=np.uint8).tobytes() for n in (1, 4095, 4097, _OutputFile.STAGE + 3, 17)]
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-        f = _OutputFile(fd)
+        f = _OutputFile(fd, direct=direct)
+        if not direct:
+            assert not f.direct
         for p in parts:
             f.write(memoryview(p))
         f.close()
@@ -99,3 +101,65 @@ def test_output_file_direct_and_buffered(tmp_path, where):
         assert path.read_bytes() == b"".join(parts)
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_direct_io_only_above_the_dirty_limit(monkeypatch):
+    """O_DIRECT for an output the page cache could not hold dirty without throttling; the environment decides first."""
+    from dflash_convert import write
+
+    monkeypatch.delenv(write.DIRECT_IO_ENV, raising=False)
+    limit = write.dirty_limit_bytes()
+    assert limit is None or limit > 0
+    if limit is not None:
+        assert not write.prefer_direct_io(limit) and write.prefer_direct_io(limit + 1)
+    monkeypatch.setattr(write, "dirty_limit_bytes", lambda: 1000)
+    assert not write.prefer_direct_io(1000) and write.prefer_direct_io(1001)
+    monkeypatch.setattr(write, "dirty_limit_bytes", lambda: None)  # not Linux: no O_DIRECT either
+    assert not write.prefer_direct_io(1 << 40)
+    monkeypatch.setenv(write.DIRECT_IO_ENV, "1")
+    assert write.prefer_direct_io(1)
+    monkeypatch.setenv(write.DIRECT_IO_ENV, "0")
+    monkeypatch.setattr(write, "dirty_limit_bytes", lambda: 1000)
+    assert not write.prefer_direct_io(1 << 40)
+
+
+def test_output_file_copies_spans_inside_the_kernel(tmp_path, monkeypatch):
+    """copy_span appends a file's bytes where the stream is; refuses (False, nothing appended) on direct
+    writes or where the kernel cannot; a source shorter than the span is an error naming it."""
+    import errno
+    import os
+
+    from dflash_convert.errors import DFlashError
+
+    src = tmp_path / "src.bin"
+    data = np.random.default_rng(2).integers(0, 255, 3 * 4096 + 5, dtype=np.uint8).tobytes()
+    src.write_bytes(data)
+    out = tmp_path / "out.bin"
+    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        f = _OutputFile(fd, direct=False)
+        f.write(memoryview(b"abc"))
+        assert f.copy_span(src, 7, 4096 + 3)
+        f.write(memoryview(b"xyz"))
+        real = os.copy_file_range
+
+        def refuse(*a, **k):
+            raise OSError(errno.EXDEV, "cross-device")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+        assert not f.copy_span(src, 0, 10)  # nothing appended: the caller writes the bytes itself
+        monkeypatch.setattr(os, "copy_file_range", real)
+        with pytest.raises(DFlashError, match="shorter"):
+            f.copy_span(src, len(data) - 4, 100)
+        f.close()
+    finally:
+        os.close(fd)
+    got = out.read_bytes()
+    assert got[:3 + 4096 + 3 + 3] == b"abc" + data[7:7 + 4096 + 3] + b"xyz"
+    fd = os.open(tmp_path / "direct.bin", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        f = _OutputFile(fd, direct=True)
+        assert not f.copy_span(src, 0, 10) or not f.direct
+        f.close()
+    finally:
+        os.close(fd)

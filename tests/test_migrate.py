@@ -222,17 +222,27 @@ def test_refusals(tmp_path):
 
 
 def test_tensor_data_is_streamed_in_chunks(tmp_path, monkeypatch):
-    """Migrate copies through the one pipeline, a row chunk at a time (here: one row per chunk)."""
-    from dflash_convert import pipeline
+    """Migrate copies through the one pipeline: inside the kernel (copy_file_range) on buffered
+    writes, else a row chunk at a time (here: one row per chunk, with direct writes); the same file."""
+    from dflash_convert import pipeline, write
 
     spans = []
     real = pipeline.row_spans
     monkeypatch.setattr(pipeline, "CHUNK_ELEMENTS", 1)
     monkeypatch.setattr(pipeline, "row_spans", lambda p, c=None: spans.append(real(p, c)) or spans[-1])
     src = write_parts(tmp_path / "buun.gguf", buun())
+    monkeypatch.setenv(write.DIRECT_IO_ENV, "1")
     result = migrate(src, tmp_path / "o.gguf")
     assert max(len(s) for s in spans) > 1 and all(b - a == 1 for s in spans for a, b in s)
     _same_as_original(result.output, {"dflash.attention.causal", "dflash.rope.dimension_count"})
+    spans.clear()
+    copied = []
+    monkeypatch.setenv(write.DIRECT_IO_ENV, "0")
+    monkeypatch.setattr(write._OutputFile, "copy_span", lambda self, *a, real=write._OutputFile.copy_span:
+                        copied.append(a) or real(self, *a))
+    again = migrate(src, tmp_path / "o2.gguf")
+    assert copied and not spans  # every tensor a byte copy, none read into memory
+    assert again.output.read_bytes() == result.output.read_bytes()
 
 
 def test_read_parts_round_trip(tmp_path):
