@@ -132,6 +132,34 @@ def test_legacy_from_f16_words_equals_widening_first(name: str, monkeypatch: pyt
     got = fused(x)
     widened = getattr(legacy, f"quantize_{name.lower()}")(x.astype(np.float32))
     np.testing.assert_array_equal(got, widened)
+    # the portable integer widening (what CPUs without F16C run), also where the hardware one ran above
+    monkeypatch.setattr(jit.kernels(), "HARDWARE_HALF", False)
+    np.testing.assert_array_equal(fused(x), got)
     monkeypatch.setattr(jit, "kernels", lambda: None)  # the numpy port, as without numba
     np.testing.assert_array_equal(getattr(legacy, f"quantize_{name.lower()}")(x.astype(np.float32)), got)
     np.testing.assert_array_equal(fused(x), got)  # the same encoder, now widening with numpy first
+
+
+@needs_numba
+def test_f16_to_bf16_kernel_equals_widening_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """F16 -> BF16 in one kernel pass: every half bit pattern (subnormals, -0.0, inf, NaN quieted),
+    in two orders and an odd length, gives the words of widening to float32 and rounding (the numpy
+    fallback, which is also what the encoder runs without numba)."""
+    from dflash_convert.encoders import encoder
+    from dflash_convert.encoders.floats import f32_to_bf16, widen_to_f32
+    from dflash_convert.format.ggml import GGMLType
+
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = np.concatenate([every, np.random.default_rng(3).permutation(every)[:-5]])
+    want = f32_to_bf16(widen_to_f32(x, "F16"))
+    to_bf16 = encoder("F16", GGMLType.BF16)
+    assert jit.float_kernels() is not None
+    np.testing.assert_array_equal(to_bf16(x), want)
+    np.testing.assert_array_equal(to_bf16(x[1:][::2]), want[1:][::2])  # a strided chunk
+    monkeypatch.setattr(jit, "kernels", lambda: None)
+    jit.float_kernels.cache_clear()
+    try:
+        assert jit.float_kernels() is None
+        np.testing.assert_array_equal(to_bf16(x), want)
+    finally:
+        jit.float_kernels.cache_clear()

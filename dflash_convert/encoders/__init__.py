@@ -18,7 +18,7 @@ import numpy as np
 
 from ..format.ggml import BLOCK_GEOMETRY, GGMLType
 from . import jit
-from .floats import FLOAT_WORDS, bf16_to_f16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
+from .floats import FLOAT_WORDS, bf16_to_f16, f16_to_bf16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
 from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants_low import quantize_q2_k, quantize_q3_k
@@ -64,6 +64,7 @@ _DIRECT: dict[tuple[str, GGMLType], Encoder] = {
     ("F32", GGMLType.F32): COPY,
     ("BF16", GGMLType.BF16): quiet_bf16_nans,
     ("BF16", GGMLType.F16): bf16_to_f16,
+    ("F16", GGMLType.BF16): f16_to_bf16,
     ("I64", GGMLType.I64): COPY,
     ("I32", GGMLType.I32): COPY,
 }
@@ -132,6 +133,10 @@ def warm_up_kernels() -> float:
     block = np.zeros(256 * 8, np.float32)
     for quantize in QUANTIZERS.values():
         quantize(block)
+    words = block.astype(np.float16)  # the kernels that read F16 words themselves
+    for name in _LEGACY_FROM_F16:
+        encoder("F16", GGMLType[name])(words)
+    encoder("F16", GGMLType.BF16)(words)
     return time.perf_counter() - t0
 
 

@@ -15,8 +15,14 @@ bits through a one-element scratch array, as C's memcpy does, so garbage is repr
 
 from __future__ import annotations
 
+import platform
+
 import numba
 import numpy as np
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 _F32 = np.float32
 _ZERO = _F32(0.0)
@@ -700,7 +706,9 @@ def _c_float_to_byte(t):
     """C's ``(int8_t)t`` / ``(uint8_t)t`` as x86 compiles it: truncate to int32 (cvttss2si: out of
     range and NaN give INT32_MIN), keep the low byte. Returned as 0..255; a select, so it vectorises."""
     ok = t >= _INT32_LO and t < _INT32_HI
-    return (np.int64(t) & 0xFF) if ok else 0  # 0: INT32_MIN's low byte
+    # a 32-bit conversion (vcvttps2dq): float -> int64 has no vector instruction before AVX-512, and
+    # with it the whole rounding loop ran scalar on AVX2 machines
+    return np.int64(np.int32(t) & np.int32(0xFF)) if ok else 0  # 0: INT32_MIN's low byte
 
 
 @_njit
@@ -752,6 +760,52 @@ def legacy_quantize_f16(words, kind, d, m, qs, qh):
         for j in range(32):
             for b in range(n):
                 Xbits[j, b] |= np.uint32(W[j, b] & 0x8000) << 16
+        _legacy_tile(X, n, g0, kind, d, m, qs, qh)
+
+
+def _hardware_half_widening() -> bool:
+    """Whether LLVM turns ``fpext half -> float`` into one instruction here: F16C on x86-64, the base
+    ISA on arm64. Elsewhere it would call a compiler-rt routine numba may not link, so the integer
+    scheme of ``legacy_quantize_f16`` is used."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True
+    try:
+        return machine in ("x86_64", "amd64") and "+f16c" in llvm_binding.get_host_cpu_features().flatten().split(",")
+    except Exception:  # no host feature query: the portable kernel
+        return False
+
+
+HARDWARE_HALF = _hardware_half_widening()
+
+
+@intrinsic
+def _half_to_float(typingctx, bits):
+    """The float32 value of float16 bits (uint16): LLVM's exact ``fpext half -> float``, one vcvtph2ps
+    with F16C (NaN payloads as ggml's widening leaves them for the quantizers: bytes tested equal)."""
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@_njit
+def legacy_quantize_f16_hw(words, kind, d, m, qs, qh):
+    """``legacy_quantize_f16`` with the hardware widening (only where ``HARDWARE_HALF``): each block's
+    32 halves widened in one contiguous pass, then moved into its lane (about 25% faster)."""
+    B = LANES
+    X = np.empty((32, B), np.float32)
+    row = np.empty(32, np.float32)
+    for g0 in range(0, words.shape[0], B):
+        n = min(B, words.shape[0] - g0)
+        for b in range(n):
+            for j in range(32):
+                row[j] = _half_to_float(words[g0 + b, j])
+            for j in range(32):
+                X[j, b] = row[j]
         _legacy_tile(X, n, g0, kind, d, m, qs, qh)
 
 

@@ -35,6 +35,18 @@ def kernels() -> ModuleType | None:
     return _kernels
 
 
+@functools.cache
+def float_kernels() -> ModuleType | None:
+    """The numba float-conversion kernels (``_float_kernels``), or None as for ``kernels``."""
+    if kernels() is None:
+        return None
+    try:
+        from . import _float_kernels
+    except Exception:  # as above: numba can fail in ways other than ImportError
+        return None
+    return _float_kernels
+
+
 def jit_available() -> bool:
     """Whether the numba kernels are used."""
     return kernels() is not None

@@ -207,7 +207,7 @@ def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | Non
         return None
     if x.dtype == np.float16:
         xb = as_blocks_f16(x)
-        run = k.legacy_quantize_f16
+        run = k.legacy_quantize_f16_hw if k.HARDWARE_HALF else k.legacy_quantize_f16
     else:
         xb = as_blocks(x, QK)
         run = k.legacy_quantize
