@@ -554,7 +554,7 @@ def q3_search(xg, scales, L):
     """``q3_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups at a time.
 
     C stops a group's sweeps after one without change; a further sweep from the same state
-    changes nothing either, so every lane runs all five."""
+    changes nothing either, so every lane runs until no lane of the tile changes (at most five)."""
     G = xg.shape[0]
     B = LANES
     X = np.empty((16, B), np.float32)
@@ -605,6 +605,7 @@ def q3_search(xg, scales, L):
                 sumlx[b] += WX[i, b] * r
                 suml2[b] += W[i, b] * r * r
         for _ in range(5):
+            changed = 0
             for i in range(16):
                 for b in range(B):
                     li = LF[i, b]
@@ -624,6 +625,12 @@ def q3_search(xg, scales, L):
                     LF[i, b] = r if take else li
                     sumlx[b] = slx2 if take else sumlx[b]
                     suml2[b] = sl22 if take else suml2[b]
+                    changed += 1 if take else 0
+            # C ends a group's sweeps after one without a change, and a sweep from an unchanged state
+            # changes nothing: once no lane changed, the rest of the five are no-ops for every lane
+            # (17% of Q3_K's search on the bench machine)
+            if changed == 0:
+                break
         if bad:
             q3_search_exact(xg, scales, L, g0, g0 + B)
             continue
