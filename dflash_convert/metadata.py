@@ -94,7 +94,9 @@ def _coerce(vtype: ValueType, value: Any, sub: ValueType | None, key: str = "") 
     if vtype == ValueType.ARRAY:
         assert sub is not None
         if sub == ValueType.STRING:
-            return list(value)
+            # a string array read from a file (sources.gguf.StrArray) stays compact: bytes are what a
+            # file holds, and its 300k vocabulary items cost half a second as Python objects
+            return value if hasattr(value, "gguf_items_bytes") else list(value)
         items = list(map(_PYTHON_TYPE[VALUE_TYPES[sub].kind], value))
         if sub in INT_TYPES:
             _check_range(key, sub, items)

@@ -64,6 +64,8 @@ def _value(vtype: ValueType, value: object, sub: ValueType | None) -> bytes:
         return _string(value)  # type: ignore[arg-type]
     if vtype == ValueType.ARRAY:
         assert sub is not None
+        if sub == ValueType.STRING and hasattr(value, "gguf_items_bytes"):  # a compact array read from a file
+            return struct.pack("<IQ", int(sub), len(value)) + value.gguf_items_bytes()  # type: ignore[arg-type]
         items = list(value)  # type: ignore[call-overload]
         head = struct.pack("<IQ", int(sub), len(items))
         if sub == ValueType.STRING:

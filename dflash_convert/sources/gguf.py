@@ -159,6 +159,21 @@ class StrArray(Sequence):
     def tolist(self) -> list[bytes]:
         return list(self)
 
+    def gguf_items_bytes(self) -> bytes:
+        """The items as a GGUF array holds them (each a little-endian u64 length, then its bytes),
+        in whole-array numpy steps: the writer's copy of a read vocabulary, with no object per item."""
+        n = len(self)
+        base = int(self.offsets[0])
+        ends = self.offsets.astype(np.int64) - base
+        lengths = np.diff(ends)
+        out = np.empty(8 * n + int(ends[-1]), dtype=np.uint8)
+        prefix = (8 * np.arange(n, dtype=np.int64) + ends[:-1])[:, None] + np.arange(8, dtype=np.int64)
+        is_data = np.ones(out.shape[0], dtype=bool)
+        is_data[prefix.ravel()] = False
+        out[prefix.ravel()] = lengths.astype("<u8").view(np.uint8)
+        out[is_data] = np.frombuffer(self.data, dtype=np.uint8, count=int(ends[-1]), offset=base)
+        return out.tobytes()
+
     def texts(self) -> list[str]:
         """Every item decoded (invalid UTF-8 replaced)."""
         return [b.decode("utf-8", "replace") for b in self]
