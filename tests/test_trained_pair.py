@@ -68,6 +68,8 @@ def _table(prompts, stats) -> str:
 
 @pytest.mark.parametrize("kind", ["full", "swa"])
 def test_f16_acceptance_is_real_and_unsaturated(kind, pair, target, gguf_dir):
+    """About 30 s per drafter: the six prompts and the two held-out ones through llama-speculative-simple
+    (64 tokens each); the acceptance window and the replay bound need every prompt's drafted tokens."""
     drafter = drafter_gguf(pair, kind, gguf_dir, "F16")
     stats = _run(pair, target, drafter, pair.prompts)
     rate = _rate(stats)
