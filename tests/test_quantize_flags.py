@@ -179,6 +179,7 @@ def test_override_kv_types_and_errors(drafters, tmp_path):
     assert not refused.exists() and not list(tmp_path.glob(".refused*"))
 
 
+@pytest.mark.runtime  # llama-quantize writes the same pruned file
 def test_prune_layers_rewrites_what_validate_needs(drafters, tmp_path):
     """llama-quantize keeps a pruned sliding-window drafter's 4-entry pattern for 2 layers: llama.cpp's
     get_arr takes it and gives layer 1 the pruned layer 1's flag. We drop the pruned entries instead."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .jit import float_kernels  # numba itself is imported only when a conversion asks for it
+
 # element types whose raw words these functions read (the names of safetensors and ggml alike)
 FLOAT_WORDS: tuple[str, ...] = ("F64", "F32", "F16", "BF16")
 
@@ -56,8 +58,6 @@ def f16_to_bf16(words: np.ndarray) -> np.ndarray:
     """float16 words -> bfloat16 words, equal to widening to float32 and rounding to bf16 as ggml does
     (round to nearest even, NaN forced quiet): one pass in the numba kernel where it is available
     (about 8x faster than the two numpy passes), else those passes."""
-    from .jit import float_kernels  # lazy: numba only where a conversion needs it
-
     k = float_kernels()
     if k is None:
         return f32_to_bf16(widen_to_f32(words, "F16"))

@@ -41,6 +41,7 @@ def float_kernels() -> ModuleType | None:
     if kernels() is None:
         return None
     try:
+        # lazy, as _kernels above: it imports numba
         from . import _float_kernels
     except Exception:  # as above: numba can fail in ways other than ImportError
         return None
