@@ -265,7 +265,6 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
     for note in clear_stale_partials(out, force=replace):
         log.warning("%s", note)
     total = sum(t.nbytes for t in tensors)
-    file_size = len(header) + sum(_pad(t.nbytes) for t in tensors)
     bar = None
     if progress:
         from tqdm import tqdm  # only a progress bar on a terminal needs it
@@ -274,7 +273,7 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
     try:
         tmp = TemporaryOutput(out)
         try:
-            f = _OutputFile(tmp.fd, direct=prefer_direct_io(file_size))
+            f = _OutputFile(tmp.fd, direct=prefer_direct_io(len(header) + sum(_pad(t.nbytes) for t in tensors)))
             try:
                 fault_point("header")
                 f.write(memoryview(header))
@@ -312,5 +311,5 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
     finally:
         if bar is not None:
             bar.close()
-    return file_size
+    return len(header) + sum(_pad(t.nbytes) for t in tensors)
 
