@@ -62,6 +62,19 @@ def test_bf16_to_f16_exhaustive():
     assert np.array_equal(bf16_to_f16(ALL_BF16), ref)
 
 
+def test_f16_widening_exhaustive(quantizer_backend):
+    """All 65536 f16 words, in three orders and in shapes the callers pass: the numba kernel (32-bit
+    integer IR) gives numpy's cast bit for bit, signalling NaN payloads, subnormals and -0.0 included."""
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    words = np.concatenate([every, every[::-1], np.random.default_rng(3).permutation(every)])
+    ref = words.view(np.float16).astype(np.float32)
+    got = widen_to_f32(words, "F16")
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    as_halves = widen_to_f32(words.view(np.float16).reshape(-1, 64)[::2], "F16")  # float16, 2-D, not contiguous
+    assert as_halves.shape == (len(words) // 128, 64)
+    assert np.array_equal(as_halves.view(np.uint32), ref.reshape(-1, 64)[::2].view(np.uint32))
+
+
 @pytest.mark.parametrize("src", ["F32", "F16", "BF16"])
 @pytest.mark.parametrize("out", [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0])
 def test_encode_matches_upstream_pipeline(src, out):

@@ -137,6 +137,7 @@ def warm_up_kernels() -> float:
     for name in _LEGACY_FROM_F16:
         encoder("F16", GGMLType[name])(words)
     encoder("F16", GGMLType.BF16)(words)
+    widen_to_f32(words, "F16")  # the K-quants and IQ4 from F16
     return time.perf_counter() - t0
 
 
