@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
 _TWO_TO_MINUS_24 = np.float32(5.960464477539063e-08)
 
@@ -48,37 +45,3 @@ def f16_to_bf16(words, out, fbuf, ibuf):
                 fbuf[0] = np.float32(h & np.uint32(0x3FF)) * _TWO_TO_MINUS_24
                 out[i] = np.uint16(_round_to_bf16(ibuf[0] | ((h & np.uint32(0x8000)) << np.uint32(16))))
 
-
-@intrinsic
-def _f16_to_f32(typingctx, bits):
-    """The float32 of float16 bits (uint16), exactly as numpy's cast (NaN payloads kept, signalling
-    or not), in 32-bit integer IR: numba's own integer arithmetic widens to int64, which halved the
-    vector lanes. A normal number, inf or NaN has its exponent rebiased (127 - 15; inf/NaN to all
-    ones) and its mantissa moved into place; a subnormal or zero is m * 2**-24 (exact in float32);
-    the sign goes on last. Selects only, so a loop of it vectorises."""
-    if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
-        return None
-
-    def codegen(context, builder, signature, args):
-        i32, f32 = ir.IntType(32), ir.FloatType()
-
-        def k(v: int) -> ir.Constant:
-            return ir.Constant(i32, v)
-
-        h = builder.zext(args[0], i32)
-        exponent = builder.and_(h, k(0x7C00))
-        u = builder.add(builder.shl(builder.and_(h, k(0x7FFF)), k(13)), k(112 << 23))
-        u = builder.select(builder.icmp_unsigned("==", exponent, k(0x7C00)), builder.add(u, k(112 << 23)), u)
-        small = builder.fmul(builder.sitofp(builder.and_(h, k(0x3FF)), f32), ir.Constant(f32, 2.0 ** -24))
-        u = builder.select(builder.icmp_unsigned("==", exponent, k(0)), builder.bitcast(small, i32), u)
-        return builder.bitcast(builder.or_(u, builder.shl(builder.and_(h, k(0x8000)), k(16))), f32)
-
-    return types.float32(bits), codegen
-
-
-@numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
-def widen_f16(words, out):
-    """float16 words (uint16) -> float32 ``out``, the values (and bits) numpy's cast gives, in one
-    vectorised pass: several times faster than numpy's cast, which converts one value at a time."""
-    for i in range(words.shape[0]):
-        out[i] = _f16_to_f32(words[i])

@@ -200,28 +200,21 @@ def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | Non
     """The compiled quantizer (see ``jit``), or None without numba. Same bytes as the numpy path.
 
     ``x`` is float32, or float16 (F16 source words): those are widened inside the kernel, tile by
-    tile, which saves a whole-tensor float32 copy and the numpy pass that makes it.
+    tile, which saves a whole-tensor float32 copy and the numpy pass that makes it. The kernel
+    writes the blocks whole, fp16 scales included.
     """
     k = jit.kernels()
     if k is None:
         return None
     if x.dtype == np.float16:
         xb = as_blocks_f16(x)
-        run = k.legacy_quantize_f16_hw if k.HARDWARE_HALF else k.legacy_quantize_f16
+        run = k.legacy_quantize_f16
     else:
         xb = as_blocks(x, QK)
         run = k.legacy_quantize
-    nb = xb.shape[0]
-    out = np.empty(nb, block)
-    d, m = np.empty(nb, _F32), np.empty(nb, _F32)
-    qh = np.empty(nb, np.uint32)
-    run(xb, getattr(k, f"LEGACY_{name}"), d, m, out["qs"], qh)
-    out["d"] = fp16_bits(d)
-    if "m" in block.names:
-        out["m"] = fp16_bits(m)
-    if "qh" in block.names:
-        out["qh"] = qh.astype("<u4").view(np.uint8).reshape(nb, 4)
-    return out.view(np.uint8)
+    out = np.empty((xb.shape[0], block.itemsize), np.uint8)
+    run(xb, getattr(k, f"LEGACY_{name}"), out)
+    return out.reshape(-1)
 
 
 def as_blocks_f16(x: np.ndarray) -> np.ndarray:
