@@ -10,6 +10,7 @@ size.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -98,6 +99,12 @@ class ChunkPipeline:
 
     def __init__(self, workers: int | None = None, lookahead: int = 12) -> None:
         recycle_chunk_memory()
+        # The cyclic collector stays off while chunks stream: every chunk allocates a few objects, and
+        # the collections they trigger walk everything numba and the readers left in the heap (a full
+        # one takes tens of ms). What a pass allocates is bounded by the look-ahead; close() turns
+        # the collector back on (if it was on) and the next collection sees any cycles.
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
         self.pool = ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 2, thread_name_prefix="encode")
         self.lookahead = lookahead
         self.fds = FdCache()
@@ -120,8 +127,12 @@ class ChunkPipeline:
                 for p in planned]
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.fds.close()
+        try:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.fds.close()
+        finally:
+            if self._gc_was_enabled:
+                gc.enable()
 
     def __enter__(self) -> ChunkPipeline:
         return self

@@ -111,6 +111,25 @@ def test_keep_type(drafters, tmp_path):
     assert not (tmp_path / "x.gguf").exists()
 
 
+def test_the_collector_is_back_as_it_was_after_a_pass(drafters, tmp_path):
+    """The pipeline turns the cyclic collector off while chunks stream; it must be on again after a
+    pass (and after one that fails), and stay off for a caller who had turned it off."""
+    import gc
+
+    assert gc.isenabled()
+    quantize(drafters["big-f16"], tmp_path / "a.gguf", "Q4_0")
+    assert gc.isenabled()
+    with pytest.raises(DFlashError):
+        quantize(drafters["big-f16"], tmp_path / "a.gguf", "Q4_0")  # exists: refused
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        quantize(drafters["big-f16"], tmp_path / "b.gguf", "Q4_0")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_requantize_needs_the_flag(drafters, tmp_path):
     q8 = quantize(drafters["big-f16"], tmp_path / "q8.gguf", "Q8_0").output
     with pytest.raises(DFlashError, match="allow-requantize"):
