@@ -76,6 +76,10 @@ CASES: dict[str, tuple[bytes, str]] = {
     "array_past_end": (_with(kvs=[kv_arr("k", U32, 1000, b"\0" * 16)]), "truncated: k (1000 items) needs 4000 bytes"),
     "string_array_past_end": (_with(kvs=[kv_arr("k", STRING, 1000, s("a"))]), "truncated: k (1000 strings) needs 8000 bytes"),
     "string_in_array_past_end": (_with(kvs=[kv_arr("k", STRING, 1, struct.pack("<Q", 500) + b"x")]), "truncated: k[0] needs 500 bytes"),
+    "string_length_in_array_past_end": (_with(kvs=[kv_arr("k", STRING, 2, s("abcdefgh") + b"\0" * 4)]),
+                                        "truncated: k[1] length needs 8 bytes, 4 remain"),
+    "string_in_array_too_long": (_with(kvs=[kv_arr("k", STRING, 1, struct.pack("<Q", (1 << 30) + 1) + b"x" * 8)]),
+                                 "k[0] length 1073741825 exceeds llama.cpp's limit"),
     "bool_array_bad_value": (_with(kvs=[kv_arr("k", BOOL, 3, b"\x01\x07\x00")]), "k[1]: bool value 7 is neither 0 nor 1"),
     "alignment_wrong_type": (_with(kvs=[kv("general.alignment", I32, struct.pack("<i", 32))]), "general.alignment must be UINT32, got INT32"),
     "alignment_not_power_of_two": (_with(kvs=[kv_u32("general.alignment", 48)]), "general.alignment 48 is not a power of two"),
@@ -163,6 +167,25 @@ def test_legitimate_edge_cases_read(tmp_path):
     assert g.get("f") == 1.5
     assert [(t.name, t.ne, t.nbytes) for t in g.tensors] == [("a", (4,), 16), ("b", (32, 2), 68)]
     assert g.tensors[1].offset == g.data_offset + 64
+
+
+def test_string_arrays_across_release_points(tmp_path):
+    """The string walk checks lengths only where an item ends past the next release point (every
+    4 MiB): items exact across many of them, one item longer than a step, and the failures after
+    a step (a length over llama.cpp's limit, an item past the end) still found and named."""
+    rng = np.random.default_rng(5)
+    items = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in rng.integers(0, 9, 1_500_000)]
+    items[700_000] = b"L" * (5 << 20)  # one item longer than a release step
+    body = b"".join(struct.pack("<Q", len(x)) + x for x in items)
+    path = tmp_path / "many.gguf"
+    path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, len(items), body)]))
+    got = read_gguf(path).metadata["k"].value
+    assert len(got) == len(items) and got == items and got.gguf_items_bytes() == body
+    for tail, needle in ((struct.pack("<Q", (1 << 30) + 7) + b"x" * 16, f"k[{len(items)}] length 1073741831 exceeds"),
+                         (struct.pack("<Q", 64) + b"x" * 16, f"truncated: k[{len(items)}] needs 64 bytes, 16 remain")):
+        path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, len(items) + 1, body + tail)]))
+        with pytest.raises(InputFileError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            read_gguf(path)
 
 
 def test_numeric_arrays_are_compact_and_compare_like_lists(tmp_path):

@@ -1436,7 +1436,8 @@ def test_string_arrays_are_held_compact_and_read_exactly(tmp_path):
     g = read_gguf(path)
     tokens = g.metadata["tokenizer.ggml.tokens"].value
     assert isinstance(tokens, StrArray) and len(tokens) == (1 << 20) // 11 + 1
-    assert tokens.offsets.itemsize == 4 and len(tokens.data) == 3 * (len(tokens) - 1) + len(tokens[-1])
+    # held as the file holds it: each item's u64 length then its bytes, and the offset of each length
+    assert tokens.offsets.itemsize == 4 and len(tokens.data) == 11 * (len(tokens) - 1) + 8 + len(tokens[-1])
     raw = path.read_bytes()
     first = raw.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 4 + 4 + 8
     assert tokens[0] == raw[first + 8:first + 11] and tokens[-1] == b"z" * len(tokens[-1])

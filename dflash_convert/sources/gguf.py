@@ -108,11 +108,16 @@ class NumArray(Sequence):
 
 
 class StrArray(Sequence):
-    """A string GGUF array held as its items' bytes in one buffer plus ``len + 1`` offsets.
+    """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
+    bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
+    is the buffer's end).
 
     Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
     list of bytes); each item is made only when asked for, so holding a vocabulary costs its bytes
-    and 4 or 8 bytes an item, not a Python object (about 40 bytes or more) an item.
+    and 12 or 16 bytes an item, not a Python object (about 40 bytes or more) an item. Kept in the
+    file's own form, reading it is one walk over the length prefixes and a copy of the region
+    (building item bytes one by one was most of the time a quantize of a 248k vocabulary spent
+    before its first tensor), and writing it back is that buffer.
     """
 
     __slots__ = ("data", "offsets")
@@ -126,8 +131,8 @@ class StrArray(Sequence):
         """A StrArray of a list of items (str encoded as UTF-8)."""
         raw = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in items]
         offsets = np.zeros(len(raw) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in raw], out=offsets[1:])
-        return cls(b"".join(raw), offsets)
+        np.cumsum([8 + len(b) for b in raw], out=offsets[1:])
+        return cls(b"".join(struct.pack("<Q", len(b)) + b for b in raw), offsets)
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0]) - 1
@@ -146,7 +151,7 @@ class StrArray(Sequence):
             i += n
         if not 0 <= i < n:
             raise IndexError("StrArray index out of range")
-        return bytes(self.data[int(self.offsets[i]):int(self.offsets[i + 1])])
+        return bytes(self.data[int(self.offsets[i]) + 8:int(self.offsets[i + 1])])
 
     def __iter__(self) -> Iterator[bytes]:
         data, offsets = self.data, self.offsets
@@ -154,25 +159,15 @@ class StrArray(Sequence):
         for a in range(0, len(self), chunk):
             o = offsets[a:a + chunk + 1].tolist()
             for j in range(len(o) - 1):
-                yield bytes(data[o[j]:o[j + 1]])
+                yield bytes(data[o[j] + 8:o[j + 1]])
 
     def tolist(self) -> list[bytes]:
         return list(self)
 
     def gguf_items_bytes(self) -> bytes:
-        """The items as a GGUF array holds them (each a little-endian u64 length, then its bytes),
-        in whole-array numpy steps: the writer's copy of a read vocabulary, with no object per item."""
-        n = len(self)
-        base = int(self.offsets[0])
-        ends = self.offsets.astype(np.int64) - base
-        lengths = np.diff(ends)
-        out = np.empty(8 * n + int(ends[-1]), dtype=np.uint8)
-        prefix = (8 * np.arange(n, dtype=np.int64) + ends[:-1])[:, None] + np.arange(8, dtype=np.int64)
-        is_data = np.ones(out.shape[0], dtype=bool)
-        is_data[prefix.ravel()] = False
-        out[prefix.ravel()] = lengths.astype("<u8").view(np.uint8)
-        out[is_data] = np.frombuffer(self.data, dtype=np.uint8, count=int(ends[-1]), offset=base)
-        return out.tobytes()
+        """The items as a GGUF array holds them (each a little-endian u64 length, then its bytes):
+        the buffer itself, the writer's copy of a read vocabulary."""
+        return bytes(self.data[int(self.offsets[0]):int(self.offsets[-1])])
 
     def texts(self) -> list[str]:
         """Every item decoded (invalid UTF-8 replaced)."""
@@ -300,6 +295,7 @@ class GGUFFile:
 
 _PAGE = mmap.PAGESIZE
 _RELEASE_EVERY = 4 << 20  # hand mapped pages back in steps of this many bytes
+assert _RELEASE_EVERY <= GGUF_MAX_STRING_LENGTH  # strings() relies on it to see an over-long length
 
 
 class _Cursor:
@@ -401,33 +397,49 @@ class _Cursor:
         return GGUFValue(ValueType.ARRAY, NumArray(data), sub)
 
     def strings(self, what: str, count: int) -> StrArray:
-        """``count`` strings (already bounded by the bytes that remain) as one buffer and offsets."""
+        """``count`` strings (already bounded by the bytes that remain): one walk over the length
+        prefixes, then the region copied as it is, a few MiB at a time with the mapped pages behind
+        handed back.
+
+        The walk is the tightest loop Python allows (a quarter of a second per quantize of a 248k
+        vocabulary went here): the rare checks run only when an item ends past ``mark``, the next
+        release point. That catches every item that ends past the buffer, and every length over
+        llama.cpp's limit, since a mark is never more than _RELEASE_EVERY (<= the limit) ahead."""
         buf, pos, end = self.buf, self.pos, len(self.buf)
-        # offsets never need more than the length prefixes they replace; uint32 when the rest of the file is < 4 GiB
+        start = copied = pos
+        # offsets never need more than the length prefixes they point at; uint32 when the rest of the file is < 4 GiB
         offsets = np.zeros(count + 1, dtype=np.uint32 if end - pos < 1 << 32 else np.int64)  # calloc: pages on first write
         put = memoryview(offsets).cast("B").cast(offsets.dtype.char)
         data = bytearray()
         unpack = struct.Struct("<Q").unpack_from
-        total, mark = 0, pos + _RELEASE_EVERY
-        for i in range(count):
-            if pos + 8 > end:
+        mark = min(end, pos + _RELEASE_EVERY)
+        first = i = n = 0
+        while True:
+            try:
+                for i in range(first, count):
+                    n = unpack(buf, pos)[0]
+                    put[i] = pos - start
+                    pos += 8 + n
+                    if pos > mark:
+                        break
+                else:
+                    break
+            except struct.error:  # fewer than 8 bytes left for item i's length
                 self.pos = pos
-                raise self.fail(f"truncated: {what}[{i}] length needs 8 bytes, {end - pos} remain")
-            n = unpack(buf, pos)[0]
+                raise self.fail(f"truncated: {what}[{i}] length needs 8 bytes, {end - pos} remain") from None
             if n > GGUF_MAX_STRING_LENGTH:
-                self.pos = pos + 8
+                self.pos = pos - n
                 raise self.fail(f"{what}[{i}] length {n} exceeds llama.cpp's limit of {GGUF_MAX_STRING_LENGTH} bytes")
-            pos += 8
-            if pos + n > end:
-                self.pos = pos
-                raise self.fail(f"truncated: {what}[{i}] needs {n} bytes, {end - pos} remain")
-            data += buf[pos:pos + n]
-            pos += n
-            total += n
-            put[i + 1] = total
-            if pos > mark:
-                self.pos, mark = pos, pos + _RELEASE_EVERY
-                self.release()
+            if pos > end:
+                self.pos = pos - n
+                raise self.fail(f"truncated: {what}[{i}] needs {n} bytes, {end - self.pos} remain")
+            data += buf[copied:pos]
+            self.pos = copied = pos
+            self.release()
+            mark = min(end, pos + _RELEASE_EVERY)
+            first = i + 1
+        put[count] = pos - start
+        data += buf[copied:pos]
         self.pos = pos
         self.release()
         return StrArray(data, offsets)
