@@ -453,6 +453,33 @@ def test_commit_never_replaces_a_file_that_appeared(tmp_path):
     assert out.read_bytes() == b"ours" and leftovers(tmp_path) == []
 
 
+def test_force_replaces_by_exchange_and_removes_the_old_file(tmp_path):
+    """--force over a regular file swaps the two names (no ext4 flush of the new data) and unlinks the
+    old file: the output holds our bytes, the old inode is gone, nothing is left beside it. A symbolic
+    link at the output is replaced itself, its target untouched, as a plain rename does."""
+    from dflash_convert.outputs import TemporaryOutput
+
+    out = tmp_path / "x.gguf"
+    out.write_bytes(b"old")
+    other = tmp_path / "other-name"
+    os.link(out, other)  # a second name keeps the old inode observable
+    with TemporaryOutput(out) as tmp:
+        os.write(tmp.fd, b"new")
+        mine = os.fstat(tmp.fd).st_ino
+        tmp.commit(replace=True)
+    assert out.read_bytes() == b"new" and out.stat().st_ino == mine and leftovers(tmp_path) == []
+    assert other.read_bytes() == b"old" and other.stat().st_nlink == 1  # the old file's other name is all that is left of it
+    target = tmp_path / "target.bin"
+    target.write_bytes(b"target")
+    link = tmp_path / "link.gguf"
+    link.symlink_to(target)
+    with TemporaryOutput(link) as tmp:
+        os.write(tmp.fd, b"new")
+        tmp.commit(replace=True)
+    assert not link.is_symlink() and link.read_bytes() == b"new" and target.read_bytes() == b"target"
+    assert leftovers(tmp_path) == []
+
+
 def test_commit_refuses_a_temporary_file_swapped_under_it(tmp_path):
     from dflash_convert.outputs import TemporaryOutput
 
