@@ -5,6 +5,10 @@ check failed, or the machine stopped the command (a full disk, out of memory); 2
 read; 64 the command line itself is wrong (EX_USAGE of sysexits.h: an unknown option, a missing
 argument), so a CI gate tells its own typo from a bad file; 128 + N killed by signal N (130 SIGINT,
 141 SIGPIPE: the reader of stdout went away, 143 SIGTERM).
+
+Each command imports the API it calls when it runs: a command's start-up is Python, numpy and what
+that command reads, not every other command's dependencies (the tests run this program hundreds of
+times; a user runs validate in CI loops).
 """
 
 from __future__ import annotations
@@ -20,50 +24,41 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import typer
-
 from ._version import __version__
-from .conversion import plan_conversion, write_plan
+from .command_line import Command, HelpRequested, UsageError, argument, flag, multi, option, parse, render_help, render_program_help
 from .errors import DFlashError, InputFileError, printable
 from .files import os_reason
 from .format.keys import ARCH, key
+from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .inspect_gguf import block_size, chosen_line, file_name_warning, member_line, pairing_hint, read_summary, short, type_name
-from .migrate import migrate as run_migrate
-from .outputs import check_output_path
-from .publish import DEFAULT_TYPES, summary_rows
-from .publish import publish as run_publish
-from .quantize import (
-    DEFAULT_SWEEP_TYPES,
-    plan_quantize,
-    plot_sweep,
-    plot_sweep_ready,
-    quantize_for_acceptance,
-    quantize_options,
-    write_quantize,
-)
-from .quantize import sweep as run_sweep
 from .sources.gguf_drafter import describe, read_drafter
 from .terminal import visible
-from .validate import validate as run_validate
 from .validate.report import render_json, render_text
 
-try:  # typer 0.2x carries its own copy of click
-    from typer._click import exceptions as _click_exceptions
-except ImportError:  # older typer runs on click itself
-    from click import exceptions as _click_exceptions  # type: ignore[no-redef]
-
 PROG = "dflash-convert"
-# -h as well as --help, on the app and (inherited through click's context) on every subcommand
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT_SETTINGS,
-                  help="Convert, inspect and check DFlash drafter GGUF files for llama.cpp.")
+SUMMARY = "Convert, inspect and check DFlash drafter GGUF files for llama.cpp."
+
+
+class _Exit(Exception):  # noqa: N818 - control flow, not an error
+    """Ends a command with this exit code (after its line was printed)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _echo(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
 
 
 def _say(line: str, err: bool = False) -> None:
     """Print one line that may quote a file (a path, a key or tensor name, a value): escaped, so it
     stays one line and no escape sequence from a file reaches the terminal (terminal.visible)."""
-    typer.echo(visible(line), err=err)
+    if err:
+        _err(line)
+    else:
+        _echo(visible(line))
 
 
 class _VisibleFormatter(logging.Formatter):
@@ -73,17 +68,8 @@ class _VisibleFormatter(logging.Formatter):
         return visible(super().format(record))
 
 
-def _show_version(value: bool) -> None:
-    if value:
-        typer.echo(f"dflash-convert {__version__}")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_show_version,
-                                       is_eager=True, metavar="")) -> None:
-    """Convert, inspect and check DFlash drafter GGUF files for llama.cpp."""
-    # every command's warnings (a fallback type, a temporary file a killed run left) in one form
+def _setup_logging() -> None:
+    """Every command's warnings (a fallback type, a temporary file a killed run left) in one form."""
     logging.basicConfig(level=logging.WARNING, format="dflash-convert: warning: %(message)s", force=True)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(_VisibleFormatter("dflash-convert: warning: %(message)s"))
@@ -118,7 +104,7 @@ def _err(line: str) -> None:
 
 def _fail(e: DFlashError) -> None:
     _err(f"dflash-convert: error: {e}")
-    raise typer.Exit(exit_code(e))
+    raise _Exit(exit_code(e))
 
 
 def _fail_os(e: OSError, output: str | os.PathLike | None) -> None:
@@ -150,30 +136,13 @@ def _human(n: float) -> str:
     return str(n)
 
 
-@app.command()
-def convert(
-    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors), or a Hugging Face repo id org/name[@revision] "
-                             "(from the cache first; downloaded unless HF_HUB_OFFLINE=1)."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target model dir: config.json + tokenizer files "
-                                                 "(no weights read). Required, unless --target-gguf is given. A repo id "
-                                                 "org/name[@revision] also works."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
-    outfile: str | None = typer.Option(None, "-o", "--outfile", metavar="PATH", help="Output file or folder (default: SRC_DIR/dflash-<Name>-<TYPE>.gguf, "
-                                  "dspark- for DSpark: the names llama.cpp's -hf finds as a draft; in the current folder for a repo id)."),
-    outtype: str = typer.Option("auto", "--outtype", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
-                                "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing.", metavar=""),
-    tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
-    keep_embeddings: bool = typer.Option(False, "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's.", metavar=""),
-    metadata: Path | None = typer.Option(None, "--metadata", metavar="FILE.json", help="general.* keys over the model card's "
-                                         "(README.md, generation_config.json), as upstream's --metadata."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the tokenizer cache ($DFLASH_CONVERT_CACHE/"
-                                  "tokenizer, else $XDG_CACHE_HOME/dflash-convert/tokenizer, else ~/.cache/dflash-convert/tokenizer).",
-                                  metavar=""),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
-) -> None:
-    """Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF."""
+# --- the commands ----------------------------------------------------------------------------------
+
+def convert(src_dir: Path, target_model_dir: Path | None, target_gguf: Path | None, outfile: str | None, outtype: str,
+            force: bool, dry_run: bool, tokenizer_pre: str | None, keep_embeddings: bool, metadata: Path | None,
+            no_cache: bool, quiet: bool) -> int:
+    from .conversion import plan_conversion, write_plan  # tokenizers, gguf-py: only the commands that convert pay for them
+
     _quiet(quiet)
     with _command_errors(outfile):
         plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
@@ -181,18 +150,19 @@ def convert(
                                hash_sources=not dry_run, metadata=metadata, cache=not no_cache)
         if dry_run:
             _print_plan(plan)
-            typer.echo("dry run: nothing written")
-            return
+            _echo("dry run: nothing written")
+            return 0
         write_plan(plan, force=force, progress=not quiet)
     if not quiet:
         _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, "
              f"file type {plan.type_name})")
+    return 0
 
 
 def _print_plan(plan) -> None:
     _say(f"output: {plan.output}")
-    typer.echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
-    typer.echo(f"keys ({len(plan.metadata)}):")
+    _echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
+    _echo(f"keys ({len(plan.metadata)}):")
     late = key("source_files_sha256")
     for kv in plan.metadata:
         if kv.key == late:
@@ -204,77 +174,62 @@ def _print_plan(plan) -> None:
         elif isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         _say(f"  {visible(kv.key):<48} {kv.vtype.name:<8} {short(value)}")
-    typer.echo(f"tensors ({len(plan.tensors)}, {_human(plan.total_bytes)}):")
+    _echo(f"tensors ({len(plan.tensors)}, {_human(plan.total_bytes)}):")
     for t in plan.tensors:
         ne = ", ".join(map(str, t.ne))
         _say(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{ne}}}  {_human(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
 
 
-@app.command()
-def inspect(path: Path = typer.Argument(..., help="A GGUF file."),
-            drafter: bool = typer.Option(False, "--drafter", help="Print the Drafter read_drafter makes of the file, as JSON.")) -> None:
-    """Show architecture, keys, tensors, and the llama-server line that pairs the drafter."""
+def inspect(path: Path, drafter: bool) -> int:
     if drafter:
         try:
             d = read_drafter(path)
         except DFlashError as e:
             _fail(e)
-        typer.echo(json.dumps(describe(d), indent=1))
-        return
+        _echo(json.dumps(describe(d), indent=1))
+        return 0
     try:
         g, d = read_summary(path)
     except DFlashError as e:
         _fail(e)
     _say(f"file: {g.path}")
     _say(f"architecture: {g.architecture}")
-    typer.echo(f"keys ({len(g.metadata)}):")
+    _echo(f"keys ({len(g.metadata)}):")
     for k, v in g.metadata.items():
         _say(f"  {visible(k):<48} {type_name(v):<14} {short(v.value)}")
     total = sum(t.nbytes for t in g.tensors)
-    typer.echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
+    _echo(f"tensors ({len(g.tensors)}, {_human(total)}):")
     for t in g.tensors:
         _say(f"  {visible(t.name):<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {_human(t.nbytes)}")
     if g.architecture == ARCH:
-        typer.echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
+        _echo(f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}")
         _say(member_line(d))
         if (problem := file_name_warning(d)) is not None:  # with the summary, as validate reports it: not on stderr
             _say(f"warning: {problem}")
         if (how := chosen_line(g)) is not None:
             _say(how)
-        typer.echo("pair with the target in llama.cpp:")
+        _echo("pair with the target in llama.cpp:")
         _say(f"  {pairing_hint(d)}")
+    return 0
 
 
-@app.command()
-def validate(
-    path: Path = typer.Argument(..., help="The drafter GGUF to check."),
-    target: Path | None = typer.Option(None, "--target", help="Target GGUF or Hugging Face model directory: check the pairing too."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON (schema: dflash_convert/validate/validate.schema.json).", metavar=""),
-    deep: bool = typer.Option(False, "--deep", help="Also scan every tensor for NaN and Inf.", metavar=""),
-) -> None:
-    """Check that a drafter GGUF loads and pairs in llama.cpp: exit 0 pass, 1 findings, 2 unreadable input."""
+def validate(path: Path, target: Path | None, json_out: bool, deep: bool) -> int:
+    from .validate import validate as run_validate  # gguf-py and the target readers: only when validating
+
     report = run_validate(path, target, deep=deep)
     if json_out:
-        typer.echo(render_json(report))
+        _echo(render_json(report))
     elif report.exit_code != 2:
-        typer.echo(render_text(report))
+        _echo(render_text(report))
     if report.exit_code == 2:
         _err(f"dflash-convert: error: {report.error_line()}")
-    raise typer.Exit(report.exit_code)
+    return report.exit_code
 
 
-@app.command()
-def migrate(
-    src: Path = typer.Argument(..., help="A DFlash GGUF written for another fork (dflash-draft, qwen35-dflash-draft, pre-merge dflash)."),
-    out: str = typer.Argument(..., metavar="OUT", help="The upstream dflash GGUF to write."),
-    target_layers_offset: int | None = typer.Option(None, "--target-layers-offset",
-                                                    help="0 or 1, added to the file's layer ids when its dialect cannot tell."),
-    target_layers: str | None = typer.Option(None, "--target-layers", help="L1,L2,...: llama.cpp target_layers, when the file holds none."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Copy every tokenizer.* key from this converted target GGUF."),
-    mask_token_id: int | None = typer.Option(None, "--mask-token-id", help="The mask token id, when the file holds none."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
-) -> None:
-    """Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), then validate it."""
+def migrate(src: Path, out: str, target_layers_offset: int | None, target_layers: str | None, target_gguf: Path | None,
+            mask_token_id: int | None, force: bool) -> int:
+    from .migrate import migrate as run_migrate  # the writers and gguf-py: only when migrating
+
     with _command_errors(out):
         layers = None
         if target_layers is not None:
@@ -292,56 +247,19 @@ def migrate(
         _say(f"  {note}")
     report = result.report
     if report.exit_code:
-        typer.echo(render_text(report))
+        _echo(render_text(report))
         _err("dflash-convert: error: the written file does not pass validate; see the failures above")
     else:
         n = report.counts()
-        typer.echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
-    raise typer.Exit(report.exit_code)
+        _echo(f"validate: PASS ({n['warn']} warn, {n['pass']} pass)")
+    return report.exit_code
 
 
-@app.command()
-def quantize(
-    src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
-    out: str = typer.Argument(..., metavar="OUT", help="The GGUF to write, or a folder: dflash-<Name>-<TYPE>.gguf "
-                             "in it (the input's name with its type tag replaced)."),
-    qtype: str = typer.Argument(..., metavar="TYPE", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, "
-                                "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL or IQ4_XS."),
-    threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the per-tensor plan and write nothing.", metavar=""),
-    keep_type: list[str] = typer.Option([], "--keep-type", metavar="PATTERN=TYPE",
-                                        help="Our glob shorthand: quantized tensors matching the glob get TYPE after "
-                                             "llama-quantize's choice, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
-    tensor_type: list[str] = typer.Option([], "--tensor-type", metavar="PATTERN=TYPE",
-                                          help="llama-quantize's: a regular expression searched in the tensor name; the "
-                                               "first that matches gives the type (repeatable, in order)."),
-    tensor_type_file: Path | None = typer.Option(None, "--tensor-type-file", help="PATTERN=TYPE items, whitespace-separated."),
-    output_tensor_type: str | None = typer.Option(None, "--output-tensor-type", metavar="TYPE", help=f"The type of {OUTPUT_TENSOR}."),
-    token_embedding_type: str | None = typer.Option(None, "--token-embedding-type", metavar="TYPE",
-                                                    help=f"The type of {EMBEDDING_TENSOR}."),
-    leave_output_tensor: bool = typer.Option(False, "--leave-output-tensor", help=f"Do not quantize {OUTPUT_TENSOR}.", metavar=""),
-    pure: bool = typer.Option(False, "--pure", help="No mix rules: every quantized tensor takes the type's default.", metavar=""),
-    override_kv: list[str] = typer.Option([], "--override-kv", metavar="KEY=TYPE:VALUE",
-                                          help="Set a key in the output (int, float, bool, str), as llama-quantize does."),
-    prune_layers: str | None = typer.Option(None, "--prune-layers", metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
-    allow_requantize: bool = typer.Option(False, "--allow-requantize", help="Accept an already quantized input (quality suffers).", metavar=""),
-    features: Path | None = typer.Option(None, "--features", help="With --min-acceptance: the features file capture wrote."),
-    min_acceptance: float | None = typer.Option(None, "--min-acceptance", metavar="R",
-                                                help="Raise tensor groups from TYPE's mix until the held-out acceptance is "
-                                                     "R times the input's (e.g. 0.98); prints the recipe."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="With --min-acceptance: the target dir or repo id "
-                                                 "org/name[@revision] (default: the one the features were captured from)."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="With --min-acceptance: the target GGUF."),
-    device: str = typer.Option("auto", "--device", help="With --min-acceptance: auto (CUDA when present), cpu or cuda."),
-    skip_validation: bool = typer.Option(False, "--skip-validation", metavar="",
-                                         help="Quantize an input that fails validate, and write the output unvalidated "
-                                              "(a warning says so; llama.cpp may refuse or mis-run the file)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no notes, no warnings.", metavar=""),
-) -> None:
-    """Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed.
-
-    An input that fails validate is refused, and so is an output that would (--skip-validation: neither is checked)."""
+def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool, keep_type: list[str], tensor_type: list[str],
+             tensor_type_file: Path | None, output_tensor_type: str | None, token_embedding_type: str | None,
+             leave_output_tensor: bool, pure: bool, override_kv: list[str], prune_layers: str | None, allow_requantize: bool,
+             features: Path | None, min_acceptance: float | None, target_model_dir: Path | None, target_gguf: Path | None,
+             device: str, skip_validation: bool, force: bool, quiet: bool) -> int:
     _quiet(quiet)
     if min_acceptance is not None or features is not None:
         per_tensor = {"--keep-type": keep_type, "--tensor-type": tensor_type, "--tensor-type-file": tensor_type_file,
@@ -355,7 +273,9 @@ def quantize(
             _fail(DFlashError(f"--min-acceptance and --features go together ({why})"))
         _quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir, target_gguf, device, force,
                                  dry_run, quiet, threads)
-        return
+        return 0
+    from .quantize import plan_quantize, quantize_options, write_quantize  # the encoders, gguf-py: only when quantizing
+
     with _command_errors(out):
         options = quantize_options(keep_types=keep_type, allow_requantize=allow_requantize, tensor_types=tensor_type,
                                    tensor_type_file=tensor_type_file, output_tensor_type=output_tensor_type,
@@ -373,18 +293,21 @@ def quantize(
                      + (f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--")) else ""))
             for note in plan.notes:
                 _say(f"  {note}")
-            typer.echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
-            return
+            _echo(f"total {_human(plan.total_bytes)}; dry run: nothing written")
+            return 0
         write_quantize(plan, force=force, progress=not quiet, threads=threads)
     if not quiet:
         for note in plan.notes:
             _say(f"note: {note}")
         _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data, {plan.ftype})")
+    return 0
 
 
-def _quantize_for_acceptance(src: Path, out: Path, qtype: str, features: Path, min_acceptance: float,
+def _quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, min_acceptance: float,
                              target_model_dir: Path | None, target_gguf: Path | None, device: str, force: bool,
                              dry_run: bool, quiet: bool, threads: int | None) -> None:
+    from .quantize import quantize_for_acceptance  # torch and the encoders: only this command pays for them
+
     try:
         chosen = quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir=target_model_dir,
                                          target_gguf=target_gguf, device=device, force=force, dry_run=dry_run,
@@ -393,32 +316,23 @@ def _quantize_for_acceptance(src: Path, out: Path, qtype: str, features: Path, m
         _fail(e)
     res, plan = chosen.search, chosen.plan
     _say(f"chosen: {plan.ftype} mix raised in {len(res.steps)} step(s): {res.result_bytes} tensor bytes "
-               f"(plain {plan.ftype} {res.plain_bytes}, input {res.baseline_bytes}); held-out accept {res.result.accept:.4f} = "
-               f"{res.relative:.4f} of the input's {res.baseline.accept:.4f} (plain {res.plain.accept:.4f})")
+         f"(plain {plan.ftype} {res.plain_bytes}, input {res.baseline_bytes}); held-out accept {res.result.accept:.4f} = "
+         f"{res.relative:.4f} of the input's {res.baseline.accept:.4f} (plain {res.plain.accept:.4f})")
     _say(f"search: {res.evaluations} measurements, {res.quantized} tensors quantized, {res.seconds:.1f} s")
     _say("recipe: " + (" ".join(f"--tensor-type {shlex.quote(i)}" for i in chosen.tensor_types) or "(the plain mix)"))
     _say("llama-quantize writes the same file with: llama-quantize "
-               + " ".join(shlex.quote(a) for a in chosen.llama_quantize_args()))
+         + " ".join(shlex.quote(a) for a in chosen.llama_quantize_args()))
     if not dry_run and not quiet:
         _say(f"wrote {plan.output} ({len(plan.tensors)} tensors, {_human(plan.total_bytes)} of data)")
 
 
-@app.command()
-def sweep(
-    src: Path = typer.Argument(..., help="A dflash drafter GGUF in F32, F16 or BF16."),
-    features: Path = typer.Option(..., "--features", help="The features file capture wrote."),
-    types: str = typer.Option(",".join(DEFAULT_SWEEP_TYPES), "--types", metavar="T1,T2,...", help="The types to measure."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir or repo id org/name[@revision] for the shared "
-                                                 "embedding and head (default: the one the features were captured from)."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
-    numerics: str = typer.Option("cpu", "--numerics", help="cpu: round as llama.cpp's CPU backend; exact: float32."),
-    json_out: bool = typer.Option(False, "--json", help="Print the table as JSON.", metavar=""),
-    plot: Path | None = typer.Option(None, "--plot", metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
-    threads: int | None = typer.Option(None, "--threads", min=1, help="Encoder threads (default: every core)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing plot file.", metavar=""),
-) -> None:
-    """Quantize to each type (temporary files), measure each one's acceptance: size against accepted tokens."""
+def sweep(src: Path, features: Path, types: str, target_model_dir: Path | None, target_gguf: Path | None, device: str,
+          numerics: str, json_out: bool, plot: Path | None, threads: int | None, force: bool) -> int:
+    # torch and the encoders: only this command pays for them
+    from .outputs import check_output_path
+    from .quantize import plot_sweep, plot_sweep_ready
+    from .quantize import sweep as run_sweep
+
     try:
         if plot is not None:
             check_output_path(plot, [src, features], force=force)  # before minutes of measuring
@@ -430,33 +344,17 @@ def sweep(
     except DFlashError as e:
         _fail(e)
     if json_out:
-        typer.echo(report.to_json())  # JSON escapes what it quotes
+        _echo(report.to_json())  # JSON escapes what it quotes
     else:
         for line in report.render_text().splitlines():
             _say(line)
     if plot is not None and not json_out:
         _say(f"wrote {plot}")
+    return 0
 
 
-@app.command()
-def check(
-    draft: Path = typer.Argument(..., help="The drafter GGUF to run."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="The checkpoint directory it was converted from, or its repo id org/name[@revision]."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir or repo id "
-                                                 "org/name[@revision] (embedding and head from its safetensors)."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF (only token_embd and output are read)."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
-    context: int = typer.Option(64, "--context", min=1, help="Context tokens before the drafted block."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic target features (or of the context tokens)."),
-    features: str = typer.Option("synthetic", "--features",
-                                 help="synthetic (from the seed), target (run the model in --target-model-dir; "
-                                      "each side taps its own target layers; needs transformers), or a features file "
-                                      "from capture (also measures acceptance against the checkpoint's)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
-    save_io: str | None = typer.Option(None, "--save-io", metavar="PATH", help="Write inputs and outputs of both forwards to this .npz."),
-    reference_gguf: Path | None = typer.Option(None, "--reference-gguf", help="A full-precision sibling: also report agreement with it."),
-) -> None:
-    """Run the GGUF in-process and the checkpoint's reference forward on the same inputs: 0 pass, 1 fail, 2 unreadable."""
+def check(draft: Path, checkpoint: Path, target_model_dir: Path | None, target_gguf: Path | None, device: str, context: int,
+          seed: int, features: str, json_out: bool, save_io: str | None, reference_gguf: Path | None) -> int:
     from .check import check as run_check  # imports torch: only this command pays for it
 
     try:
@@ -465,24 +363,12 @@ def check(
                            features=features)
     except DFlashError as e:
         _fail(e)
-    typer.echo(report.to_json() if json_out else report.render_text())
-    raise typer.Exit(report.exit_code)
+    _echo(report.to_json() if json_out else report.render_text())
+    return report.exit_code
 
 
-@app.command()
-def capture(
-    target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target's Hugging Face directory, with its safetensors."),
-    prompts: Path = typer.Option(..., "--prompts", help="One prompt per line, or JSONL (a string or {\"prompt\": ...} per line)."),
-    out: str = typer.Option(..., "-o", "--output", metavar="PATH", help="The features file to write (.safetensors)."),
-    new_tokens: int = typer.Option(64, "--new-tokens", min=1, help="N: each continuation is what llama-speculative-simple -n N decodes."),
-    layers: str = typer.Option("all", "--layers", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
-    for_draft: Path | None = typer.Option(None, "--for", help="Store only the layers this drafter GGUF taps."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
-    dtype: str = typer.Option("f32", "--dtype", help="f32, f16 or bf16: how the layer inputs are stored."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file.", metavar=""),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar, no warnings.", metavar=""),
-) -> None:
-    """Run the target once over the prompts; keep its greedy continuations and the layer inputs drafters read."""
+def capture(target_model_dir: Path, prompts: Path, out: str, new_tokens: int, layers: str, for_draft: Path | None,
+            device: str, dtype: str, force: bool, quiet: bool) -> int:
     from .capture import capture as run_capture  # imports torch and transformers: only this command pays for them
 
     _quiet(quiet)
@@ -493,24 +379,11 @@ def capture(
         _err(f"note: {note}")
     if not quiet:
         _say(f"wrote {res.output}: {res.sequences} sequences, {res.tokens} tokens, layer inputs {res.layers}")
+    return 0
 
 
-@app.command()
-def accept(
-    drafts: list[Path] = typer.Argument(..., metavar="DRAFT.gguf...", help="Drafter GGUF files (any type)."),
-    features: Path = typer.Option(..., "--features", help="The features file capture wrote."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Also run this checkpoint (a directory or a repo id "
-                                     "org/name[@revision]; reference forward) as the baseline."),
-    n_max: int | None = typer.Option(None, "--n-max", min=1, help="--spec-draft-n-max (default: block size - 1)."),
-    target_model_dir: Path | None = typer.Option(None, "--target-model-dir", help="Target dir or repo id org/name[@revision] for the shared "
-                                                 "embedding and head (default: the one the features were captured from)."),
-    target_gguf: Path | None = typer.Option(None, "--target-gguf", help="Target GGUF for the shared embedding and head."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
-    numerics: str = typer.Option("cpu", "--numerics", help="cpu: round as llama.cpp's CPU backend (F16 KV cache, "
-                                 "quantized activations); exact: the graph in float32."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON.", metavar=""),
-) -> None:
-    """How many drafted tokens each file gets accepted on the captured sequences, as llama-speculative-simple counts."""
+def accept(drafts: list[Path], features: Path, checkpoint: Path | None, n_max: int | None, target_model_dir: Path | None,
+           target_gguf: Path | None, device: str, numerics: str, json_out: bool) -> int:
     from .accept import accept as run_accept  # imports torch: only this command pays for it
 
     try:
@@ -518,38 +391,17 @@ def accept(
                             target_gguf=target_gguf, device=device, numerics=numerics)
     except DFlashError as e:
         _fail(e)
-    typer.echo(report.to_json() if json_out else report.render_text())
+    _echo(report.to_json() if json_out else report.render_text())
+    return 0
 
 
-@app.command()
-def publish(
-    src_dir: Path = typer.Argument(..., help="Drafter checkpoint directory (config.json + safetensors), or a Hugging Face "
-                                   "repo id org/name[@revision]."),
-    target_model_dir: Path = typer.Option(..., "--target-model-dir", help="The target model dir (or org/name[@revision]) every "
-                                          "file is converted for and validated against (with --check: its embedding "
-                                          "safetensors too)."),
-    out_dir: str = typer.Option(..., "-o", "--output", metavar="RELEASE_DIR", help="The release directory to create."),
-    types: str = typer.Option(",".join(DEFAULT_TYPES), "--types", metavar="T1,T2,...",
-                              help="The files: float types are converted from the checkpoint, the others quantized "
-                                   "from the first float type (else from a scratch auto conversion)."),
-    check: bool = typer.Option(False, "--check", help="Also run check against the checkpoint; its fidelity goes in the "
-                               "card, and a file that fails stops the release (needs torch).", metavar=""),
-    upload: str | None = typer.Option(None, "--upload", metavar="ORG/NAME", help="Push the release with huggingface_hub "
-                                      "once every file passed (token: HF_TOKEN or the login cache; HF_ENDPOINT honoured)."),
-    drafter_repo: str | None = typer.Option(None, "--drafter-repo", metavar="ORG/NAME",
-                                            help="The drafter's hub repo for the card (default: the file's provenance, else the directory name)."),
-    target_repo: str | None = typer.Option(None, "--target-repo", metavar="ORG/NAME",
-                                           help="The target's hub repo for the card (default: the file's provenance, else the directory name)."),
-    target_revision: str | None = typer.Option(None, "--target-revision", metavar="REV", help="The target's revision for the card."),
-    tokenizer_pre: str | None = typer.Option(None, "--tokenizer-pre", help="As convert's: the llama.cpp pre-tokenizer name."),
-    device: str = typer.Option("auto", "--device", help="With --check: auto (CUDA when present), cpu or cuda."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the files and types and write nothing.", metavar=""),
-    force: bool = typer.Option(False, "--force", help="Replace an existing release directory (swapped in at the end).", metavar=""),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars, no warnings (the summary table stays).", metavar=""),
-) -> None:
-    """Convert once, quantize each type, validate every file against the target; write the files, their validate
-    reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is released or
-    uploaded when any file fails."""
+def publish(src_dir: Path, target_model_dir: Path, out_dir: str, types: str, check: bool, upload: str | None,
+            drafter_repo: str | None, target_repo: str | None, target_revision: str | None, tokenizer_pre: str | None,
+            device: str, dry_run: bool, force: bool, quiet: bool) -> int:
+    # every command's dependencies: only a release pays for them
+    from .publish import publish as run_publish
+    from .publish import summary_rows
+
     _quiet(quiet)
     with _command_errors(out_dir):
         release = run_publish(src_dir, target_model_dir, out_dir, types=types, check=check, upload=upload, dry_run=dry_run,
@@ -562,8 +414,8 @@ def publish(
         _say(f"  and {', '.join(n for n in release.names if n not in {f.name for f in release.files} | {f.report_name for f in release.files})}")
         if upload is not None:
             _say(f"then upload to {upload}")
-        typer.echo("dry run: nothing written")
-        return
+        _echo("dry run: nothing written")
+        return 0
     for line in summary_rows(release):
         _say(line)
     n = len(release.files)
@@ -571,12 +423,190 @@ def publish(
          "report, SHA256SUMS and README.md")
     if release.uploaded is not None:
         _say(f"uploaded to {upload}: {release.uploaded}")
+    return 0
 
 
-@app.command()
-def version() -> None:
-    """Print the version."""
-    typer.echo(f"dflash-convert {__version__}")
+def version() -> int:
+    _echo(f"dflash-convert {__version__}")
+    return 0
+
+
+# --- what each command takes (help texts as the user reads them) -----------------------------------
+
+_FORCE = flag("force", "--force", help="Replace an existing output file.")
+_DEVICE = option("device", "--device", default="auto", help="auto (CUDA when present), cpu or cuda.")
+_JSON = flag("json_out", "--json", help="Print the report as JSON.")
+_THREADS = option("threads", "--threads", type=int, minimum=1, help="Encoder threads (default: every core).")
+_REPO = "org/name[@revision]"
+
+COMMANDS: tuple[Command, ...] = (
+    Command("convert", convert, "Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF.", (
+        argument("src_dir", "Drafter checkpoint directory (config.json + safetensors), or a Hugging Face repo id "
+                 f"{_REPO} (from the cache first; downloaded unless HF_HUB_OFFLINE=1).", metavar="SRC_DIR"),
+        option("target_model_dir", "--target-model-dir", type=Path, help="Target model dir: config.json + tokenizer files "
+               f"(no weights read). Required, unless --target-gguf is given. A repo id {_REPO} also works."),
+        option("target_gguf", "--target-gguf", type=Path, help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
+        option("outfile", "-o", "--outfile", metavar="PATH", help="Output file or folder (default: SRC_DIR/dflash-<Name>-<TYPE>.gguf, "
+               "dspark- for DSpark: the names llama.cpp's -hf finds as a draft; in the current folder for a repo id)."),
+        option("outtype", "--outtype", default="auto", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
+               "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
+        _FORCE,
+        flag("dry_run", "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing."),
+        option("tokenizer_pre", "--tokenizer-pre", help="llama.cpp pre-tokenizer name, when the probe hash is unknown."),
+        flag("keep_embeddings", "--keep-embeddings", help="Write embed_tokens/lm_head even when they equal the target's."),
+        option("metadata", "--metadata", type=Path, metavar="FILE.json", help="general.* keys over the model card's "
+               "(README.md, generation_config.json), as upstream's --metadata."),
+        flag("no_cache", "--no-cache", help="Neither read nor write the tokenizer cache ($DFLASH_CONVERT_CACHE/"
+             "tokenizer, else $XDG_CACHE_HOME/dflash-convert/tokenizer, else ~/.cache/dflash-convert/tokenizer)."),
+        flag("quiet", "-q", "--quiet", help="No progress bar, no warnings."),
+    )),
+    Command("inspect", inspect, "Show architecture, keys, tensors, and the llama-server line that pairs the drafter.", (
+        argument("path", "A GGUF file.", metavar="PATH"),
+        flag("drafter", "--drafter", help="Print the Drafter read_drafter makes of the file, as JSON."),
+    )),
+    Command("validate", validate, "Check that a drafter GGUF loads and pairs in llama.cpp: exit 0 pass, 1 findings, 2 unreadable input.", (
+        argument("path", "The drafter GGUF to check.", metavar="PATH"),
+        option("target", "--target", type=Path, help="Target GGUF or Hugging Face model directory: check the pairing too."),
+        flag("json_out", "--json", help="Print the result as JSON (schema: dflash_convert/validate/validate.schema.json)."),
+        flag("deep", "--deep", help="Also scan every tensor for NaN and Inf."),
+    )),
+    Command("migrate", migrate, "Rewrite another fork's DFlash GGUF as upstream dflash (tensor data copied byte for byte), "
+            "then validate it.", (
+        argument("src", "A DFlash GGUF written for another fork (dflash-draft, qwen35-dflash-draft, pre-merge dflash).", metavar="SRC"),
+        argument("out", "The upstream dflash GGUF to write.", type=str, metavar="OUT"),
+        option("target_layers_offset", "--target-layers-offset", type=int,
+               help="0 or 1, added to the file's layer ids when its dialect cannot tell."),
+        option("target_layers", "--target-layers", metavar="L1,L2,...", help="llama.cpp target_layers, when the file holds none."),
+        option("target_gguf", "--target-gguf", type=Path, help="Copy every tokenizer.* key from this converted target GGUF."),
+        option("mask_token_id", "--mask-token-id", type=int, help="The mask token id, when the file holds none."),
+        _FORCE,
+    )),
+    Command("quantize", quantize, "Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed.\n\n"
+            "An input that fails validate is refused, and so is an output that would (--skip-validation: neither is checked).", (
+        argument("src", "A dflash drafter GGUF in F32, F16 or BF16.", metavar="SRC"),
+        argument("out", "The GGUF to write, or a folder: dflash-<Name>-<TYPE>.gguf in it (the input's name with its type "
+                 "tag replaced).", type=str, metavar="OUT"),
+        argument("qtype", "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, "
+                 "Q5_K_M, Q6_K, IQ4_NL or IQ4_XS.", type=str, metavar="TYPE"),
+        _THREADS,
+        flag("dry_run", "--dry-run", help="Print the per-tensor plan and write nothing."),
+        multi("keep_type", "--keep-type", metavar="PATTERN=TYPE", help="Our glob shorthand: quantized tensors matching the "
+              "glob get TYPE after llama-quantize's choice, e.g. 'blk.[01].attn_*=Q8_0' (repeatable)."),
+        multi("tensor_type", "--tensor-type", metavar="PATTERN=TYPE", help="llama-quantize's: a regular expression searched in "
+              "the tensor name; the first that matches gives the type (repeatable, in order)."),
+        option("tensor_type_file", "--tensor-type-file", type=Path, help="PATTERN=TYPE items, whitespace-separated."),
+        option("output_tensor_type", "--output-tensor-type", metavar="TYPE", help=f"The type of {OUTPUT_TENSOR}."),
+        option("token_embedding_type", "--token-embedding-type", metavar="TYPE", help=f"The type of {EMBEDDING_TENSOR}."),
+        flag("leave_output_tensor", "--leave-output-tensor", help=f"Do not quantize {OUTPUT_TENSOR}."),
+        flag("pure", "--pure", help="No mix rules: every quantized tensor takes the type's default."),
+        multi("override_kv", "--override-kv", metavar="KEY=TYPE:VALUE",
+              help="Set a key in the output (int, float, bool, str), as llama-quantize does."),
+        option("prune_layers", "--prune-layers", metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
+        flag("allow_requantize", "--allow-requantize", help="Accept an already quantized input (quality suffers)."),
+        option("features", "--features", type=Path, help="With --min-acceptance: the features file capture wrote."),
+        option("min_acceptance", "--min-acceptance", type=float, metavar="R", help="Raise tensor groups from TYPE's mix until "
+               "the held-out acceptance is R times the input's (e.g. 0.98); prints the recipe."),
+        option("target_model_dir", "--target-model-dir", type=Path, help=f"With --min-acceptance: the target dir or repo id {_REPO} "
+               "(default: the one the features were captured from)."),
+        option("target_gguf", "--target-gguf", type=Path, help="With --min-acceptance: the target GGUF."),
+        option("device", "--device", default="auto", help="With --min-acceptance: auto (CUDA when present), cpu or cuda."),
+        flag("skip_validation", "--skip-validation", help="Quantize an input that fails validate, and write the output "
+             "unvalidated (a warning says so; llama.cpp may refuse or mis-run the file)."),
+        _FORCE,
+        flag("quiet", "-q", "--quiet", help="No progress bar, no notes, no warnings."),
+    )),
+    Command("sweep", sweep, "Quantize to each type (temporary files), measure each one's acceptance: size against accepted tokens.", (
+        argument("src", "A dflash drafter GGUF in F32, F16 or BF16.", metavar="SRC"),
+        option("features", "--features", type=Path, required=True, help="The features file capture wrote."),
+        option("types", "--types", default=",".join(DEFAULT_SWEEP_TYPES), metavar="T1,T2,...", help="The types to measure."),
+        option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} for the shared "
+               "embedding and head (default: the one the features were captured from)."),
+        option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
+        _DEVICE,
+        option("numerics", "--numerics", default="cpu", help="cpu: round as llama.cpp's CPU backend; exact: float32."),
+        flag("json_out", "--json", help="Print the table as JSON."),
+        option("plot", "--plot", type=Path, metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
+        _THREADS,
+        flag("force", "--force", help="Replace an existing plot file."),
+    )),
+    Command("check", check, "Run the GGUF in-process and the checkpoint's reference forward on the same inputs: "
+            "0 pass, 1 fail, 2 unreadable.", (
+        argument("draft", "The drafter GGUF to run.", metavar="DRAFT"),
+        option("checkpoint", "--checkpoint", type=Path, required=True,
+               help=f"The checkpoint directory it was converted from, or its repo id {_REPO}."),
+        option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} (embedding and "
+               "head from its safetensors)."),
+        option("target_gguf", "--target-gguf", type=Path, help="Target GGUF (only token_embd and output are read)."),
+        _DEVICE,
+        option("context", "--context", type=int, default=64, minimum=1, help="Context tokens before the drafted block."),
+        option("seed", "--seed", type=int, default=0, help="Seed of the synthetic target features (or of the context tokens)."),
+        option("features", "--features", default="synthetic", help="synthetic (from the seed), target (run the model in "
+               "--target-model-dir; each side taps its own target layers; needs transformers), or a features file from "
+               "capture (also measures acceptance against the checkpoint's)."),
+        _JSON,
+        option("save_io", "--save-io", metavar="PATH", help="Write inputs and outputs of both forwards to this .npz."),
+        option("reference_gguf", "--reference-gguf", type=Path, help="A full-precision sibling: also report agreement with it."),
+    )),
+    Command("capture", capture, "Run the target once over the prompts; keep its greedy continuations and the layer inputs "
+            "drafters read.", (
+        option("target_model_dir", "--target-model-dir", type=Path, required=True,
+               help="The target's Hugging Face directory, with its safetensors."),
+        option("prompts", "--prompts", type=Path, required=True, help="One prompt per line, or JSONL (a string or "
+               "{\"prompt\": ...} per line)."),
+        option("out", "-o", "--output", required=True, metavar="PATH", help="The features file to write (.safetensors)."),
+        option("new_tokens", "--new-tokens", type=int, default=64, minimum=1,
+               help="N: each continuation is what llama-speculative-simple -n N decodes."),
+        option("layers", "--layers", default="all", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
+        option("for_draft", "--for", type=Path, help="Store only the layers this drafter GGUF taps."),
+        _DEVICE,
+        option("dtype", "--dtype", default="f32", help="f32, f16 or bf16: how the layer inputs are stored."),
+        _FORCE,
+        flag("quiet", "-q", "--quiet", help="No progress bar, no warnings."),
+    )),
+    Command("accept", accept, "How many drafted tokens each file gets accepted on the captured sequences, as "
+            "llama-speculative-simple counts.", (
+        argument("drafts", "Drafter GGUF files (any type).", metavar="DRAFT.gguf", variadic=True),
+        option("features", "--features", type=Path, required=True, help="The features file capture wrote."),
+        option("checkpoint", "--checkpoint", type=Path, help=f"Also run this checkpoint (a directory or a repo id {_REPO}; "
+               "reference forward) as the baseline."),
+        option("n_max", "--n-max", type=int, minimum=1, help="--spec-draft-n-max (default: block size - 1)."),
+        option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} for the shared "
+               "embedding and head (default: the one the features were captured from)."),
+        option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
+        _DEVICE,
+        option("numerics", "--numerics", default="cpu", help="cpu: round as llama.cpp's CPU backend (F16 KV cache, "
+               "quantized activations); exact: the graph in float32."),
+        _JSON,
+    )),
+    Command("publish", publish, "Convert once, quantize each type, validate every file against the target; write the files, "
+            "their validate reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is "
+            "released or uploaded when any file fails.", (
+        argument("src_dir", f"Drafter checkpoint directory (config.json + safetensors), or a Hugging Face repo id {_REPO}.",
+                 metavar="SRC_DIR"),
+        option("target_model_dir", "--target-model-dir", type=Path, required=True, help=f"The target model dir (or {_REPO}) "
+               "every file is converted for and validated against (with --check: its embedding safetensors too)."),
+        option("out_dir", "-o", "--output", required=True, metavar="RELEASE_DIR", help="The release directory to create."),
+        option("types", "--types", default=",".join(DEFAULT_RELEASE_TYPES), metavar="T1,T2,...", help="The files: float types "
+               "are converted from the checkpoint, the others quantized from the first float type (else from a scratch "
+               "auto conversion)."),
+        flag("check", "--check", help="Also run check against the checkpoint; its fidelity goes in the card, and a file "
+             "that fails stops the release (needs torch)."),
+        option("upload", "--upload", metavar="ORG/NAME", help="Push the release with huggingface_hub once every file passed "
+               "(token: HF_TOKEN or the login cache; HF_ENDPOINT honoured)."),
+        option("drafter_repo", "--drafter-repo", metavar="ORG/NAME",
+               help="The drafter's hub repo for the card (default: the file's provenance, else the directory name)."),
+        option("target_repo", "--target-repo", metavar="ORG/NAME",
+               help="The target's hub repo for the card (default: the file's provenance, else the directory name)."),
+        option("target_revision", "--target-revision", metavar="REV", help="The target's revision for the card."),
+        option("tokenizer_pre", "--tokenizer-pre", help="As convert's: the llama.cpp pre-tokenizer name."),
+        option("device", "--device", default="auto", help="With --check: auto (CUDA when present), cpu or cuda."),
+        flag("dry_run", "--dry-run", help="Print the files and types and write nothing."),
+        flag("force", "--force", help="Replace an existing release directory (swapped in at the end)."),
+        flag("quiet", "-q", "--quiet", help="No progress bars, no warnings (the summary table stays)."),
+    )),
+    Command("version", version, "Print the version."),
+)
+_BY_NAME = {c.name: c for c in COMMANDS}
 
 
 class Interrupted(BaseException):
@@ -670,27 +700,35 @@ def _exit_broken_pipe() -> None:
 
 def _invoke(args: list[str]) -> int:
     """Parse and run one command line; usage errors are one line and EXIT_USAGE."""
-    command = typer.main.get_command(app)
-    _COMMAND_LINE[:] = ["dflash-convert", *args]
-    try:
-        with command.make_context(PROG, list(args)) as ctx:
-            command.invoke(ctx)
-    except typer.Exit as e:
-        return e.exit_code
-    except _click_exceptions.UsageError as e:
-        if type(e).__name__ == "NoArgsIsHelpError":  # a bare command: its help, on stderr, and the usage status
-            _err(e.format_message())
-            return EXIT_USAGE
-        where = e.ctx.command_path if e.ctx is not None else PROG
-        _err(f"dflash-convert: error: {e.format_message()} (see '{where} -h')")
+    _COMMAND_LINE[:] = [PROG, *args]
+    if not args:  # a bare program: its help, on stderr, and the usage status
+        sys.stderr.write(render_program_help(PROG, SUMMARY, COMMANDS))
         return EXIT_USAGE
-    except _click_exceptions.ClickException as e:
-        _err(f"dflash-convert: error: {e.format_message()}")
-        return e.exit_code
-    except typer.Abort:
-        _err("dflash-convert: error: aborted")
-        return EXIT_REFUSED
-    return 0
+    first = args[0]
+    if first in ("-h", "--help"):
+        sys.stdout.write(render_program_help(PROG, SUMMARY, COMMANDS))
+        return 0
+    if first == "--version":
+        return version()
+    command = _BY_NAME.get(first)
+    if command is None:
+        what = f"No such option: {first}" if first.startswith("-") else f"No such command {first!r}."
+        _err(f"dflash-convert: error: {what} (see '{PROG} -h')")
+        return EXIT_USAGE
+    try:
+        kwargs = parse(command, args[1:])
+    except HelpRequested:
+        sys.stdout.write(render_help(PROG, command))
+        return 0
+    except UsageError as e:
+        _err(f"dflash-convert: error: {e} (see '{PROG} {command.name} -h')")
+        return EXIT_USAGE
+    _setup_logging()
+    try:
+        code = command.run(**kwargs)
+    except _Exit as e:
+        return e.code
+    return code or 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,7 @@ from .files import open_regular, read_regular_bytes
 from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
 from .format.keys import ARCH, key
+from .format.quant_types import DEFAULT_RELEASE_TYPES
 from .inspect_gguf import block_size, member
 from .outputs import exchange_paths, hub_cache_dir, inside_hub_cache, pid_alive, rename_no_replace, temporary_name
 from .plan import AUTO, FLOAT_INPUTS, parse_ftype
@@ -48,7 +49,7 @@ from .write import fault_point
 
 log = logging.getLogger("dflash_convert")
 
-DEFAULT_TYPES = ("BF16", "Q8_0", "Q6_K", "Q4_K_M")
+DEFAULT_TYPES = DEFAULT_RELEASE_TYPES
 SUMS_NAME = "SHA256SUMS"
 CARD_NAME = "README.md"
 REPORT_SUFFIX = ".validate.json"

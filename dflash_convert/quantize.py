@@ -30,7 +30,7 @@ from .format.file_names import quantized_file_name
 from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
-from .format.quant_types import FTYPES, RAISE_LADDER, TypeOverrides
+from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
 from .metadata import Metadata
 from .outputs import TemporaryOutput, check_output_path
 from .pipeline import ChunkPipeline, PlannedTensor
@@ -179,7 +179,6 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep
 # --- choosing by acceptance: the sweep, and the smallest mix that keeps a fraction of it ---------------
 
 RAISE_TOP = RAISE_LADDER[-1].name
-DEFAULT_SWEEP_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_M", "Q2_K")
 
 
 @dataclass

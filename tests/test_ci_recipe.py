@@ -83,7 +83,7 @@ def help_text(program: str, sub: str) -> tuple[int, str]:
 
 
 def declared_options(help_out: str) -> set[str]:
-    """The option names a click/typer help declares: the part of each option line before its description."""
+    """The option names a click-style help declares: the part of each option line before its description."""
     names: set[str] = set()
     for line in help_out.splitlines():
         stripped = line.lstrip()

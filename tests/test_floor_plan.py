@@ -29,7 +29,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines", ("validate", "runtime", "mix_search")),
     ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf", "capture", "accept")),
     ("release", ("publish",)),  # composes commands (convert, quantize, validate, check), so it sits above them
-    ("interface", ("cli", "__init__")),
+    ("interface", ("cli", "command_line", "__init__")),
 )
 INDEPENDENT_FLOORS = ("commands",)  # no command imports another command
 # third-party modules heavy or optional enough to import only where they are used

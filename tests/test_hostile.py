@@ -579,7 +579,7 @@ def test_no_code_runs_from_the_working_directory_or_the_inputs(tmp_path, drafter
     """Modules named after everything the package imports, planted in the working directory and in the
     checkpoint and target directories: the console command converts and validates, and none of them runs."""
     roots = _imported_roots()
-    assert {"json", "numpy", "tokenizers", "typer", "torch"} <= roots
+    assert {"json", "numpy", "tokenizers", "torch"} <= roots
     marker = tmp_path / "RAN"
     d, t, cwd = tmp_path / "draft", tmp_path / "target", tmp_path / "cwd"
     shutil.copytree(drafter, d)
@@ -884,9 +884,9 @@ def test_an_output_with_a_trailing_slash_is_a_folder(tmp_path, drafter, qwen3_ta
 
 def test_an_unforeseen_exception_is_one_line(tmp_path):
     """A bug of ours still prints one line (and the variable that shows the traceback), exit 1."""
-    program = ("import sys; import dflash_convert.cli as c\n"
+    program = ("import sys; import dflash_convert.cli as c; import dflash_convert.inspect_gguf as i\n"
                "def boom(*a, **k):\n    raise RuntimeError('something\\nwe did not foresee')\n"
-               "c.read_summary = boom; sys.argv = ['dflash-convert', 'inspect', 'x.gguf']; c.main()")
+               "i.read_summary = boom; sys.argv = ['dflash-convert', 'inspect', 'x.gguf']; c.main()")
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path)
     assert r.returncode == 1 and one_error_line(r) == ("dflash-convert: error: internal error: RuntimeError: something we did "
                                                        "not foresee (DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")

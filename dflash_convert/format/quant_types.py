@@ -441,3 +441,9 @@ def raised_type(current: GGMLType, ncols: int) -> GGMLType | None:
 def fallback_count(choices: Sequence[tuple[str, str]]) -> int:
     """How many choices took the block-size fallback (llama-quantize's printed count)."""
     return sum(note.startswith(NOTE_FALLBACK) for _, note in choices)
+
+
+# the types `sweep` measures and `publish` releases when --types is not given (here, as data, so the
+# command line shows them without importing either command)
+DEFAULT_SWEEP_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_M", "Q2_K")
+DEFAULT_RELEASE_TYPES = ("BF16", "Q8_0", "Q6_K", "Q4_K_M")
