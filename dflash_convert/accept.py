@@ -19,17 +19,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.file_types import FILE_TYPE_NAMES
-from .runtime.accept import AnchorStats, LoopCount, gguf_drafts, measure, reference_drafts
-from .runtime.device import resolve_device
-from .runtime.reference import load_reference
-from .runtime.weights import load_weights
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features, target_for
@@ -37,6 +31,11 @@ from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, resolve_source
 from .target import Target
 from .terminal import visible
+
+if TYPE_CHECKING:
+    import torch
+
+    from .runtime.accept import AnchorStats, LoopCount
 
 SCHEMA = "dflash-convert/accept/v1"
 # how the drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
@@ -123,8 +122,13 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
         checkpoint = resolve_source(checkpoint, DRAFTER).path
     feats = read_features(features)
     target = target_for(feats, target_model_dir, target_gguf)
-    dev = resolve_device(device)
     files = [read_drafter(p) for p in drafts]
+    # torch (seconds to import) only once every input has been read: a bad file is one line at once
+    from .runtime.accept import gguf_drafts, measure
+    from .runtime.device import resolve_device
+    from .runtime.weights import load_weights
+
+    dev = resolve_device(device)
     block = {d.block_size for d in files}
     n = n_max if n_max is not None else min(block) - 1
     if not 1 <= n <= min(block) - 1:
@@ -158,6 +162,10 @@ def _check_fits(d: Drafter, feats: FeaturesFile, where: str | Path) -> None:
 
 def _checkpoint_acceptance(checkpoint: str | Path, target: Target | None, feats: FeaturesFile, n_max: int,
                            dev: torch.device) -> FileAcceptance:
+    # torch: only where a model runs
+    from .runtime.accept import measure, reference_drafts
+    from .runtime.reference import load_reference
+
     ckpt = read_checkpoint(checkpoint)
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)
     model = load_reference(ckpt, target, drafter=drafter, device=dev)

@@ -94,10 +94,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
@@ -105,15 +104,6 @@ from .format.family import draft_tokens_per_block, member_of
 from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import GGMLType
 from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
-from .runtime.accept import gguf_drafts, measure, reference_drafts
-from .runtime.capture import load_target_model, run_target
-from .runtime.device import resolve_device
-from .runtime.dflash2 import CANDIDATES, LATTICE
-from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
-from .runtime.dspark import markov_chain
-from .runtime.forward import ForwardResult, block_tokens, contiguous_positions, gather_features, run_gguf
-from .runtime.reference import load_reference, reference_features, reference_forwards, semantics_differ
-from .runtime.weights import load_weights
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features
@@ -124,6 +114,12 @@ from .target import Target
 from .terminal import visible
 from .validate import validate
 from .validate.gate import failure_summary
+
+if TYPE_CHECKING:
+    import torch
+
+    # the runtime modules import torch as well
+    from .runtime.forward import ForwardResult
 
 SCHEMA = "dflash-convert/check/v1"
 FEATURES = ("synthetic", "target")  # where the target features of the draft come from (or a features file)
@@ -280,6 +276,9 @@ class CheckReport:
 
 def hidden_errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
     """(max abs error, max abs error / max |want|) of two hidden-state tensors, in float64."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
     a, b = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
     err = float((a - b).abs().max())
     return err, err / max(float(b.abs().max()), 1e-30)
@@ -296,6 +295,9 @@ def kl_mean(want_logits: torch.Tensor, got_logits: torch.Tensor) -> float:
     Entries where the reference has probability zero (-inf logits outside a d2t vocabulary)
     contribute nothing; a token the reference allows and the GGUF rules out makes it infinite.
     """
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
     lw = torch.log_softmax(want_logits.detach().to("cpu", torch.float64), dim=-1)
     lg = torch.log_softmax(got_logits.detach().to("cpu", torch.float64), dim=-1)
     live = torch.isfinite(lw)
@@ -306,6 +308,9 @@ def kl_mean(want_logits: torch.Tensor, got_logits: torch.Tensor) -> float:
 def near_ties(want_logits: torch.Tensor, got_tokens: torch.Tensor, margin: float = TIE_MARGIN, sd: float = 0.0) -> torch.Tensor:
     """Per slot: does ``want`` rate ``got``'s token within ``margin`` nats, or within ``sd`` standard
     deviations of that slot's finite logits, of its own top-1? (-inf: never)."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
     lw = want_logits.detach().to("cpu", torch.float64)
     own = lw.gather(-1, got_tokens.detach().to("cpu", torch.int64)[:, None])[:, 0]
     gap = lw.max(-1).values - own
@@ -333,6 +338,9 @@ def compare(got: ForwardResult, want: ForwardResult, tie_margin: float = TIE_MAR
 def _sorted_lattice(candidates: torch.Tensor, lattice: torch.Tensor) -> torch.Tensor:
     """[n, k, k] lattice with both axes in ascending candidate-id order (predecessors: the previous slot's
     candidates; the first slot's rows are all the anchor's and stay as they are)."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
     n, k = candidates.shape
     perm = candidates.argsort(-1)
     prev = torch.cat([torch.arange(k)[None], perm[:-1]]) if n else perm
@@ -344,6 +352,12 @@ def selector_agreement(got: ForwardResult, want: ForwardResult) -> dict[str, Any
     """DFlash2: the share of slots whose two candidate sets are equal, and the largest lattice difference
     over the slots where both those and the predecessors' sets are (the pairs then mean the same tokens).
     None for drafters without a selector. Reported, never gating: the drafted tokens are gated."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
+    # the runtime modules import torch as well
+    from .runtime.dflash2 import CANDIDATES, LATTICE
+
     if CANDIDATES not in got.extras or CANDIDATES not in want.extras:
         return None
     gc, wc = got.extras[CANDIDATES].cpu(), want.extras[CANDIDATES].cpu()
@@ -390,6 +404,12 @@ def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor,
     magnitude does not matter, and random rows exercise every weight. The anchor is a random
     vocabulary id other than the mask token.
     """
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
+    # the runtime modules import torch as well
+    from .runtime.forward import block_tokens, contiguous_positions
+
     if context < 1:
         raise DFlashError(f"context must be at least 1, got {context}")
     g = torch.Generator().manual_seed(int(seed))
@@ -409,6 +429,13 @@ def captured_inputs(d: Drafter, target: Target, context: int, seed: int,
     drafter and the target's embedding know (any id is a valid input to a model); the anchor is the
     target's greedy prediction after the context, as in a live speculative step.
     """
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
+    # the runtime modules import torch as well
+    from .runtime.capture import load_target_model, run_target
+    from .runtime.forward import block_tokens, contiguous_positions
+
     if context < 1:
         raise DFlashError(f"context must be at least 1, got {context}")
     model, layers = load_target_model(target, device)
@@ -452,6 +479,9 @@ def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gg
     drafter's logits are the Markov-conditioned ones the driver reads; it adds ``draft_slots`` (the block
     slot of each drafted row) and, with a confidence head, each side's ``confidence_*``. A DFlash2 drafter
     adds each side's member arrays (``candidates``, ``lattice``, ``chosen``; docs/check.md)."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.float32).numpy()
 
@@ -499,6 +529,9 @@ def dspark_common_slots(got: ForwardResult, want: ForwardResult, file: Drafter,
     where the checkpoint drafts ``block_size - 1`` (or the reverse); the check must fail naming that,
     not stop on the shapes. The drafted rows end at the block's last slot on both sides.
     """
+    # torch (seconds to import) only when something runs: check's input errors come first
+    from .runtime.forward import ForwardResult
+
     n = min(got.tokens.shape[0], want.tokens.shape[0])
     note = None
     if got.tokens.shape[0] != want.tokens.shape[0]:
@@ -522,6 +555,10 @@ def conditioned_like(weights: Any, got: ForwardResult, want: ForwardResult, ids:
     The gates compare slot by slot under the same conditioning; the free-running agreement of the two
     drafts (what the driver proposes) is reported beside them (``draft_top1_agreement``).
     """
+    # torch (seconds to import) only when something runs: check's input errors come first
+    from .runtime.dspark import markov_chain
+    from .runtime.forward import ForwardResult
+
     m = markov_chain(weights.markov, got.head_logits, got.hidden, ids[0], weights.d2t, forced=want.tokens[:-1])
     return ForwardResult(hidden=got.hidden, logits=m.logits[-want.tokens.shape[0]:], tokens=m.tokens[-want.tokens.shape[0]:],
                          confidence=None if m.confidence is None else m.confidence[-want.tokens.shape[0]:],
@@ -530,6 +567,9 @@ def conditioned_like(weights: Any, got: ForwardResult, want: ForwardResult, ids:
 
 def given_ref_arrays(given: ForwardResult) -> dict[str, np.ndarray]:
     """DSpark's ``--save-io`` extras: the file's logits (and confidences) conditioned on the checkpoint's draft."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
     out = {"logits_gguf_given_ref": given.logits.detach().to("cpu", torch.float32).numpy()}
     if given.confidence is not None:
         out["confidence_gguf_given_ref"] = given.confidence.detach().to("cpu", torch.float32).numpy()
@@ -563,6 +603,13 @@ def file_inputs(d: Drafter, model, captured: FeaturesFile, context: int) -> tupl
     """The forward comparison's inputs from the first captured sequence: ``context`` positions (fewer if it is
     shorter) and the block after them, each side tapping its own layers (the file its ``target_layers``, the
     checkpoint its own ids, through ``reference_features``)."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    import torch
+
+    # the runtime modules import torch as well
+    from .runtime.forward import block_tokens, contiguous_positions
+    from .runtime.reference import reference_features
+
     seq = captured.sequences[0]
     tokens, _ = seq.read_tokens()
     n = max(1, min(context, len(tokens) - 1))
@@ -576,6 +623,9 @@ def file_inputs(d: Drafter, model, captured: FeaturesFile, context: int) -> tupl
 
 def compare_acceptance(d: Drafter, weights, model, captured: FeaturesFile, cls: str) -> dict[str, Any]:
     """The file's live-loop acceptance on the captured sequences next to its checkpoint's (reference forward)."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    from .runtime.accept import gguf_drafts, measure, reference_drafts
+
     # the driver's most drafted tokens per block: block_size for a DSpark drafter sampling from the anchor
     n_max = draft_tokens_per_block(member_of({t.gguf_name for t in d.tensors}), d.block_size, d.sample_from_anchor)
     file_loop, file_anchors = measure(gguf_drafts(d, weights, n_max), captured, captured.slots_for(d.target_layers, "the file"),
@@ -595,6 +645,10 @@ def compare_acceptance(d: Drafter, weights, model, captured: FeaturesFile, cls: 
 def _run_file(path: str | Path, target: Target | None, device: torch.device, feats: torch.Tensor,
               ids: torch.Tensor, pos: torch.Tensor, streams: torch.Tensor | None = None) -> tuple[Drafter, ForwardResult]:
     """Run another GGUF on the same draft (with captured streams, it taps its own layers)."""
+    # torch (seconds to import) only when something runs: check's input errors come first
+    from .runtime.forward import gather_features, run_gguf
+    from .runtime.weights import load_weights
+
     d = read_drafter(path)
     w = load_weights(d, target, device=device)
     return d, run_gguf(d, w, feats if streams is None else gather_features(d, streams), ids, pos)
@@ -638,8 +692,6 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         inputs.add_directory(checkpoint_dir)
         inputs.add_directory(target_model_dir)
         out = check_output_path(save_io, inputs, force=True)
-    dev = resolve_device(device)
-
     d = read_drafter(draft_gguf)
     ft_name, cls = precision_class(d)
     if d.context_length and context + d.block_size > d.context_length:  # before any weight is read
@@ -648,6 +700,17 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
               else read_target_gguf(target_gguf) if target_gguf is not None else None)
     ckpt = read_checkpoint(checkpoint_dir)
     written = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)  # the checkpoint as convert writes it
+    # torch (seconds to import) only now: every input above is read and checked, so a bad one is one line at once
+    import torch
+
+    # the runtime modules import torch as well
+    from .runtime.device import resolve_device
+    from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
+    from .runtime.forward import gather_features, run_gguf
+    from .runtime.reference import load_reference, reference_features, reference_forwards, semantics_differ
+    from .runtime.weights import load_weights
+
+    dev = resolve_device(device)
     model = load_reference(ckpt, target, drafter=written, device=dev)
     if model.drafter.hidden_size != d.hidden_size or len(model.drafter.target_layers) != len(d.target_layers):
         raise InputFileError(f"the checkpoint's drafter (hidden {model.drafter.hidden_size}, {len(model.drafter.target_layers)} "
@@ -760,6 +823,8 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                        semantics_gap=gap)
 
 
+
+
 __all__ = ["FEATURES", "SCHEMA", "THRESHOLDS", "TIE_MARGIN", "CheckReport", "Thresholds", "captured_inputs", "check",
-           "compare", "find_sibling", "kl_mean", "near_ties", "precision_class", "resolve_device", "save_io_arrays",
+           "compare", "find_sibling", "kl_mean", "near_ties", "precision_class", "save_io_arrays",
            "synthetic_inputs"]

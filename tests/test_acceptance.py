@@ -162,6 +162,7 @@ def test_anchor_lengths_and_slot_curve():
 # --- capture ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_capture_writes_the_documented_schema(world):
     root, target, _, _, path = world
     f = read_features(path)
@@ -185,6 +186,7 @@ def test_capture_writes_the_documented_schema(world):
         assert np.array_equal(got, streams.numpy())
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_capture_stores_only_what_a_drafter_reads(world, tmp_path):
     root, target, _, ggufs, _ = world
     prompts = root / "prompts.txt"
@@ -200,6 +202,7 @@ def test_capture_stores_only_what_a_drafter_reads(world, tmp_path):
     assert r.returncode == 1 and "output would overwrite an input file" in r.stderr
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_capture_prompts_as_jsonl(world, tmp_path):
     root, target, _, _, _ = world
     p = tmp_path / "p.jsonl"
@@ -215,6 +218,7 @@ def test_capture_prompts_as_jsonl(world, tmp_path):
 # --- accept -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_accept_counts_a_file_and_its_checkpoint_alike(world):
     root, target, drafters, ggufs, feats = world
     rep = accept([ggufs["full"], ggufs["swa"]], feats, checkpoint=drafters["full"], device="cpu", numerics="exact")
@@ -234,6 +238,7 @@ def test_accept_counts_a_file_and_its_checkpoint_alike(world):
     assert "accept = n_accept / n_drafted" in text and "slot curve" in text
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_accept_command_line(world):
     root, target, _, ggufs, feats = world
     r = run_cli("accept", ggufs["full"], ggufs["swa"], "--features", feats, "--n-max", "7", "--json", "--device", "cpu")
@@ -286,6 +291,7 @@ def test_hostile_features_files_are_one_error_line(world, tmp_path, name, edit, 
 # --- check learns acceptance ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_check_with_a_features_file_reports_acceptance(world):
     from dflash_convert.check import check
 
@@ -301,6 +307,7 @@ def test_check_with_a_features_file_reports_acceptance(world):
     assert r.returncode == 1 and "or a features file (dflash-convert capture)" in r.stderr
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_accept_an_own_vocabulary_drafter(world, tmp_path):
     """A speculators drafter with its own vocabulary (d2t): drafts scattered to target ids, the same as its checkpoint."""
     from fixtures.drafters import make_speculators_drafter
@@ -316,6 +323,7 @@ def test_accept_an_own_vocabulary_drafter(world, tmp_path):
     assert r.anchors.lengths == rep.baseline.anchors.lengths and r.loop.n_drafted > 0
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_capture_never_replaces_an_existing_file_without_force(world, tmp_path):
     root, target, _, _, _ = world
     out = tmp_path / "f.safetensors"

@@ -222,6 +222,7 @@ def test_check_with_target_features_names_what_differs(world, what, edit, named)
             layer_name(0, LAYER_ROLES["attn_norm"])]
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_check_command_with_target_features(world):
     _, target, src, f32, _, _ = world
     ok = run_cli("check", f32, "--checkpoint", src, "--target-model-dir", target, "--features", "target",

@@ -1,4 +1,4 @@
-"""Fuzz the GGUF reader (and the validator behind it) with 10,000 mutated files.
+"""Fuzz the GGUF reader (and the validator behind it) with 10,000 mutated files (2,000 in the fast tier).
 
 Two small valid files, one written by our writer with the shape of a DFlash drafter and one
 made by hand with every value type, are mutated with Hypothesis: bit flips, bytes, "interesting"
@@ -31,8 +31,10 @@ from dflash_convert.metadata import Metadata
 from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.validate import validate
 from dflash_convert.write import OutTensor, write_gguf
+from fixtures.upstream import examples
 
-EXAMPLES_PER_BASE = 5000  # two bases: 10,000 mutated files in all
+# two bases: 10,000 mutated files in all (make test); the fast tier draws the first 1,000 of each
+EXAMPLES_PER_BASE = examples(5000, 1000)
 TIME_LIMIT_S = 1.0
 MEMORY_FACTOR, MEMORY_SLACK = 8, 256 << 10
 INTERESTING = [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 31, 32, 33, 42, 43, 63, 64, 255, 256, (1 << 16) - 1, (1 << 30) + 1,
@@ -205,7 +207,7 @@ def test_fuzz_hand_made_file(bases, ops):
     _fuzz(bases, "handmade", ops)
 
 
-SAFETENSORS_EXAMPLES = 2000
+SAFETENSORS_EXAMPLES = examples(2000, 400)
 
 
 @pytest.fixture(scope="module")

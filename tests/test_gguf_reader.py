@@ -174,16 +174,22 @@ def test_string_arrays_across_release_points(tmp_path):
     4 MiB): items exact across many of them, one item longer than a step, and the failures after
     a step (a length over llama.cpp's limit, an item past the end) still found and named."""
     rng = np.random.default_rng(5)
-    items = [bytes(rng.integers(97, 123, int(n), dtype=np.uint8)) for n in rng.integers(0, 9, 1_500_000)]
-    items[700_000] = b"L" * (5 << 20)  # one item longer than a release step
-    body = b"".join(struct.pack("<Q", len(x)) + x for x in items)
+    lengths = rng.integers(0, 9, 1_000_000)
+    lengths[500_000] = 5 << 20  # one item longer than a release step
+    starts = np.concatenate([[0], np.cumsum(8 + lengths)])
+    raw = rng.integers(97, 123, int(starts[-1]), dtype=np.uint8)  # every byte a letter, then the prefixes over them
+    raw[(starts[:-1, None] + np.arange(8)).ravel()] = lengths.astype("<u8").view(np.uint8)
+    body = raw.tobytes()
     path = tmp_path / "many.gguf"
-    path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, len(items), body)]))
+    path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, len(lengths), body)]))
     got = read_gguf(path).metadata["k"].value
-    assert len(got) == len(items) and got == items and got.gguf_items_bytes() == body
-    for tail, needle in ((struct.pack("<Q", (1 << 30) + 7) + b"x" * 16, f"k[{len(items)}] length 1073741831 exceeds"),
-                         (struct.pack("<Q", 64) + b"x" * 16, f"truncated: k[{len(items)}] needs 64 bytes, 16 remain")):
-        path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, len(items) + 1, body + tail)]))
+    assert len(got) == len(lengths) and got.gguf_items_bytes() == body
+    for i in (0, 1, 499_999, 500_000, 500_001, 777_777, len(lengths) - 1):
+        assert got[i] == body[starts[i] + 8:starts[i + 1]] and len(got[i]) == lengths[i]
+    items = len(lengths)
+    for tail, needle in ((struct.pack("<Q", (1 << 30) + 7) + b"x" * 16, f"k[{items}] length 1073741831 exceeds"),
+                         (struct.pack("<Q", 64) + b"x" * 16, f"truncated: k[{items}] needs 64 bytes, 16 remain")):
+        path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, items + 1, body + tail)]))
         with pytest.raises(InputFileError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             read_gguf(path)
 

@@ -28,6 +28,7 @@ from dflash_convert.errors import DFlashError
 from dflash_convert.outputs import PARTIAL_SUFFIX
 from dflash_convert.validate import validate
 from fixtures.drafters import edit_config, make_zlab_drafter
+from fixtures.upstream import examples
 
 TIMEOUT = 60  # a command blocked on a FIFO would hang: the timeout turns that into a failure
 
@@ -378,7 +379,7 @@ _VALUES = st.one_of(
 MUTATION = st.tuples(st.sampled_from(_KEYS + _DFLASH_KEYS), _VALUES)
 
 
-@settings(max_examples=int(os.environ.get("DFLASH_FUZZ_CONFIGS", "40")), deadline=None, database=None, derandomize=True,
+@settings(max_examples=int(os.environ.get("DFLASH_FUZZ_CONFIGS", examples(40, 10))), deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(MUTATION, min_size=1, max_size=3))
 def test_fuzz_config_through_convert(tmp_path_factory, drafter, qwen3_target, ops):

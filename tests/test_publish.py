@@ -72,6 +72,7 @@ def released(tmp_path_factory, drafter, qwen3_target):
     return rel, out
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_the_release_holds_the_files_their_reports_the_sums_and_the_card(released):
     rel, out = released
     ggufs = [f.name for f in rel.files]
@@ -82,6 +83,7 @@ def test_the_release_holds_the_files_their_reports_the_sums_and_the_card(release
         assert f.size == (out / f.name).stat().st_size and f.sha256 == sha256_of(out / f.name) and f.validate == "pass"
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_sha256sums_passes_sha256sum_check(released):
     rel, out = released
     r = subprocess.run(["sha256sum", "--strict", "-c", SUMS_NAME], cwd=out, capture_output=True, text=True)
@@ -96,6 +98,7 @@ def test_sha256sums_passes_sha256sum_check(released):
         (out / rel.files[1].name).open("r+b").write(b"G")  # GGUF magic restored
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_each_report_is_validate_json_against_the_target(released, qwen3_target):
     rel, out = released
     for f in rel.files:
@@ -106,6 +109,7 @@ def test_each_report_is_validate_json_against_the_target(released, qwen3_target)
         assert doc["checks"] == fresh["checks"] and any(c["id"] == "target.tokenizer" for c in doc["checks"])
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_quantized_files_are_quantize_of_the_released_full_precision_file(released, tmp_path):
     rel, out = released
     base = out / rel.files[0].name
@@ -114,6 +118,7 @@ def test_quantized_files_are_quantize_of_the_released_full_precision_file(releas
         assert sha256_of(again.output) == f.sha256, f.type_name
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_the_card_parses_with_model_card_and_says_what_the_files_are(released):
     rel, out = released
     text = (out / CARD_NAME).read_text()
@@ -142,6 +147,7 @@ def hub(monkeypatch, tmp_path):
     server.close()
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_upload_commits_exactly_the_release(hub, drafter, qwen3_target, tmp_path):
     out = tmp_path / "release"
     rel = publish(drafter, qwen3_target, out, types="BF16,Q8_0", upload="me/tiny-GGUF")
@@ -179,6 +185,7 @@ def test_upload_without_a_token_is_refused_before_any_work(drafter, qwen3_target
         publish(drafter, qwen3_target, out, upload="not a repo")
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_an_existing_release_needs_force_and_an_input_is_never_the_release(released, drafter, qwen3_target, tmp_path):
     out = tmp_path / "release"
     out.mkdir()
@@ -236,6 +243,7 @@ def test_signals_leave_nothing(drafter, qwen3_target, tmp_path, phase, sig, code
     nothing_left(tmp_path, out)
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_check_measures_each_file_and_the_card_shows_it(drafter, qwen3_target, tmp_path):
     """--check: check against the checkpoint per file (the target dir then needs its embedding)."""
     import torch
@@ -285,6 +293,7 @@ def _on_a_terminal(*args: object) -> tuple[int, str]:
     return p.returncode, shown.decode("utf-8", "replace") + out.decode()
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_one_bar_per_file_quiet_with_q_and_a_summary_table(drafter, qwen3_target, tmp_path):
     code, shown = _on_a_terminal("publish", drafter, "--target-model-dir", qwen3_target, "-o", tmp_path / "a",
                                  "--types", "BF16,Q8_0")
@@ -302,6 +311,7 @@ def test_one_bar_per_file_quiet_with_q_and_a_summary_table(drafter, qwen3_target
     assert "dflash-Qwen3-Tiny-DFlash-Q8_0.gguf" in shown.split("file ", 1)[1]  # the summary table stays
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(released, drafter, qwen3_target, tmp_path):
     from drafter_gguf import kv, read_parts, set_key, write_parts
 
@@ -326,6 +336,7 @@ def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(relea
         drafter.name, qwen3_target.name, False, None)
 
 
+@pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_a_release_from_cached_repo_ids(drafter, qwen3_target, tmp_path, monkeypatch):
     """SRC and --target-model-dir as repo ids, read offline from a real Hugging Face cache layout: the
     files carry the resolved commits, the card names the repos and the target's revision, and the
