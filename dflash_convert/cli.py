@@ -28,13 +28,9 @@ from ._version import __version__
 from .command_line import Command, HelpRequested, UsageError, argument, flag, multi, option, parse, render_help, render_program_help
 from .errors import DFlashError, InputFileError, printable
 from .files import os_reason
-from .format.keys import ARCH, key
 from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
-from .inspect_gguf import block_size, chosen_line, file_name_warning, member_line, pairing_hint, read_summary, short, type_name
-from .sources.gguf_drafter import describe, read_drafter
 from .terminal import visible
-from .validate.report import render_json, render_text
 
 PROG = "dflash-convert"
 SUMMARY = "Convert, inspect and check DFlash drafter GGUF files for llama.cpp."
@@ -160,6 +156,10 @@ def convert(src_dir: Path, target_model_dir: Path | None, target_gguf: Path | No
 
 
 def _print_plan(plan) -> None:
+    # start-up: the parser and the help import nothing of what the commands run
+    from .format.keys import key
+    from .inspect_gguf import short
+
     _say(f"output: {plan.output}")
     _echo(f"file type: {plan.type_name}; vocabulary: {plan.n_tokens} tokens")
     _echo(f"keys ({len(plan.metadata)}):")
@@ -181,6 +181,11 @@ def _print_plan(plan) -> None:
 
 
 def inspect(path: Path, drafter: bool) -> int:
+    # start-up: the parser and the help import nothing of what the commands run
+    from .format.keys import ARCH
+    from .inspect_gguf import block_size, chosen_line, file_name_warning, member_line, pairing_hint, read_summary, short, type_name
+    from .sources.gguf_drafter import describe, read_drafter
+
     if drafter:
         try:
             d = read_drafter(path)
@@ -215,6 +220,7 @@ def inspect(path: Path, drafter: bool) -> int:
 
 def validate(path: Path, target: Path | None, json_out: bool, deep: bool) -> int:
     from .validate import validate as run_validate  # gguf-py and the target readers: only when validating
+    from .validate.report import render_json, render_text  # start-up: as above
 
     report = run_validate(path, target, deep=deep)
     if json_out:
@@ -229,6 +235,7 @@ def validate(path: Path, target: Path | None, json_out: bool, deep: bool) -> int
 def migrate(src: Path, out: str, target_layers_offset: int | None, target_layers: str | None, target_gguf: Path | None,
             mask_token_id: int | None, force: bool) -> int:
     from .migrate import migrate as run_migrate  # the writers and gguf-py: only when migrating
+    from .validate.report import render_text  # start-up: as above
 
     with _command_errors(out):
         layers = None
@@ -274,6 +281,7 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
         _quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir, target_gguf, device, force,
                                  dry_run, quiet, threads)
         return 0
+    from .format.keys import key  # start-up: as above
     from .quantize import plan_quantize, quantize_options, write_quantize  # the encoders, gguf-py: only when quantizing
 
     with _command_errors(out):

@@ -885,9 +885,9 @@ def test_an_output_with_a_trailing_slash_is_a_folder(tmp_path, drafter, qwen3_ta
 
 def test_an_unforeseen_exception_is_one_line(tmp_path):
     """A bug of ours still prints one line (and the variable that shows the traceback), exit 1."""
-    program = ("import sys; import dflash_convert.cli as c\n"
+    program = ("import sys; import dflash_convert.cli as c; import dflash_convert.inspect_gguf as i\n"
                "def boom(*a, **k):\n    raise RuntimeError('something\\nwe did not foresee')\n"
-               "c.read_summary = boom; sys.argv = ['dflash-convert', 'inspect', 'x.gguf']; c.main()")
+               "i.read_summary = boom; sys.argv = ['dflash-convert', 'inspect', 'x.gguf']; c.main()")
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path)
     assert r.returncode == 1 and one_error_line(r) == ("dflash-convert: error: internal error: RuntimeError: something we did "
                                                        "not foresee (DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")

@@ -221,6 +221,17 @@ def load_tokenizer_files(target_dir: Path) -> tuple[dict[str, Any] | None, dict[
     return out[0], out[1]
 
 
+def check_tokenizer_config(tc: dict[str, Any], tc_path: Path) -> None:
+    """Raise ConfigError for a tokenizer_config.json field read_special_tokens uses whose JSON type is wrong.
+    Cheap: borrowing runs it before the tokenizer probe and the vocabulary, so a mistyped field is
+    refused in a fraction of a second."""
+    tcv = ConfigView(tc, tc_path)
+    for kind in DEFAULT_KINDS + ("eot", "eom"):
+        tcv.get(f"add_{kind}_token")
+        tcv.get(f"{kind}_token")
+    tcv.get("chat_template")
+
+
 def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[str, Any] | None) -> SpecialTokens:
     """Everything llama.cpp writes after the token list, from a target's tokenizer files.
 
@@ -237,13 +248,8 @@ def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[st
             _normalizer_flags(st, tj["normalizer"])
         added = [a for a in tj.get("added_tokens") or [] if isinstance(a, dict)]
     tc = None if tc is None else dict(tc)
-    if tc is not None:
-        # the fields used below, typed before the post-processor fills in the ones it implies
-        tcv = ConfigView(tc, tc_path)
-        for kind in st.kinds + ("eot", "eom"):
-            tcv.get(f"add_{kind}_token")
-            tcv.get(f"{kind}_token")
-        tcv.get("chat_template")
+    if tc is not None:  # the fields used below, typed before the post-processor fills in the ones it implies
+        check_tokenizer_config(tc, tc_path)
     if tj is not None and isinstance(tj.get("post_processor"), dict):
         _from_post_processor(st, tj["post_processor"], tc)
     if tc:
