@@ -253,6 +253,7 @@ def test_context_beyond_the_drafter_is_refused_before_loading(world):
     assert len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow  # the error comes from transformers' loader: it imports transformers and torch (5-10 s)
 def test_target_without_weights_is_named(world, tmp_path):
     """A target dir with only the embedding (enough for embedding and head, not to run the model)."""
     import shutil
@@ -282,6 +283,7 @@ def _target_copy(world, tmp_path, edit_config) -> Path:
     return out
 
 
+@pytest.mark.slow  # the error comes from transformers' loader: it imports transformers and torch (5-10 s)
 def test_remote_code_architecture_is_refused_not_run(world, tmp_path):
     """A target naming an architecture transformers does not ship (its code would come from the repo)."""
     def remote(cfg):
@@ -297,6 +299,7 @@ def test_remote_code_architecture_is_refused_not_run(world, tmp_path):
     assert len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow  # the error comes from transformers' loader: it imports transformers and torch (5-10 s)
 def test_target_that_does_not_fit_its_weights_is_one_line(world, tmp_path):
     """A config whose sizes do not match the safetensors: transformers' loader error becomes one line."""
     def wider(cfg):
