@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_server
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def qwen35_target(tmp_path_factory) -> Path:
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess:
     """Run the installed command line as a user would."""
-    r = subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True)
+    r = cli_server.run(*args)
     if args and str(args[0]) == "convert" and r.returncode == 0 and "--dry-run" not in map(str, args):
         m = _WROTE.search(r.stdout)
         if m:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_server
 import numpy as np
 import pytest
 import torch
@@ -47,8 +47,7 @@ PROMPTS = ["The quick brown fox jumps over", "Speculative decoding drafts a bloc
 
 
 def run_cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
+    return cli_server.run(*args, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_server
 import pytest
 from conftest import run_cli
 
@@ -252,8 +252,7 @@ def test_a_dspark_drafter_gets_the_dspark_prefix(tmp_path):
 
 
 def _cli(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200"})
+    return cli_server.run(*args, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_validate_and_inspect_warn_on_an_undiscoverable_name(tmp_path, qwen3_target):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_server
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,9 +35,7 @@ TIMEOUT = 60  # a command blocked on a FIFO would hang: the timeout turns that i
 
 
 def cli(*args, env: dict[str, str] | None = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    full = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=full)
+    return cli_server.run(*args, env=dict(os.environ, **(env or {})), timeout=timeout)
 
 
 def one_error_line(r: subprocess.CompletedProcess) -> str:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_server
 import pytest
 from huggingface_hub import ModelCard
 
@@ -40,8 +41,7 @@ TIMEOUT = 120
 def cli(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=TIMEOUT, env=full)
+    return cli_server.run(*args, timeout=TIMEOUT, env=full)
 
 
 def one_error_line(r: subprocess.CompletedProcess) -> str:

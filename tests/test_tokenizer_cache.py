@@ -11,9 +11,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import cli_server
 import pytest
 
 from dflash_convert import convert
@@ -201,8 +201,7 @@ def test_an_unwritable_cache_costs_the_speed_not_the_conversion(gemma4, gemma4_r
 
 
 def _cli(*args, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], capture_output=True, text=True,
-                          env=dict(os.environ, **env), timeout=300)
+    return cli_server.run(*args, env=dict(os.environ, **env), timeout=300)
 
 
 def test_the_command_line_caches_and_no_cache_neither_reads_nor_writes(gemma4, gemma4_reference, tmp_path):
