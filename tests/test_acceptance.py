@@ -51,8 +51,8 @@ def run_cli(*args: object) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """(root, qwen3 target with weights, drafter checkpoints, their F32 GGUFs, features file)."""
+def base(tmp_path_factory):
+    """(root, qwen3 target with weights, drafter checkpoints, their F32 GGUFs): no target model run."""
     root = tmp_path_factory.mktemp("acceptance")
     target = make_target_dir(root / "target", "qwen3", with_weights=True, seed=5)
     drafters = {
@@ -62,8 +62,35 @@ def world(tmp_path_factory):
     ggufs = {k: convert(v, target, outfile=root / f"{k}-f32.gguf", outtype="f32").output for k, v in drafters.items()}
     prompts = root / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    feats = capture(target, prompts, root / "features.safetensors", new_tokens=12, device="cpu").output
+    return root, target, drafters, ggufs
+
+
+@pytest.fixture(scope="module")
+def world(base):
+    """``base`` and the features file capture writes for it (the target model runs: transformers, seconds)."""
+    root, target, drafters, ggufs = base
+    feats = capture(target, root / "prompts.txt", root / "features.safetensors", new_tokens=12, device="cpu").output
     return root, target, drafters, ggufs, feats
+
+
+def synthetic_features(base, out: Path, layers: list[int]) -> Path:
+    """A features file of the documented schema for ``base``'s target, written by capture's writer from
+    seeded random layer inputs: what the reader checks (schema, shapes, sequences), without running the
+    target model."""
+    from dflash_convert.format.features import FEATURE_DTYPES
+    from dflash_convert.write_features import FeatureWriter
+
+    root, target, _, _ = base
+    rng = np.random.default_rng(9)
+    lengths = [9, 11, 7]
+    hidden = json.loads((target / "config.json").read_text())["hidden_size"]
+    meta = {"schema": SCHEMA, "target": str(target), "target_config_sha256": "0" * 64, "target_architecture": "Qwen3ForCausalLM",
+            "layers": json.dumps(layers), "dtype": FEATURE_DTYPES["f32"], "prompts_sha256": "0" * 64,
+            "sequences": str(len(lengths)), "new_tokens": "4", "eos_ids": "[]"}
+    w = FeatureWriter(out, lengths, len(layers), hidden, FEATURE_DTYPES["f32"], meta)
+    for i, n in enumerate(lengths):
+        w.write(i, rng.integers(0, 1000, n), n - 4, rng.standard_normal((len(layers), n, hidden)).astype(np.float32))
+    return w.commit()
 
 
 # --- the batched drafts are run_gguf's ------------------------------------------------------------------
@@ -82,8 +109,8 @@ def _compare_with_run_gguf(d, w, states: torch.Tensor, tokens: torch.Tensor, anc
 
 
 @pytest.mark.parametrize("which", ["full", "swa"])
-def test_batched_anchor_drafts_equal_one_forward_per_anchor(world, which):
-    _, target, _, ggufs, _ = world
+def test_batched_anchor_drafts_equal_one_forward_per_anchor(base, which):
+    _, target, _, ggufs = base
     d = read_drafter(ggufs[which])
     w = load_weights(d, read_target(target))
     g = torch.Generator().manual_seed(3)
@@ -107,8 +134,8 @@ def test_batched_anchor_drafts_with_mrope(tmp_path):
     _compare_with_run_gguf(d, w, states, torch.randint(0, 1000, (11,), generator=g), [2, 7, 10])
 
 
-def test_anchor_drafts_refuse_a_bad_n_max(world):
-    _, target, _, ggufs, _ = world
+def test_anchor_drafts_refuse_a_bad_n_max(base):
+    _, target, _, ggufs = base
     d = read_drafter(ggufs["full"])
     w = load_weights(d, read_target(target))
     with pytest.raises(DFlashError, match="n_max 16 must be in 1..15"):
@@ -248,9 +275,9 @@ def test_accept_command_line(world):
     assert r.returncode == 0 and "accept = n_accept / n_drafted" in r.stdout
 
 
-def test_accept_names_a_layer_the_file_did_not_store(world, tmp_path):
-    root, target, _, ggufs, _ = world
-    f = capture(target, root / "prompts.txt", tmp_path / "f.safetensors", new_tokens=2, layers="0,1", device="cpu").output
+def test_accept_names_a_layer_the_file_did_not_store(base, tmp_path):
+    root, target, _, ggufs = base
+    f = synthetic_features(base, tmp_path / "f.safetensors", [0, 1])
     r = run_cli("accept", ggufs["full"], "--features", f, "--device", "cpu")
     assert r.returncode == 2
     assert r.stderr.strip() == (f"dflash-convert: error: {f}: {ggufs['full']} taps target layer 3, which this features "
@@ -279,8 +306,10 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
     ("extra", lambda t, m: ({**t, "stray": np.zeros(2, np.float32)}, m), "unexpected tensor 'stray'"),
     ("prompt", lambda t, m: ({**t, "seq.00000.prompt_length": np.array([0], np.int64)}, m), "prompt_length 0 is not in"),
 ])
-def test_hostile_features_files_are_one_error_line(world, tmp_path, name, edit, message):
-    root, _, _, ggufs, feats = world
+def test_hostile_features_files_are_one_error_line(base, tmp_path, name, edit, message):
+    ggufs = base[3]
+    feats = synthetic_features(base, tmp_path / "good.safetensors", [0, 1, 2, 3, 4])
+    assert len(read_features(feats).sequences) == 3  # the file each case spoils is a good one
     bad = _rewrite(feats, tmp_path / f"{name}.safetensors", edit)
     r = run_cli("accept", ggufs["full"], "--features", bad, "--device", "cpu")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
