@@ -30,6 +30,7 @@ from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLT
 from .format.keys import VALUE_TYPES, ValueType
 from .metadata import Metadata
 from .outputs import TemporaryOutput, clear_stale_partials
+from .sources.gguf import StrArray
 from .terminal import visible
 
 log = logging.getLogger("dflash_convert")
@@ -69,7 +70,7 @@ def _value(vtype: ValueType, value: object, sub: ValueType | None) -> bytes:
         items = list(value)  # type: ignore[call-overload]
         head = struct.pack("<IQ", int(sub), len(items))
         if sub == ValueType.STRING:
-            return head + b"".join(_string(v) for v in items)
+            return head + StrArray.of(items).gguf_items_bytes()  # whole-array steps, not one pack per item
         fmt = VALUE_TYPES[sub].fmt
         assert fmt is not None
         return head + struct.pack("<" + fmt[1] * len(items), *items)

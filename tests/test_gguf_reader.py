@@ -194,6 +194,33 @@ def test_string_arrays_across_release_points(tmp_path):
             read_gguf(path)
 
 
+def test_an_array_read_before_parses_the_same_without_a_walk(tmp_path, monkeypatch):
+    """A region equal to a string array this process wrote or read is that array (one comparison, no
+    walk over its items); other bytes with the same count, even one byte off, are walked and checked."""
+    from dflash_convert.sources import gguf as reader
+
+    items = [f"tok{i}".encode() for i in range(5000)]
+
+    def write(name: str, parts: list[bytes]) -> Path:
+        path = tmp_path / name
+        path.write_bytes(_with(kvs=[ARCH, kv_arr("k", STRING, len(items), b"".join(parts))]))
+        return path
+
+    prefixed = [struct.pack("<Q", len(x)) + x for x in items]
+    found: list[bool] = []
+    original = reader._known_at
+    monkeypatch.setattr(reader, "_known_at", lambda *a: found.append((r := original(*a)) is not None) or r)
+    assert read_gguf(write("a.gguf", prefixed)).metadata["k"].value == items and found == [False]  # walked
+    again = read_gguf(write("b.gguf", prefixed)).metadata["k"].value
+    assert again == items and found == [False, True]  # the same bytes elsewhere: no walk
+    changed = list(prefixed)
+    changed[4321] = changed[4321].replace(b"tok", b"toc")
+    assert read_gguf(write("c.gguf", changed)).metadata["k"].value[4321] == b"toc4321" and found[-1] is False
+    changed[17] = struct.pack("<Q", 1 << 40) + items[17]
+    with pytest.raises(InputFileError, match=r"k\[17\] length 1099511627776 exceeds"):
+        read_gguf(write("d.gguf", changed))
+
+
 def test_numeric_arrays_are_compact_and_compare_like_lists(tmp_path):
     path = tmp_path / "arr.gguf"
     path.write_bytes(_with(kvs=[ARCH, kv_arr("ids", I32, 3, struct.pack("<3i", 2, -1, 7))]))

@@ -18,6 +18,7 @@ import pytest
 
 from dflash_convert import convert
 from dflash_convert.metadata import Metadata
+from dflash_convert.sources.gguf import StrArray
 from dflash_convert.tokenizer import borrow
 from dflash_convert.tokenizer.cache import (
     ENTRY_SUFFIX,
@@ -87,9 +88,14 @@ def test_an_entry_holds_exactly_the_keys_built(gemma4, tmp_path):
     n = borrow.borrow_from_dir(built, target, "Gemma4ForCausalLM", 916, cache=TokenizerCache(tmp_path))
     (entry,) = _entries(tmp_path)
     read = decode_entry(entry.read_bytes(), entry.name.removesuffix(ENTRY_SUFFIX))
-    assert [(kv.key, kv.vtype, kv.sub, kv.value) for kv in read] == [(kv.key, kv.vtype, kv.sub, kv.value) for kv in built]
-    assert n == len(read.get(TOKENS)) == 916
-    assert {type(v) for kv in read for v in (kv.value if isinstance(kv.value, list) else [kv.value])} == {str, int, float, bool}
+
+    def plain(value):  # a string array comes back compact, in GGUF form (StrArray): its items as text
+        return value.texts() if isinstance(value, StrArray) else value
+
+    assert [(kv.key, kv.vtype, kv.sub, plain(kv.value)) for kv in read] == [(kv.key, kv.vtype, kv.sub, kv.value) for kv in built]
+    assert n == len(read.get(TOKENS)) == 916 and isinstance(read.get(TOKENS), StrArray)
+    assert {type(v) for kv in read for v in (plain(kv.value) if isinstance(kv.value, (list, StrArray)) else [kv.value])} == \
+        {str, int, float, bool}
 
 
 def _truncate(entry: Path) -> None:
@@ -139,20 +145,35 @@ def _wrong_shape(entry: Path) -> None:
     entry.write_bytes(MAGIC + f"{hashlib.sha256(payload).hexdigest()} {len(payload)}\n".encode() + payload)
 
 
-def _lengths_off_by_one(entry: Path) -> None:
-    """A checksum that matches sections whose item lengths do not add up to their text."""
+def _resealed(entry: Path, edit) -> None:
+    """The entry's sections edited by ``edit(bytearray, offsets_bytes)``, under a checksum that matches again."""
     _, _, payload = entry.read_bytes().split(b"\n", 2)
     line, _, sections = payload.partition(b"\n")
-    sections = bytes([sections[0] + 1]) + sections[1:]  # the first item's length (little-endian), one more
-    payload = line + b"\n" + sections
+    sections = bytearray(sections)
+    edit(sections, json.loads(line)["sections"][0][1])
+    payload = line + b"\n" + bytes(sections)
     entry.write_bytes(MAGIC + f"{hashlib.sha256(payload).hexdigest()} {len(payload)}\n".encode() + payload)
+
+
+def _lengths_off_by_one(entry: Path) -> None:
+    """A checksum that matches a section whose first item's length prefix is one more than its bytes."""
+    def edit(sections: bytearray, at: int) -> None:
+        sections[at] += 1  # the first item's u64 length (little-endian), after the section's offsets
+    _resealed(entry, edit)
+
+
+def _not_utf8(entry: Path) -> None:
+    """A checksum that matches a token whose bytes are not UTF-8 (lengths and offsets all agree)."""
+    def edit(sections: bytearray, at: int) -> None:
+        sections[sections.index(b"<0x41>") + 1] = 0xFF
+    _resealed(entry, edit)
 
 
 # spoiler -> (how, the reason the entry is ignored)
 SPOILERS = {"truncated": (_truncate, "not as the header says"), "flipped_byte": (_flip_a_byte, "SHA-256 does not match"),
             "fifo": (_fifo, "not a regular file"), "symlink": (_symlink, "symbolic link"), "huge": (_huge, "byte limit"),
             "another_key": (_another_keys_entry, "another key"), "wrong_shape": (_wrong_shape, "not of type INT32"),
-            "bad_lengths": (_lengths_off_by_one, "do not add up")}
+            "bad_lengths": (_lengths_off_by_one, "do not match their offsets"), "not_utf8": (_not_utf8, "not UTF-8")}
 
 
 @pytest.mark.parametrize("spoil", list(SPOILERS), ids=list(SPOILERS))
@@ -218,7 +239,7 @@ def test_the_command_line_caches_and_no_cache_neither_reads_nor_writes(gemma4, g
     (entry,) = _entries(cache_dir)
     cache_key = entry.name.removesuffix(ENTRY_SUFFIX)
     md = decode_entry(entry.read_bytes(), cache_key)
-    tokens = list(md.get(TOKENS))
+    tokens = md.get(TOKENS).texts()  # type: ignore[union-attr]
     tokens[100] = "<lie>"
     md.set_raw(TOKENS, md.kv(TOKENS).vtype, tokens, md.kv(TOKENS).sub)  # type: ignore[union-attr]
     entry.write_bytes(encode_entry(cache_key, md))  # type: ignore[arg-type]

@@ -26,25 +26,25 @@ import json
 import logging
 import os
 import stat
-import sys
 import tempfile
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .._version import __version__
 from ..errors import DFlashError
 from ..files import parse_json
 from ..format.keys import BOOLEAN, FLOAT, INT, VALUE_TYPES, ValueType, key
 from ..metadata import Metadata
+from ..sources.gguf import StrArray
 from .pre_hashes import KNOWN_PRE_NAMES, PRE_TOKENIZER_HASHES, PROBE_TEXT
 
 log = logging.getLogger("dflash_convert")
 
-FORMAT_VERSION = 1  # bump when an entry's layout or the meaning of its key changes
+FORMAT_VERSION = 2  # bump when an entry's layout or the meaning of its key changes (2: string arrays in GGUF form)
 MAGIC = b"dflash-convert tokenizer cache\n"
 MAX_ENTRY_BYTES = 256 << 20  # a 262k-token vocabulary with merges and scores is ~15 MB; more is not ours
 MAX_ENTRIES = 32  # the oldest entries beyond this many are removed after a store
@@ -147,17 +147,17 @@ def default_directory() -> Path:
 #
 # MAGIC, a line "<SHA-256 of the payload> <its length>", then the payload: one line of JSON with
 # every key as [name, value type, element type or null, value], then the string arrays' sections.
-# A string array's value is {"section": i}; section i is its n items' lengths in code points
-# (little-endian uint32) and then their UTF-8 text, back to back: one decode and n slices read it
-# back, several times faster than JSON for the 300k tokens and merges of a large vocabulary.
-
-_LENGTHS = "I"  # array typecode of a uint32 on every platform CPython builds for (checked below)
-
+# A string array's value is {"section": i}; section i is its n items as a GGUF file holds them (each
+# a little-endian u64 byte length, then its UTF-8 bytes) after the n + 1 offsets of those items (u64):
+# read back as a compact StrArray in a few whole-array checks, and written out as the same buffer,
+# where a list of 300k Python strings cost a third of a second to build and as much to write.
 
 def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
     """Can the entry carry this value back exactly? (Raw bytes, from a GGUF, cannot; the dir routes make none.)"""
     values = kv_value if vtype == ValueType.ARRAY else [kv_value]
     kind = VALUE_TYPES[sub if vtype == ValueType.ARRAY else vtype]  # type: ignore[index]
+    if vtype == ValueType.ARRAY and sub == ValueType.STRING and isinstance(kv_value, StrArray):
+        return True  # read back from an entry: already in the form the entry holds
     if vtype == ValueType.ARRAY and sub == ValueType.STRING or vtype == ValueType.STRING:
         return all(type(v) is str for v in values)
     if kind.kind == BOOLEAN:
@@ -180,13 +180,12 @@ def encode_entry(cache_key: str, md: Metadata) -> bytes | None:
                 return None
             value = kv.value
             if kv.vtype == ValueType.ARRAY and kv.sub == ValueType.STRING:
-                lengths = array(_LENGTHS, map(len, value))
-                if sys.byteorder == "big":
-                    lengths.byteswap()
-                text = "".join(value).encode("utf-8")
+                strings = value if isinstance(value, StrArray) else StrArray.of(value)
+                offsets = np.asarray(strings.offsets, dtype="<u8") - np.uint64(strings.offsets[0])
+                raw = strings.gguf_items_bytes()
                 value = {"section": len(sections)}
-                sections.append([len(lengths), len(lengths) * lengths.itemsize, len(text)])
-                body += [lengths.tobytes(), text]
+                sections.append([len(strings), offsets.nbytes, len(raw)])
+                body += [offsets.tobytes(), raw]
             items.append([kv.key, int(kv.vtype), None if kv.sub is None else int(kv.sub), value])
         # NaN and infinities stay floats (Python's JSON writes and reads them); newlines in strings are escaped
         head = json.dumps({"key": cache_key, "kv": items, "sections": sections}, ensure_ascii=False,
@@ -228,31 +227,26 @@ def _is_count(v: Any) -> bool:
     return type(v) is int and v >= 0
 
 
-def _read_sections(sections: Any, body: memoryview) -> list[list[str]]:
-    """Every string array's items, from the sections that follow the JSON line."""
+def _read_sections(sections: Any, body: memoryview) -> list[StrArray]:
+    """Every string array, from the sections that follow the JSON line, each checked (StrArray.checked)."""
     if not isinstance(sections, list):
         raise CorruptEntry("no section list")
-    out: list[list[str]] = []
+    out: list[StrArray] = []
     at = 0
     for sec in sections:
         if not isinstance(sec, list) or len(sec) != 3 or not all(map(_is_count, sec)):
             raise CorruptEntry("malformed section")
-        n, lengths_bytes, text_bytes = sec
-        lengths = array(_LENGTHS)
-        if lengths.itemsize != 4 or lengths_bytes != 4 * n or at + lengths_bytes + text_bytes > len(body):
+        n, offsets_bytes, raw_bytes = sec
+        if offsets_bytes != 8 * (n + 1) or at + offsets_bytes + raw_bytes > len(body):
             raise CorruptEntry("a section's sizes do not fit the entry")
-        lengths.frombytes(body[at:at + lengths_bytes])
-        if sys.byteorder == "big":
-            lengths.byteswap()
-        try:
-            text = str(body[at + lengths_bytes:at + lengths_bytes + text_bytes], "utf-8")
-        except UnicodeDecodeError:
-            raise CorruptEntry("a section's text is not UTF-8") from None
-        at += lengths_bytes + text_bytes
-        ends = list(accumulate(lengths))
-        if (ends[-1] if ends else 0) != len(text):
-            raise CorruptEntry("a section's lengths do not add up to its text")
-        out.append([text[a:b] for a, b in zip([0, *ends][:-1], ends, strict=True)])
+        offsets = np.frombuffer(body[at:at + offsets_bytes], dtype="<u8").astype(np.int64)
+        if int(offsets.max(initial=0)) > raw_bytes:
+            raise CorruptEntry("a section's offsets point past its items")
+        items = StrArray.checked(bytes(body[at + offsets_bytes:at + offsets_bytes + raw_bytes]), offsets)
+        if items is None:
+            raise CorruptEntry("a section's items do not match their offsets, or are not UTF-8")
+        at += offsets_bytes + raw_bytes
+        out.append(items)
     if at != len(body):
         raise CorruptEntry("bytes after the last section")
     return out
@@ -309,7 +303,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
         except (DFlashError, ValueError, TypeError) as e:
             raise CorruptEntry(f"{name}: {e}") from None
     tokens = md.get(key("tok_tokens"))
-    if key("tok_model") not in md or not isinstance(tokens, list):
+    if key("tok_model") not in md or not isinstance(tokens, StrArray) or not len(tokens):
         raise CorruptEntry("entry has no token list")
     return md
 
