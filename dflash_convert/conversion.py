@@ -186,6 +186,14 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         n_tokens = -1
         vocab_where = str(target_model_dir)
 
+    if hash_sources and outfile is not None and not os.path.isdir(outfile):
+        # an -o that is (or is a link to) an input is refused before the tokenizer work, not after it;
+        # write_plan checks again with every input (the model card's files too) and --force
+        early = Inputs()
+        early.add_directory(src)
+        early.add_directory(target_model_dir)
+        early.add_files([p for p in (target_gguf, ckpt.config_path, *ckpt.files) if p is not None])
+        check_output_path(outfile, early, force=True)
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=keep_embeddings)
     # upstream's general.* from the model card (README.md, generation_config.json, the directory name,
     # the parameter count); read before the tokenizer work, so a bad card or --metadata file fails fast

@@ -457,6 +457,7 @@ def test_runner_matches_libllama(world, probe, name, tmp_path, record_property):
     assert max(conf_errors) < 1e-4
 
 
+@pytest.mark.slow  # check runs both forwards (torch)
 def test_cli_check_fails_a_flipped_layout_with_one_line_per_cause(world):
     from conftest import run_cli
 

@@ -751,6 +751,7 @@ def test_a_full_disk_names_the_file(tmp_path, drafter, qwen3_target):
         assert r.returncode == 1 and one_error_line(r).endswith(f"{full / 'q.gguf'}: output folder is on a read-only file system")
 
 
+@pytest.mark.slow  # check runs both forwards (torch) before it writes
 def test_check_save_io_on_a_full_disk_names_the_file(tmp_path, drafter, qwen3_target):
     import torch
     from safetensors.torch import save_file
