@@ -26,18 +26,22 @@ lint: venv
 # fixtures (the trained pair's captures, converted files) are built once.
 JOBS ?= auto
 XDIST := -n $(JOBS) --dist loadfile
+# Tests keep their compiled bytecode (in __pycache__, ignored by git) even where the environment
+# says PYTHONDONTWRITEBYTECODE: without it every worker re-runs pytest's assertion rewriting of
+# every test module (~8 s a worker) and every command-line child compiles the package afresh.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 
 # Every tier: unit, bad input, parity with llama.cpp's converter, llama.cpp runtime, the trained
 # pair. Prints the 30 slowest tests.
 test: venv lint
-	$(BIN)/python -m pytest -q -ra $(XDIST) --durations=30
+	$(PYTEST) -q -ra $(XDIST) --durations=30
 
 # Unit and bad-input tiers: no llama.cpp (no sdist download, no cmake build) and no trained pair.
 # DFLASH_CONVERT_FAST_TIER makes a test that reaches for either fail, naming the mark it lacks.
 # Tests are handed out one at a time (worksteal): the tier has no costly module fixture to share,
 # and the largest file (test_hostile) would otherwise keep one worker busy alone.
 test-fast: venv
-	DFLASH_CONVERT_FAST_TIER=1 $(BIN)/python -m pytest -q -ra -n $(JOBS) --dist worksteal -m "not parity and not runtime and not slow" --durations=20
+	DFLASH_CONVERT_FAST_TIER=1 $(PYTEST) -q -ra -n $(JOBS) --dist worksteal -m "not parity and not runtime and not slow" --durations=20
 
 bench: venv
 	$(BIN)/python bench/bench_convert.py
