@@ -7,7 +7,7 @@ The one-pass figure: ours `convert --outtype Q4_K_M` straight from the checkpoin
 upstream `convert_hf_to_gguf.py --outtype bf16` followed by `llama-quantize Q4_K_M` (summed).
 Wall time, peak RSS (GNU time) and the ratios go to a markdown table in bench/results-quantize.md.
 
-    python bench/bench_quantize.py [--types Q8_0,Q4_K_M] [--repeat 1] [--threads 2]
+    python bench/bench_quantize.py [--types Q8_0,Q4_K_M] [--repeats 3] [--runs 1] [--threads 2]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default=",".join(ALL_TYPES))
     ap.add_argument("--repeats", type=int, default=3, help="runs of a close call (median reported)")
+    ap.add_argument("--runs", type=int, default=1, help="A/B runs of every type at least (a close call gets --repeats)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--idle-wait", type=float, default=120.0)
     ap.add_argument("--no-one-pass", action="store_true", help="skip the checkpoint -> Q4_K_M comparison")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 same = _same_file(ours, theirs)
                 print(f"  {t}: {'IDENTICAL files' if same else 'FILES DIFFER'}", flush=True)
             ratio = runs_o[0].wall_s / runs_u[0].wall_s
-            if len(runs_u) >= args.repeats or ratio < CLOSE_CALL * TARGETS.get(t, 1.0):
+            if len(runs_u) >= max(args.repeats, args.runs) or (len(runs_u) >= args.runs and ratio < CLOSE_CALL * TARGETS.get(t, 1.0)):
                 break
         rows.append((t, _median(runs_o), _median(runs_u), same, len(runs_u)))
         theirs.unlink(missing_ok=True)
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
              f"Drafter: {src.name} (3.46 GB BF16 checkpoint), F16 GGUF made by upstream's converter; {args.threads} threads each.", "",
              f"numba kernels compiled or loaded before timing in {warm} s (once per machine; later runs load them from the cache).", "",
              f"Each type is quantized by llama-quantize then by us, in turn; a type whose first ratio is within "
-             f"{CLOSE_CALL:.0%} of its goal is run {args.repeats} times and the medians are shown (runs column).", "",
+             f"{CLOSE_CALL:.0%} of its goal is run {args.repeats} times and the medians are shown (runs column)"
+             + (f"; every type at least {args.runs} times" if args.runs > 1 else "") + ".", "",
              "| TYPE | ours wall s | llama-quantize wall s | ratio ours/llama | goal | ours peak RSS MB | llama peak RSS MB | bytes | runs |",
              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     verdicts = []
