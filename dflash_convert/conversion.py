@@ -186,14 +186,15 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         n_tokens = -1
         vocab_where = str(target_model_dir)
 
+    inputs = Inputs()  # what the output must not be; the model card's files join below
+    inputs.add_directory(src)
+    inputs.add_directory(target_model_dir)
+    inputs.add_file(target_gguf)
+    inputs.add_files([ckpt.config_path, *ckpt.files])
     if hash_sources and outfile is not None and not os.path.isdir(outfile):
         # an -o that is (or is a link to) an input is refused before the tokenizer work, not after it;
         # write_plan checks again with every input (the model card's files too) and --force
-        early = Inputs()
-        early.add_directory(src)
-        early.add_directory(target_model_dir)
-        early.add_files([p for p in (target_gguf, ckpt.config_path, *ckpt.files) if p is not None])
-        check_output_path(outfile, early, force=True)
+        check_output_path(outfile, inputs, force=True)
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=keep_embeddings)
     # upstream's general.* from the model card (README.md, generation_config.json, the directory name,
     # the parameter count); read before the tokenizer work, so a bad card or --metadata file fails fast
@@ -243,11 +244,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     output = Path(outfile) if outfile is not None else default
     if output.is_dir():  # -o FOLDER: the default file name, in that folder
         output = output / default.name
-    inputs = Inputs()
-    inputs.add_directory(src)
-    inputs.add_directory(target_model_dir)
-    inputs.add_file(target_gguf)
-    inputs.add_files([ckpt.config_path, *ckpt.files, *card.files])
+    inputs.add_files(card.files)
     return ConversionPlan(drafter, md, planned, out_type, output, target, n_tokens, hasher=hasher,
                           fallbacks=fallbacks, inputs=inputs, tokenizer_cache=tok_cache.outcome)
 

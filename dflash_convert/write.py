@@ -65,12 +65,11 @@ def _value(vtype: ValueType, value: object, sub: ValueType | None) -> bytes:
         return _string(value)  # type: ignore[arg-type]
     if vtype == ValueType.ARRAY:
         assert sub is not None
-        if sub == ValueType.STRING and hasattr(value, "gguf_items_bytes"):  # a compact array read from a file
-            return struct.pack("<IQ", int(sub), len(value)) + value.gguf_items_bytes()  # type: ignore[arg-type]
+        if sub == ValueType.STRING:  # a compact array read from a file as it is, a list in whole-array steps
+            strings = StrArray.of(value)  # type: ignore[arg-type]
+            return struct.pack("<IQ", int(sub), len(strings)) + strings.gguf_items_bytes()
         items = list(value)  # type: ignore[call-overload]
         head = struct.pack("<IQ", int(sub), len(items))
-        if sub == ValueType.STRING:
-            return head + StrArray.of(items).gguf_items_bytes()  # whole-array steps, not one pack per item
         fmt = VALUE_TYPES[sub].fmt
         assert fmt is not None
         return head + struct.pack("<" + fmt[1] * len(items), *items)

@@ -107,6 +107,16 @@ class NumArray(Sequence):
         return f"[{head}{', ...' if len(self) > 8 else ''}]"
 
 
+def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where the u64 length prefixes of a GGUF-form string buffer of ``nbytes`` lie, given its item
+    offsets (ascending, 8 bytes apart at least, the last one the end): the prefixes' byte positions,
+    and a mask of the bytes that are the items' text."""
+    prefix = (offsets[:-1, None].astype(np.int64) + np.arange(8)).ravel()
+    is_text = np.ones(nbytes, dtype=bool)
+    is_text[prefix] = False
+    return prefix, is_text
+
+
 class StrArray(Sequence):
     """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
     bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
@@ -129,7 +139,9 @@ class StrArray(Sequence):
     @classmethod
     def of(cls, items: Sequence[bytes | str]) -> StrArray:
         """A StrArray of a list of items (str encoded as UTF-8), built in whole-array numpy steps: a
-        vocabulary's 300k items packed one by one took half a second."""
+        vocabulary's 300k items packed one by one took half a second. A StrArray is returned as it is."""
+        if isinstance(items, StrArray):
+            return items
         encoded = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in items]
         n = len(encoded)
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -138,9 +150,7 @@ class StrArray(Sequence):
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
         np.cumsum(lengths + 8, out=offsets[1:])
         raw = np.empty(int(offsets[-1]), dtype=np.uint8)
-        prefix = (offsets[:-1, None] + np.arange(8)).ravel()
-        is_text = np.ones(raw.shape[0], dtype=bool)
-        is_text[prefix] = False
+        prefix, is_text = _prefix_layout(offsets, raw.shape[0])
         raw[prefix] = lengths.astype("<u8").view(np.uint8)
         raw[is_text] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         return cls(raw.tobytes(), offsets)
@@ -156,11 +166,9 @@ class StrArray(Sequence):
         if steps.size and int(steps.min()) < 8:
             return None
         raw = np.frombuffer(data, dtype=np.uint8)
-        prefix = (offsets[:-1, None].astype(np.int64) + np.arange(8)).ravel()
+        prefix, is_text = _prefix_layout(offsets, raw.shape[0])
         if not np.array_equal(raw[prefix].view("<u8"), steps - 8):
             return None
-        is_text = np.ones(raw.shape[0], dtype=bool)
-        is_text[prefix] = False
         try:
             raw[is_text].tobytes().decode("utf-8")
         except UnicodeDecodeError:
@@ -199,7 +207,8 @@ class StrArray(Sequence):
 
     def gguf_items_bytes(self) -> bytes:
         """The items as a GGUF array holds them (each a little-endian u64 length, then its bytes):
-        the buffer itself, the writer's copy of a read vocabulary."""
+        the buffer itself, the writer's copy of a read vocabulary. The array is remembered (``_remember``):
+        a file read back after this write parses the region to it without a walk."""
         out = bytes(self.data[int(self.offsets[0]):int(self.offsets[-1])])
         _remember(self)
         return out

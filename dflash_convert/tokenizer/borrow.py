@@ -12,14 +12,13 @@ from pathlib import Path
 from ..errors import InputFileError
 from ..format.keys import TOKENIZER_MODEL_BPE, key
 from ..metadata import Metadata
-from ..sources.checkpoint import read_json
 from ..target import Target
 from .bpe import read_bpe_vocab
 from .cache import TokenizerCache, copy_keys, entry_key
 from .from_gguf import copy_tokenizer_keys
 from .gemma4 import write_gemma4_vocab
 from .probe import Probe
-from .special import check_tokenizer_config, load_tokenizer_files, read_special_tokens
+from .special import check_tokenizer_config, load_tokenizer_file, read_special_tokens
 
 BPE, GEMMA4 = TOKENIZER_MODEL_BPE, "gemma4"  # the two routes: byte-level BPE (tokenizer.json), Gemma-4's own
 # target architecture -> vocabulary route
@@ -79,15 +78,13 @@ def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vo
 def _build(md: Metadata, target_dir: Path, route: str, vocab_size: int | None, tokenizer_pre: str | None) -> int:
     """The slow path: probe the tokenizer in a child, parse its files, derive every key."""
     if route == BPE:
-        # tokenizer_config.json's fields typed first: a mistyped one is refused before seconds of work
-        tc_path = target_dir / "tokenizer_config.json"
-        if tc_path.exists():
-            tc_first = read_json(tc_path, tc_path.name)
-            if isinstance(tc_first, dict):
-                check_tokenizer_config(tc_first, tc_path)
+        # tokenizer_config.json read and its fields typed first: a mistyped one is refused before seconds of work
+        tc = load_tokenizer_file(target_dir, "tokenizer_config.json")
+        if tc is not None:
+            check_tokenizer_config(tc, target_dir / "tokenizer_config.json")
         # probe first, parse after: the tokenizer library's memory is gone before ours grows
         result = Probe(target_dir / "tokenizer.json").result()
-        tj, tc = load_tokenizer_files(target_dir)
+        tj = load_tokenizer_file(target_dir, "tokenizer.json")
         assert tj is not None
         vocab = read_bpe_vocab(target_dir, tj, tc or {}, vocab_size, result, tokenizer_pre)
         md.set("tok_model", TOKENIZER_MODEL_BPE)

@@ -209,16 +209,18 @@ def _chat_template_files(target_dir: Path) -> str | list[dict[str, str]] | None:
     return None
 
 
+def load_tokenizer_file(target_dir: Path, name: str) -> dict[str, Any] | None:
+    """One of a target directory's tokenizer files (tokenizer.json, tokenizer_config.json), None where absent."""
+    path = target_dir / name
+    data = read_json(path, name) if path.exists() else None
+    if data is not None and not isinstance(data, dict):
+        raise InputFileError(f"{name} must hold a JSON object", path)
+    return data
+
+
 def load_tokenizer_files(target_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """tokenizer.json and tokenizer_config.json of a target directory (None where absent)."""
-    out: list[dict[str, Any] | None] = []
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        path = target_dir / name
-        data = read_json(path, name) if path.exists() else None
-        if data is not None and not isinstance(data, dict):
-            raise InputFileError(f"{name} must hold a JSON object", path)
-        out.append(data)
-    return out[0], out[1]
+    return load_tokenizer_file(target_dir, "tokenizer.json"), load_tokenizer_file(target_dir, "tokenizer_config.json")
 
 
 def check_tokenizer_config(tc: dict[str, Any], tc_path: Path) -> None:
