@@ -1,44 +1,14 @@
-"""Bit-exact numpy ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
+"""Bit-exact ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
-When numba is installed (see ``jit``) the per-group searches and the final rounding run as
-compiled kernels (``_kernels``) and only the super-block scales and the packing stay here; the
-numpy tiles below are the fallback, and both give the same bytes.
+Each function returns the bytes ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same float32
+input, which is what ``llama-quantize`` writes without an importance matrix. With numba installed
+the per-group searches and the final rounding run as compiled kernels (``_kernels``) and only the
+super-block scales and the packing stay here; the numpy tiles are the fallback, with the same
+bytes. Nothing is refused: a tile holding inf or NaN takes loops that mirror C's scans. The
+functions are pure (scratch per call) and can run on a thread pool.
 
-Each function returns the bytes that ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same
-float32 input, i.e. what ``ggml_quantize_chunk`` (and so ``llama-quantize``) produces without an
-importance matrix. Being byte-identical with llama.cpp is the point, so every floating-point step
-follows the C source operation by operation:
-
-* All arithmetic is float32 and evaluated in C's order. ``libggml-base`` (where the reference
-  quantizers live) is compiled for baseline x86-64 (native flags only go to the CPU backend), so
-  there is no FMA to contract ``a*b + c`` into: one rounding per operation, i.e. one numpy ufunc
-  per operation. C's double literals don't occur in these three quantizers (all are ``f``).
-* Sums over a block are sequential in C (``sum += ...`` in index order) and float addition is not
-  associative, so numpy's pairwise ``.sum()`` would round differently. Work is vectorised *across*
-  blocks instead: values are laid out position-major (``[position, group]``) and each per-group sum
-  adds one position after the other (see ``_Sums``).
-* ``nearest_int`` is the magic-number trick (``fval + 12582912.f``, keep the low mantissa bits). In
-  range that is round-half-to-even, which ``np.rint`` matches; out of range (or for inf/NaN) it
-  wraps, so such cases take an exact integer re-implementation (``_nearest_int``). Each search step
-  bounds its inputs first to know which applies.
-* Maxima/minima keep C's strict comparisons where ties can pick a different element (Q6_K's signed
-  max, the super-block maxima), so the same element wins.
-* fp16 conversion: ggml's ``GGML_FP32_TO_FP16`` (the bit-twiddling version in ggml-impl.h) rounds to
-  nearest-even and saturates to inf, exactly as numpy's ``astype(np.float16)`` does.
-
-Finite input is the fast path. A tile holding inf or NaN switches to loops that mirror C's scans
-(NaN skipped by the comparisons) and to exact rounding everywhere, so it is still reproduced.
-
-Speed (the searches make some 300 numpy passes over every value, so per-call cost matters):
-super-blocks are independent, so the input is cut into tiles of 512 super-blocks, each pass writes
-into preallocated scratch, per-group sums take one ``np.add.reduce`` call (checked to add in C's
-order, see ``_reduce_is_sequential``), and the ufunc buffer size is set to one row, so that a
-per-group vector broadcast over ``[position, group]`` runs straight through instead of being copied
-into buffers first. Scratch arrays are page-aligned and the broadcast vectors sit half a page
-further, which keeps a ufunc's loads from 4K-aliasing its stores (a several-fold slowdown,
-otherwise at the mercy of malloc). The functions are pure: scratch is allocated per call and the
-buffer size is set inside an ``np.errstate`` context, which restores it and is local to the thread,
-so they can run on a thread pool.
+Specification (C's summation order, ``nearest_int``, strict maxima, fp16, the tiles' layout):
+docs/quantizers.md, "K-quants: Q4_K, Q5_K, Q6_K".
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
-"""Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF, as data tables.
+"""Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF: data tables and their rule.
 
-Mirrors llama.cpp 0c1e57098 (llama-cpp-python 0.3.36) ``src/llama-quant.cpp`` for the case our
-``quantize`` command covers: no imatrix, no ``--pure``/``--tensor-type``/``--output-tensor-type``/
-``--token-embedding-type``/``--leave-output-tensor``/``--allow-requantize``, a dense model
-(``expert_count`` absent or <= 1), and an architecture that is neither Falcon nor a llama 70B.
-For arch ``dflash`` that is every drafter this package writes.
+Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix: the
+file types, which tensors are quantizable at all, the ``_S/_M/_L`` mix rules by tensor category
+(``MIX_RULES``), the block-size fallbacks (``FALLBACK``) and the per-tensor overrides
+(``TypeOverrides``), applied in llama-quantize's order by ``choose_quant_types``. It reads no file;
+it refuses an unknown type name (``resolve_ftype``) and nothing else.
 
-How llama-quantize decides, in order, for each tensor:
-
-1. ``quantizable`` -- only tensors with >= 2 dims (ggml_n_dims: trailing 1s do not count) whose
-   name ends in ``weight`` and is not a norm or one of a list of small special tensors. All others
-   (1-D norms, ``d2t``, ``fc.scale``, ...) are written unchanged, in their input type.
-2. The file type's default ggml type. F32/F16/BF16 are not quantized types: every quantizable tensor
-   simply becomes that type, with no mix rules and no block-size fallback.
-3. For quantized defaults, the ``_S/_M/_L`` mix rules by tensor category (``MIX_RULES``), the
-   special case of ``output.weight`` (and of ``token_embd.weight`` when there is no
-   ``output.weight``: tied embeddings), then
-4. the fallback when ne[0] is not a multiple of the chosen type's block size (``FALLBACK``; F16
-   when even that does not fit). llama-quantize counts every tensor that took this step and prints
-   ``WARNING: <n> of <all tensors> tensor(s) required fallback quantization``.
-
-Per-layer rules use running counters, not the layer number in the name: llama-quantize walks the
-tensors in its loader's order (non-``blk.`` tensors by name, then layer by layer, by name within a
-layer -- also the order of the tensors in the file it writes), and counts the attn_v / ffn_down
-tensors it has typed so far. ``n_attention_wv`` is the number of tensors whose name is attn_v-like;
-``n_ffn_down`` is NOT counted from names: it is ``<arch>.block_count``.
-
-Metadata: llama-quantize copies every key unchanged, then removes ``general.quantization_version``
-and ``general.file_type`` wherever they were and appends them, in that order, at the end, both
-UINT32 (``quantization_version`` = 2, ``file_type`` = the LLAMA_FTYPE value below); any
-``split.*`` keys are dropped. Nothing else is added or changed.
+Specification (llama-quantize's decision order, its running counters, the metadata it rewrites):
+docs/quantizers.md, "Which type each tensor gets".
 """
 
 from __future__ import annotations
