@@ -1,20 +1,13 @@
 """Drafts from many anchors of one captured sequence at once, and llama.cpp's acceptance count over them.
 
-Why: a drafter's users choose by acceptance, and measuring it live needs the target beside every
-drafter file. A captured sequence (``capture``: the target's greedy continuation and the layer
-inputs at every position) is all a DFlash draft reads: the draft from an anchor at position ``c``
-sees the target features of positions ``0 .. c-1`` and the block ``[t[c], mask, ...]`` at positions
-``c .. c+B-1``. So every draft the live loop would make is computed here without the target, and
-what the target would accept is the longest prefix equal to its own greedy tokens.
+A captured sequence (the target's greedy continuation and its layer inputs) is all a DFlash draft
+reads, so every draft the live loop would make is computed here without the target.
+``anchor_drafts`` computes ``runtime.forward.run_gguf``'s draft for each anchor, batched, with the
+context K/V computed once per sequence; ``live_loop`` replays ``llama-speculative-simple``'s greedy
+loop with its exact counting; ``anchor_stats`` is the acceptance from every anchor and the per-slot
+curve. Inputs are checked by the features reader, not here.
 
-``anchor_drafts`` computes the same draft as ``runtime.forward.run_gguf`` for each anchor, batched
-(a DSpark drafter's through its Markov chain, from slot 0 when it samples from the anchor):
-the fc + hidden norm of the context and each layer's context K/V are computed once for the whole
-sequence (a block attends to them, never changes them), and blocks from many anchors go through the
-layers together, each attending to its own context prefix through the mask. ``live_loop`` replays
-``llama-speculative-simple``'s greedy loop (examples/speculative-simple/speculative-simple.cpp,
-llama.cpp 0c1e57098) along the sequence with its exact counting; ``anchor_stats`` is the acceptance
-length from every anchor (lower variance) and the per-slot acceptance curve.
+Specification (the live loop, every-anchor statistics): docs/acceptance.md, "accept".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """ggml tensor bytes -> torch values, for running converted drafters in process (CPU or CUDA).
 
-Every kernel is a handful of torch ops over all blocks of a chunk at once (no Python loop over
-blocks, no numpy), so it runs on whatever device the bytes are on; the only loop is over chunks of
-16M values on CPU (see _CHUNK_VALUES_CPU), one chunk for most tensors. The block layouts and
-formulas follow ggml's ``dequantize_row_*`` (ggml-quants.c, block structs in ggml-common.h).
+Every kernel is a handful of torch ops over all blocks of a chunk at once, so it runs on whatever
+device the bytes are on. Results are bit-identical to gguf-py's numpy dequantizers: each kernel
+rounds the same float32 products and sums in ggml's order. It refuses a big-endian host (the fp16
+scale fields are read in host byte order) and a type it has no kernel for.
 
-Results are bit-identical to gguf-py's numpy dequantizers (and to ggml's reference C built
-without floating-point contraction): each kernel rounds the same float32 products and sums in the
-same order, ``scale * quant`` then ``+ min`` / ``- min``, with the per-sub-block scale formed first
-(``d * sc``). Integer steps (nibble unpacking, sign offsets) are exact in any order. We use
-separate in-place ``mul_``/``add_`` rather than ``addcmul`` because a fused multiply-add rounds
-once instead of twice and would differ from the reference in the last bit.
-
-The fp16 scale fields are reinterpreted with ``Tensor.view(torch.float16)``, which reads host byte
-order; GGUF is little-endian, and dequantize() refuses a big-endian host rather than byte-swap.
+Specification (the rounding order, why no fused multiply-add): docs/runtime.md, "Dequantization".
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """What differs between a drafter GGUF and its checkpoint, named: the second half of ``check``.
 
-Why: the forward comparison says *that* a file computes something else (hidden states, tokens);
-a user fixing it needs to know *what*: a rope base, the tapped target layers, two swapped
-matrices, a scaled norm. Two readings of the same drafter are compared:
+The forward comparison says *that* a file computes something else; a user fixing it needs *what*.
+``hparam_differences`` compares the hyper-parameters the forward uses, read back from the file and
+from the checkpoint's config (floats as the float32 the GGUF stores): any difference is a defect.
+``tensor_differences`` compares every shared tensor's relative RMS error against what the file's
+storage type can cost (``WEIGHT_REL_RMS``) and names a tensor beyond it, with the checkpoint tensor
+it matches instead (a swap). Values already decoded by the runner and the reference are reused.
 
-* ``hparam_differences``: the hyper-parameters the forward uses, read back from the file
-  (``read_drafter``) and read from the checkpoint's config (the converter's reader). Floats are
-  compared as the float32 the GGUF stores. Any difference is a defect of the file.
-* ``tensor_differences``: every tensor the two share by GGUF name (the checkpoint's side as
-  convert writes it, ``sources.dispatch.read_checkpoint_drafter``: d2t as absolute ids, a mask row in
-  place), as a relative RMS error ||file - checkpoint|| / ||checkpoint||, against what the file's
-  storage type can cost (``WEIGHT_REL_RMS``). A tensor beyond that is named, and when it instead
-  matches another checkpoint tensor of its shape, that one is named too (a swap). The values are the
-  ones the runner and the reference already decoded (``decoded_by_name``, ``decoded_from_checkpoint``):
-  no weight is decoded twice. What neither holds is decoded here in row chunks, one tensor at a time.
+Specification (what a failure names): docs/check.md.
 """
 
 from __future__ import annotations

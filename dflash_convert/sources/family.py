@@ -2,29 +2,14 @@
 
 Each follows what llama.cpp 0c1e57098's converter does for the architecture (conversion/qwen.py
 ``DFlashModel`` and ``DSparkModel``, conversion/gemma.py ``Gemma4DSparkModel``), so the file is
-byte-identical to upstream's, and adds the checks upstream leaves to load time:
+byte-identical to upstream's, and adds the checks upstream leaves to load time. It refuses, one
+line each: what llama.cpp's loader would refuse (a missing conv/selector key, a hidden size the
+group size does not divide or too small for the selector lattice, Markov tables without each
+other), Markov heads other than ``vanilla``, Gemma-4 DSpark checkpoints outside upstream's
+requirements, and the DeepSeek-V4 DSpark backbone (upstream's ``--dspark`` route). Nothing from
+the checkpoint is executed; the values llama.cpp needs are never guessed.
 
-* DFlash2 (``DFlash2DraftModel``, or a ``DFlashDraftModel`` with DFlash2 keys or tensors): the
-  z-lab reader's hyper-parameters plus the four conv/selector keys of ``dflash_config`` (all four
-  or none), and the conv and selector tensors. A file llama.cpp would refuse (a missing key, a hidden
-  size the conv group size does not divide, or too small for the selector lattice) is refused here.
-* DSpark (``Qwen3DSparkModel``, ``DSparkDraftModel``, ``DSparkSpeculator``, ``Lfm2DSparkDraftModel``,
-  ``LingDSparkModel``, or ``speculators_model_type: "dspark"``): a speculators export's
-  ``transformer_layer_config`` is merged over the top level (the layer config wins, as upstream), its
-  ``aux_hidden_state_layer_ids`` become target layers unchanged, its ``draft_vocab_size`` / ``d2t``
-  an own vocabulary (d2t written last, as absolute ids). ``sample_from_anchor`` is the config's, else
-  true for DFlash-lineage exports and false for EAGLE-3-style (speculators-shaped) ones;
-  ``has_confidence_head`` says whether ``confidence_head.proj`` is there. A full-vocabulary
-  ``lm_head`` is dropped (the target's head is shared) unless the drafter keeps its own embeddings:
-  then upstream's file would tie the head to the embedding, ours keeps the drafter's head.
-  Only ``markov_head_type: "vanilla"`` is accepted, as upstream.
-* Gemma-4 DSpark (``Gemma4DSparkModel``): upstream's requirements (shared K/V, uniform full
-  attention, GELU, no MoE, full vocabulary, default or proportional RoPE, ...) as one-line errors;
-  the global head size and KV heads, sqrt(hidden) embedding scale, attention scale 1, the generated
-  ``rope_freqs`` table of proportional RoPE, Gemma's sandwich norms and layer scalar.
-* The DeepSeek-V4 DSpark backbone is refused with upstream's ``--dspark`` route.
-
-Nothing from the checkpoint is executed; the values llama.cpp needs are never guessed.
+Specification (what each member converts to, where we differ from upstream): docs/family.md.
 """
 
 from __future__ import annotations

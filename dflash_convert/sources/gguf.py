@@ -1,21 +1,13 @@
 """The one place that parses GGUF files: bounds-checked before anything is allocated.
 
-Every count and length read from the file is checked against the bytes that remain before it is
-used, so a hostile file cannot make us allocate more than its own size or loop forever: strings
-and arrays are capped at llama.cpp's limits and must fit in the rest of the file, numeric arrays
-are kept as one compact copy of their bytes (``NumArray``) and string arrays as one buffer of their
-bytes with an offsets array (``StrArray``), never as a list of Python objects: a string array
-costs at most the bytes it takes in the file (its 8-byte length prefixes become offsets of 4 or 8
-bytes), and an item becomes a Python object only when a caller asks for it. The file is mapped,
-and the mapped pages behind the parser are handed back as it goes (``MADV_DONTNEED``), so the
-pages of the file and the copy of its values are never both resident: reading a file costs about
-its metadata's size once, plus a constant (tests/test_hostile.py measures it).
-Tensor infos are checked for name length, dimension count, element-count overflow, known types,
-block alignment, and data offsets (aligned, inside the file, non-overlapping and packed in table
-order, as llama.cpp's ``gguf_init_from_file`` requires) with sizes consistent with shape and type.
+Every count and length is checked against the bytes that remain before it is used, so a hostile
+file cannot make us allocate more than its own size or loop forever; arrays stay compact
+(``NumArray``, ``StrArray``) and the mapped pages behind the parser are handed back as it goes.
+It refuses, as an ``InputFileError`` naming the field and its offset, every file llama.cpp's
+``gguf_init_from_file`` refuses (limits, tensor infos, data offsets packed in table order) and a
+few it would mis-read; tests/test_gguf_reader.py holds one hand-made file per message.
 
-Every rejection is an InputFileError whose message says which field is wrong and where; the test
-catalogue (tests/test_gguf_reader.py) holds one hand-made file per message.
+Specification (the limits, how memory stays bounded): docs/validate.md, "The GGUF reader".
 """
 
 from __future__ import annotations

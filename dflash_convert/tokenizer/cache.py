@@ -1,20 +1,14 @@
 """A cache of the borrowed tokenizer keys, so a second conversion against one target skips the slow part.
 
-Building the tokenizer keys from a target directory (the probe child, parsing tokenizer.json,
-the merges, the token types) costs seconds; its result depends only on the tokenizer files and on
-this converter. An entry holds the exact key list (names, value types, element types, values) and
-is found by ``entry_key``: SHA-256 over the format version, the pre-tokenizer table's version, this
-package's version and the source of the modules that build the keys, the tokenizers library's
-version, the route inputs (target architecture, draft vocab size, --tokenizer-pre) and every
-tokenizer input file's name and SHA-256. Nothing read from the cache is trusted: an entry is read
-without following a symbolic link or blocking on a FIFO, bounded in size, its payload's SHA-256 and
-length checked, and every key's shape checked before use; any fault and the entry is ignored and
-rebuilt. It is never pickle: the payload is one line of JSON and the string arrays' text. Entries are written to a temporary file in the
-cache directory and renamed into place; a cache directory that cannot be written costs the speed,
-never the conversion.
+An entry holds the exact key list and is found by ``entry_key``, a SHA-256 over everything the keys
+depend on (the tokenizer files, the route inputs, the versions and the source of the modules that
+build them). Nothing read from the cache is trusted: an entry that is a link, a FIFO, oversized,
+truncated, altered or malformed is ignored with one warning and rebuilt; it is never pickle.
+Entries are written to a temporary file and renamed; a cache directory that cannot be written
+costs the speed, never the conversion.
 
-Where: ``$DFLASH_CONVERT_CACHE/tokenizer`` (the root every dflash-convert cache shares), else
-``$XDG_CACHE_HOME/dflash-convert/tokenizer``, else ``~/.cache/dflash-convert/tokenizer``.
+Specification (the key, the entry format, where the cache lives): docs/conversion.md, "The
+tokenizer cache".
 """
 
 from __future__ import annotations
