@@ -64,6 +64,7 @@ class SourceHasher:
             self.error = e
 
     def result(self) -> list[str]:
+        """The SHA-256 of every source file, once the hashing thread is done."""
         self.thread.join()
         if self.error is not None:
             raise InputFileError(f"cannot hash source file: {self.error}")
@@ -72,6 +73,7 @@ class SourceHasher:
 
 @dataclass
 class ConversionPlan:
+    """Everything ``convert`` will write, computed before writing: the drafter, its keys, its tensors and the output."""
     drafter: Drafter
     metadata: Metadata
     tensors: list[PlannedTensor]
@@ -96,6 +98,7 @@ class ConversionPlan:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of tensor data the output will hold."""
         return sum(t.nbytes for t in self.tensors)
 
 

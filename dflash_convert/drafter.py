@@ -44,6 +44,7 @@ class DrafterTensor:
 
 @dataclass
 class RopeScaling:
+    """RoPE scaling as llama.cpp reads it: linear or YaRN, its factor and YaRN's extra values."""
     kind: str  # "linear" | "yarn"
     factor: float
     original_context_length: int | None = None
@@ -149,17 +150,21 @@ class Drafter:
     # --- compatibility names for provenance --------------------------------------------------
     @property
     def source(self) -> Path:
+        """The checkpoint directory or file the drafter was read from."""
         return self.origin.path
 
     @property
     def config_path(self) -> Path:
+        """The config.json the drafter was read from."""
         return self.origin.config_path
 
     @property
     def files(self) -> list[Path]:
+        """Every source file of the drafter, for the provenance hashes."""
         return self.origin.files
 
     def tensor(self, gguf_name: str) -> DrafterTensor | None:
+        """The tensor with this GGUF name, or None."""
         return next((t for t in self.tensors if t.gguf_name == gguf_name), None)
 
     def hparams(self) -> dict[str, Any]:

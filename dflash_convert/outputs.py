@@ -46,10 +46,12 @@ class Inputs:
     directories: list[Path] = field(default_factory=list)
 
     def add_file(self, path: str | os.PathLike | None) -> None:
+        """Record one file the command reads (None is skipped)."""
         if path is not None:
             self.files.append(Path(path))
 
     def add_files(self, paths: Iterable[str | os.PathLike]) -> None:
+        """Record files the command reads."""
         for p in paths:
             self.add_file(p)
 
@@ -283,6 +285,7 @@ class TemporaryOutput:
         return proc if proc.exists() else self.path
 
     def commit(self, *, replace: bool = False) -> Path:
+        """Rename the finished temporary file onto the output (``replace``: swap out an existing one); returns the output."""
         try:
             st = os.lstat(self.path)
         except OSError:
@@ -324,11 +327,13 @@ class TemporaryOutput:
             pass
 
     def close(self) -> None:
+        """Close the temporary file's descriptor."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def discard(self) -> None:
+        """Remove the temporary file, if it is still the one this object created."""
         if not self.done:
             try:
                 st = os.lstat(self.path)

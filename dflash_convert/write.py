@@ -244,6 +244,7 @@ def _set_direct(fd: int, on: bool) -> bool:
 # send itself that signal when it reaches the phase, so a test drives the timing exactly instead
 # of sleeping and hoping. Phases, in order: open, header, data, finish, verify, renamed.
 def fault_point(phase: str) -> None:
+    """Send this process the signal ``DFLASH_CONVERT_FAULT`` names when the writer reaches ``phase`` (tests only)."""
     spec = os.environ.get(FAULT_ENV)
     if spec and spec.partition(":")[0] == phase:
         os.kill(os.getpid(), getattr(signal, spec.partition(":")[2] or "SIGINT"))

@@ -58,6 +58,7 @@ def quiet_bf16_nans(words: np.ndarray) -> np.ndarray:
 
 
 def to_f16(x: np.ndarray) -> np.ndarray:
+    """Float values as F16, overflowing to inf as ggml does."""
     with np.errstate(over="ignore"):  # overflow to inf is the defined result, as upstream
         return x.astype(np.float16)
 

@@ -397,6 +397,7 @@ GLOBAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (("fc", ("fc.weight",))
 
 
 def bits_per_weight(t: GGMLType) -> float:
+    """Bits per weight of a ggml type (block bytes x 8 / block values)."""
     block, size = BLOCK_GEOMETRY[t]
     return 8.0 * size / block
 

@@ -249,6 +249,7 @@ class AnchorStats:
 
     @property
     def mean_length(self) -> float:
+        """The mean accepted length over every anchor."""
         return sum(self.lengths) / len(self.lengths) if self.lengths else 0.0
 
     def slot_curve(self) -> list[float]:
@@ -260,6 +261,7 @@ class AnchorStats:
         return out
 
     def add(self, other: AnchorStats) -> None:
+        """Add another sequence's statistics to these."""
         self.lengths += other.lengths
         self.n_max = max(self.n_max, other.n_max)
 

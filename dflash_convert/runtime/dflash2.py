@@ -191,15 +191,19 @@ class LayerConvs:
         return dynamic_conv(x, self._coeffs[path], cw.base, side, self.block_len, self.parts.group_size)
 
     def attn_in(self, h: torch.Tensor) -> torch.Tensor:
+        """Convolve the attention sublayer's input (side 0)."""
         return self._conv("attn", h, 0)
 
     def attn_out(self, o: torch.Tensor) -> torch.Tensor:
+        """Convolve the attention sublayer's output (side 1)."""
         return self._conv("attn", o, 1)
 
     def ffn_in(self, h: torch.Tensor) -> torch.Tensor:
+        """Convolve the FFN's input (side 0)."""
         return self._conv("ffn", h, 0)
 
     def ffn_out(self, y: torch.Tensor) -> torch.Tensor:
+        """Convolve the FFN's output (side 1)."""
         return self._conv("ffn", y, 1)
 
 

@@ -55,6 +55,7 @@ class CheckpointDflash2:
     softcap: float | None = None
 
     def layer(self, i: int) -> CheckpointLayerConvs:
+        """Layer ``i``'s convolutions."""
         return CheckpointLayerConvs(self, i)
 
     def transform(self, logits: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,7 @@ class ReferenceModel:
     dflash2: CheckpointDflash2 | None = None  # a DFlash2 checkpoint's convolutions and selector
 
     def layer(self, i: int, role: str) -> torch.Tensor:
+        """Layer ``i``'s weight of ``role`` by its Hugging Face name."""
         return self.tensors[f"layers.{i}.{GEMMA4_ROLES_HF[role] if self.gemma4 and role in GEMMA4_ROLES_HF else LAYER_ROLES_HF[role]}"]
 
     def optional_layer(self, i: int, role: str) -> torch.Tensor | None:
@@ -78,9 +79,11 @@ class ReferenceModel:
         return self.tensors.get(name)
 
     def sinks(self, i: int) -> torch.Tensor | None:
+        """Layer ``i``'s attention sinks, or None."""
         return next((self.tensors[f"layers.{i}.{s}"] for s in SINK_HF if f"layers.{i}.{s}" in self.tensors), None)
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of ``ids``, the mask token's row from ``mask_embedding.pt`` where the checkpoint has one."""
         x = self.embed.rows(ids)
         if self.mask_row is not None:
             x = torch.where((ids == self.drafter.mask_token_id)[:, None].to(x.device), self.mask_row, x)

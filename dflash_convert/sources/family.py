@@ -101,6 +101,7 @@ def carries_dflash2_parts(ckpt: Checkpoint) -> bool:
 
 
 def refuse_dsv4(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """Refuse a DeepSeek-V4 DSpark checkpoint, naming upstream's ``--dspark`` route."""
     raise ConfigError(DSV4_ROUTE, ckpt.config_path)
 
 
@@ -122,6 +123,7 @@ def _conv_selector(cv: ConfigView, dflash: ConfigView, d: Drafter) -> None:
 
 
 def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A DFlash2 checkpoint as a Drafter: the z-lab reader plus its conv and selector keys and tensors."""
     cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     dflash = cv.sub("dflash_config")
     d = build_drafter(ckpt, cv, dflash, target, dialect="z-lab", tensors=False)
@@ -134,6 +136,7 @@ def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
 # --- DSpark -------------------------------------------------------------------------------------
 
 def read_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A DSpark checkpoint (DFlash-lineage or speculators export) as a Drafter, with its Markov and confidence heads."""
     top = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     speculators_shaped = "transformer_layer_config" in top.cfg or "aux_hidden_state_layer_ids" in top.cfg
     # upstream: the config's value, else true for DFlash-lineage exports, false for EAGLE-3-style ones
@@ -226,6 +229,7 @@ def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
 
 
 def read_gemma4_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A Gemma-4 DSpark checkpoint as a Drafter, refusing what upstream's converter requires otherwise."""
     cfg = merged_text_config(ckpt.config)
     cv = ConfigView(cfg, ckpt.config_path)
     dflash = cv.sub("dflash_config")

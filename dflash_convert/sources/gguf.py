@@ -83,6 +83,7 @@ class NumArray(Sequence):
         return iter(self.data.tolist())
 
     def tolist(self) -> list[Any]:
+        """The values as a Python list."""
         return self.data.tolist()
 
     def __eq__(self, other: object) -> bool:
@@ -195,6 +196,7 @@ class StrArray(Sequence):
                 yield bytes(data[o[j] + 8:o[j + 1]])
 
     def tolist(self) -> list[bytes]:
+        """The strings as a list of bytes."""
         return list(self)
 
     def gguf_items_bytes(self) -> bytes:
@@ -254,11 +256,13 @@ def _known_at(buf: memoryview, pos: int, count: int) -> StrArray | None:
 
 @dataclass
 class GGUFValue:
+    """One metadata value: its GGUF type, the value, and an array's element type."""
     vtype: ValueType
     value: Any  # python scalar; bytes for strings; NumArray for numeric arrays; StrArray for string arrays
     sub: ValueType | None = None
 
     def text(self) -> str:
+        """A string value as text (invalid UTF-8 replaced)."""
         assert self.vtype == ValueType.STRING
         return self.value.decode("utf-8", "replace")
 
@@ -284,6 +288,7 @@ class GGUFTensor:
 
     @property
     def n_elements(self) -> int:
+        """The number of elements of the tensor."""
         n = 1
         for d in self.ne:
             n *= d
@@ -296,10 +301,12 @@ class GGUFTensor:
 
     @property
     def dtype(self) -> str:
+        """The ggml type's name."""
         return self.ggml_type.name
 
     @property
     def row_nbytes(self) -> int:
+        """Bytes of one row of the tensor."""
         block, size = BLOCK_GEOMETRY[self.ggml_type]
         return self.ne[0] // block * size
 
@@ -320,6 +327,7 @@ class GGUFTensor:
 
 @dataclass
 class GGUFFile:
+    """A parsed GGUF file: its version, key/value metadata, tensor table and where the tensor data starts."""
     path: Path
     version: int
     metadata: dict[str, GGUFValue]
@@ -343,10 +351,12 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str | None:
+        """``general.architecture``, or None when absent or not a string."""
         arch = self.metadata.get(key("architecture"))
         return arch.text() if arch is not None and arch.vtype == ValueType.STRING else None
 
     def tensor(self, name: str) -> GGUFTensor | None:
+        """The tensor with this name, or None."""
         return next((t for t in self.tensors if t.name == name), None)
 
     def tensor_bytes(self, t: GGUFTensor) -> np.ndarray:

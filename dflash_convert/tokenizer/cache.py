@@ -128,6 +128,7 @@ def entry_key(target_dir: Path, route: str, architecture: str | None, vocab_size
 
 
 def default_directory() -> Path:
+    """The tokenizer cache's directory: ``$DFLASH_CONVERT_CACHE``, else ``$XDG_CACHE_HOME``, else ``~/.cache``."""
     root = os.environ.get("DFLASH_CONVERT_CACHE")
     if root:
         return Path(root) / "tokenizer"
@@ -353,10 +354,12 @@ class TokenizerCache:
     ignored: list[str] = field(default_factory=list)  # why entries were ignored, for tests and warnings
 
     def path_for(self, cache_key: str) -> Path:
+        """The entry file for ``cache_key``."""
         assert self.directory is not None
         return self.directory / f"{cache_key}{ENTRY_SUFFIX}"
 
     def lookup(self, cache_key: str) -> Metadata | None:
+        """The cached keys for ``cache_key``, or None when absent or ignored (a faulty entry is logged and rebuilt)."""
         if self.directory is None:
             return None
         path = self.path_for(cache_key)
@@ -373,6 +376,7 @@ class TokenizerCache:
         return md
 
     def store(self, cache_key: str, md: Metadata) -> None:
+        """Store the keys under ``cache_key``; a cache that cannot be written only records the outcome."""
         if self.directory is None:
             return
         data = encode_entry(cache_key, md)

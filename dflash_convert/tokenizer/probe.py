@@ -41,11 +41,13 @@ _OUT_OF_MEMORY_SIGNS = ("memory allocation of", "MemoryError", "failed to map se
 
 @dataclass
 class ProbeResult:
+    """The probe's answers: the pre-tokenizer hash and the added tokens' round trips."""
     probe_hash: str
     roundtrip: dict[str, str]
 
 
 def probe_in_process(tokenizer_json: Path) -> ProbeResult:
+    """The probe's answers computed in this process (the child runs this)."""
     from tokenizers import Tokenizer  # heavy (~200 MB for a large BPE): loaded only in the probe's own process
 
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -64,6 +66,7 @@ CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
 
 
 def child_command(tokenizer_json: Path) -> list[str]:
+    """The isolated ``python -I`` command line of the probe child."""
     return [sys.executable, "-I", "-c", CHILD, str(PACKAGE_PARENT), str(Path(tokenizer_json).resolve())]
 
 
@@ -77,10 +80,12 @@ class Probe:
                                      stderr=subprocess.PIPE, cwd=os.sep)
 
     def kill(self) -> None:
+        """Kill the probe child and reap it."""
         self.proc.kill()
         self.proc.communicate()
 
     def result(self) -> ProbeResult:
+        """Wait for the probe child and return its answers; its failures become one error naming the file and the cause."""
         out, err = self.proc.communicate()
         rc = self.proc.returncode
         if rc != 0:
@@ -111,6 +116,7 @@ def _injected_memory_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The probe child's entry point: check the JSON depth, load the tokenizer, print the answers as JSON."""
     path = Path((sys.argv[1:] if argv is None else argv)[0])
     try:
         depth = json_depth(read_regular_bytes(path, "tokenizer.json"))

@@ -60,6 +60,7 @@ def _ne(t) -> tuple[int, ...]:
 
 
 def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics imports this module)
+    """The ``family`` check: the member and its spec type, and every load-time rule of its DFlash2/DSpark parts."""
     d, f = r.d, r.f
     names = r.names
     member, spec = family_member(names)
