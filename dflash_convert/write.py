@@ -119,10 +119,9 @@ def dirty_limit_bytes() -> int | None:
 
 def prefer_direct_io(total_bytes: int) -> bool:
     """Write ``total_bytes`` past the page cache (O_DIRECT)? Only when they would not fit under the
-    kernel's dirty limit: below it a buffered write never waits for the disk (3.47 GB: 4.6 s buffered,
-    7.8 s direct on the bench machine, bench/results-quantize.md); above it the writer is throttled to
-    the disk's pace with the page-cache copy and reclaim on top (3.3 GB: 8 s buffered, 2.6 s direct on
-    a machine with less memory free). ``DFLASH_CONVERT_DIRECT_IO=1`` or ``0`` decides instead."""
+    kernel's dirty limit: below it a buffered write never waits for the disk; above it the writer is
+    throttled to the disk's pace with the page-cache copy on top. ``DFLASH_CONVERT_DIRECT_IO=1`` or
+    ``0`` decides instead."""
     forced = os.environ.get(DIRECT_IO_ENV, "")
     if forced in ("0", "1"):
         return forced == "1"

@@ -33,9 +33,8 @@ _MAGIC = _F32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low m
 _NI_LIMIT = 4194303.0  # nearest_int is round-half-even only for |x| <= 2**22 - 1
 _GROUP_MAX_EPS = _F32(1e-15)  # GROUP_MAX_EPS is the float literal 1e-15f
 
-# Groups per tile (512 super-blocks, 128K values, either way): measured as the best trade between
-# numpy's per-call overhead and the scratch falling out of L2. Multiples of 1024 make every row of
-# the [position, group] scratch a whole number of pages (see _page_aligned).
+# Groups per tile (512 super-blocks either way): numpy's per-call overhead against scratch falling
+# out of L2; multiples of 1024 make every scratch row whole pages (see _page_aligned).
 _QKX_TILE_GROUPS = 4096
 _QX_TILE_GROUPS = 8192
 _PAGE = 4096

@@ -20,9 +20,8 @@ QK_K = 256
 Q2_K_BLOCK_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
 Q3_K_BLOCK_BYTES = 110  # hmask[32] | qs[64] | scales[12] | d f16
 
-# super-blocks per chunk. Q2_K: 512 x 256 values -> [16, 8192] temporaries of 512 KiB; its work
-# is ~20 whole-array ops per search step. Q3_K's sweep works on [n_sub] rows (16 x ~25 small
-# calls per sweep), so it wants wider chunks: 1024 -> rows of 16384 values, 64 KiB.
+# super-blocks per chunk, sized to keep temporaries in cache; Q3_K's sweep works on [n_sub] rows
+# of many small calls, so it wants wider chunks
 _Q2_CHUNK_BLOCKS = 512
 _Q3_CHUNK_BLOCKS = 1024
 

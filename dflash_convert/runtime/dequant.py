@@ -98,7 +98,7 @@ def _spread(q: torch.Tensor, shifts: tuple[int, ...], mask: int, out: torch.Tens
     """Split packed fields: ``out.select(dim, k) = (q >> shifts[k]) & mask``.
 
     One scalar-shift op per field position (2, 4 or 8 of them, never per block): torch vectorizes
-    scalar shifts but not a broadcast tensor of shifts, which measured about 3x slower on CPU.
+    scalar shifts, not a broadcast tensor of shifts.
     """
     for k, s in enumerate(shifts):
         torch.bitwise_right_shift(q, s, out=out.select(dim, k))
@@ -264,12 +264,8 @@ _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.IQ4_XS: _iq4_xs,
 }
 
-# Values per kernel call. Each chunk's uint8 code buffers (a byte or two per value) stay below
-# glibc's 32 MiB mmap threshold at 16M values, so they are recycled from the heap instead of being
-# page-faulted in afresh for every call; fresh memory measured costlier per byte than the arithmetic.
-# Smaller chunks did not pay on 2 cores: every chunk is a few more parallel regions, and their
-# thread hand-offs cost more than the cache they save once the cores are shared. On a GPU one
-# launch per op is best; the cap there only bounds the temporary buffers.
+# Values per kernel call: the code buffers stay below glibc's mmap threshold, so they are recycled
+# from the heap rather than page-faulted afresh; on a GPU the cap only bounds temporary buffers.
 _CHUNK_VALUES_CPU = 1 << 24
 _CHUNK_VALUES_OTHER = 1 << 26
 

@@ -128,10 +128,8 @@ def top_k_descending(logits: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of the ``k`` largest entries of each row, largest first, ties by ascending index:
     the first ``k`` of a stable descending sort of the row, without sorting the whole vocabulary.
 
-    A full sort of a 248k-entry row per slot was the one cost the runner had over the reference
-    forward (~0.2 s of a 13 s full-size draft on 2 cores, bench/bench_family.py). ``torch.topk``
-    picks the same set unless the k-th value is tied beyond the k (or is NaN), where it may keep
-    any of the tied; those rows, rare, take the full stable sort.
+    ``torch.topk`` picks the same set unless the k-th value is tied beyond the k (or is NaN), where
+    it may keep any of the tied; those rows, rare, take the full stable sort.
     """
     top = torch.topk(logits, k, dim=-1)
     kth = top.values[..., -1:]

@@ -71,7 +71,7 @@ def _tokenizers_version() -> str:
     """The probe's library decides the pre-tokenizer hash and the round trips: its installed version.
 
     Read from the name of its dist-info folder beside it, without importing it (heavy) and without
-    importlib.metadata, which scans every distribution on the path (~0.1 s).
+    importlib.metadata, which scans every distribution on the path.
     """
     spec = importlib.util.find_spec("tokenizers")
     if spec is None or not spec.origin:

@@ -4,16 +4,11 @@
 2. For added tokens that are not normalized: their encode/decode round trip (llama.cpp stores
    them pre-normalized).
 
-Loading a 250k-token BPE takes ~200 MB; doing it in a short-lived child, finished before the
-parent parses tokenizer.json itself, keeps the peak memory of the whole process tree low (the
-source files are hashed on the other core meanwhile). The child only reads the file; it runs no
-code from it, nor from anywhere else a user controls: it starts isolated (``python -I``: no
-current directory or script directory on its path, no PYTHON* variables, no user site), in the
-root directory, and finds this package by its installed location only.
-
-A child that runs out of memory (a MemoryError, an allocation the tokenizers library could not make,
-or the kernel's out-of-memory killer) is reported as that, exit 1, never as a fault of the file; a
-file the child refuses itself (JSON nested too deep) is an input error naming it, exit 2.
+A short-lived child keeps a large BPE's memory out of the parent's peak. It runs no code from the
+file nor from anywhere a user controls: ``python -I``, in the root directory, finding this package
+by its installed location only. A child out of memory is reported as that (exit 1), never as a
+fault of the file; a file the child refuses (JSON nested too deep) is an input error (exit 2).
+Specification: docs/conversion.md, "How every output is written" (the isolated child).
 """
 
 from __future__ import annotations
