@@ -133,7 +133,7 @@ class Drafter:
     final_logit_softcapping: float | None = None  # > 0 when set
     hidden_act: str = "silu"
     draft_vocab_size: int | None = None  # own output vocabulary (d2t) when below vocab_size
-    # --- the other members of the dflash architecture (format/family.py); None: absent --------
+    # --- the other members of the dflash architecture (format/family.py); None: absent
     conv: ConvPart | None = None  # DFlash2 (its keys are written together with the selector's)
     selector: SelectorPart | None = None  # DFlash2
     markov: MarkovPart | None = None  # DSpark
@@ -147,7 +147,7 @@ class Drafter:
     # the tokenizer.* keys the file carries: borrowed from the target by convert, read back from a GGUF
     tokenizer: Metadata | None = field(default=None, repr=False)
 
-    # --- compatibility names for provenance --------------------------------------------------
+    # --- compatibility names for provenance
     @property
     def source(self) -> Path:
         """The checkpoint directory or file the drafter was read from."""

@@ -108,7 +108,7 @@ def read_regular_bytes(path: str | os.PathLike, what: str = "input", limit: int 
         os.close(fd)
 
 
-# --- JSON, parsed with bounded nesting ----------------------------------------------------------
+# --- JSON, parsed with bounded nesting
 
 MAX_JSON_DEPTH = 100  # configs and tokenizer files nest a handful of levels; a parser's stack is the limit otherwise
 _BRACKETS = bytes(set(range(256)) - set(b"[]{}"))  # every byte but the four brackets, for bytes.translate

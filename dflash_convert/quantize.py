@@ -178,7 +178,7 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep
     return plan
 
 
-# --- choosing by acceptance: the sweep, and the smallest mix that keeps a fraction of it ---------------
+# --- choosing by acceptance: the sweep, and the smallest mix that keeps a fraction of it
 
 RAISE_TOP = RAISE_LADDER[-1].name
 

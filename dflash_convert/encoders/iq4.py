@@ -87,9 +87,7 @@ def _sums(p: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# per-call scratch
-# --------------------------------------------------------------------------------------------
+# --- per-call scratch
 
 # Blocks (of 32) per tile: the scratch arrays of [32, tile] float32 then stay around L2's size, and
 # one tile's ~100 ufunc calls are spread over 32K values. A multiple of 8, so IQ4_XS tiles hold

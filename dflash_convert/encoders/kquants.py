@@ -40,9 +40,7 @@ _QX_TILE_GROUPS = 8192
 _PAGE = 4096
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
+# --- helpers
 
 def _page_aligned(shape: tuple[int, ...], dtype: type = _F32, offset: int = 0) -> np.ndarray:
     """Uninitialised scratch starting ``offset`` bytes into a page.
@@ -202,9 +200,7 @@ def _pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Q4_K / Q5_K: make_qkx2_quants per 32 values, then 6-bit scales and mins per super-block
-# --------------------------------------------------------------------------------------------
+# --- Q4_K / Q5_K: make_qkx2_quants per 32 values, then 6-bit scales and mins per super-block
 
 _PROD_A = np.array([0, 2, 0, 1, 3, 2])  # rows of [sum_w, sum_x, sum_l, sum_l2, sum_xl] ...
 _PROD_B = np.array([3, 2, 4, 2, 1, 4])  # ... multiplied pairwise: D = p0 - p1, num_scale = p2 - p3, num_min = p4 - p5
@@ -266,7 +262,7 @@ class _QkxTile:
         self.msk = np.empty(B, dtype=bool)
         self.sums = _Sums((self.S, 1), (self.T, 0))
 
-    # -- make_qkx2_quants -------------------------------------------------------------------
+    # -- make_qkx2_quants
 
     def _levels(self, exact: bool) -> None:
         """T = MAX(0, MIN(nmax, nearest_int(iscale*(x - min)))) with the running min and iscale."""
@@ -367,7 +363,7 @@ class _QkxTile:
         np.putmask(scale, flat, _ZERO)
         return flat
 
-    # -- quantize_row_q4_K_ref / q5_K_ref -----------------------------------------------------
+    # -- quantize_row_q4_K_ref / q5_K_ref
 
     def quantize(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One tile: x holds at most B/8 super-blocks. Returns (d bits, dmin bits, packed scales,
@@ -489,9 +485,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return _quantize_qkx(x, "quantize_q5_k", Q5_K_BYTES, 31, -0.5, 0.1, 15, _pack_q5)
 
 
-# --------------------------------------------------------------------------------------------
-# Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
-# --------------------------------------------------------------------------------------------
+# --- Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
 
 def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
     """The super-block half of quantize_row_q6_K_ref from the groups' scales [nb, 16]: (empty

@@ -33,9 +33,7 @@ BLOCK_Q5_1 = np.dtype([("d", "<u2"), ("m", "<u2"), ("qh", "u1", (4,)), ("qs", "u
 assert (BLOCK_Q4_0.itemsize, BLOCK_Q4_1.itemsize, BLOCK_Q5_0.itemsize, BLOCK_Q5_1.itemsize) == (18, 20, 22, 24)
 
 
-# --------------------------------------------------------------------------------------------
-# helpers shared with iq4.py
-# --------------------------------------------------------------------------------------------
+# --- helpers shared with iq4.py
 
 def as_blocks(x: np.ndarray, block: int) -> np.ndarray:
     """The float32 input as a C-contiguous ``[n_blocks, block]`` array, with the contract checked.
@@ -139,9 +137,7 @@ def _truncate_to_byte(t: np.ndarray) -> np.ndarray:
     return i.astype(np.int8)  # wraps: the low byte, as a signed char
 
 
-# --------------------------------------------------------------------------------------------
-# the quantizers
-# --------------------------------------------------------------------------------------------
+# --- the quantizers
 
 def _quant_symmetric(xb: np.ndarray, div: int, bias: float, top: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_0/Q5_0: ``d = max / -div``, ``q = MIN(top, (int8_t)(x*id + bias))``. Returns (d, q as uint8)."""

@@ -21,7 +21,7 @@ from .ggml import BLOCK_GEOMETRY, GGMLType
 from .rules import QUANTIZE_FALLBACK as FALLBACK
 from .rules import QUANTIZE_LAST_RESORT as LAST_RESORT_TYPE
 
-# --- file types --------------------------------------------------------------------------------
+# --- file types
 
 # name -> (general.file_type, default ggml type of the quantizable tensors): a view of file_types.FILE_TYPES
 FTYPES: dict[str, tuple[int, GGMLType]] = {name: (ft.value, ft.matrix_type) for name, ft in FILE_TYPES.items()}
@@ -34,7 +34,7 @@ FLOAT_TYPES: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLTy
 # refuses -- it never needs to for our files, since such tensors are never quantizable
 CONVERTIBLE_FLOATS: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-# --- which tensors are quantized (tensor_allows_quantization) ------------------------------------
+# --- which tensors are quantized (tensor_allows_quantization)
 
 # a name containing any of these is never quantized: norms, MoE routers, and small tensors of
 # other architectures (gemma3n altup/laurel, mamba conv1d, RWKV time-mix, T5 relative bias,
@@ -59,7 +59,7 @@ NOT_QUANTIZED_NAMES: frozenset[str] = frozenset({"position_embd.weight", "token_
 # the suffix a quantizable name must end with (note: "weight", not ".weight")
 QUANTIZED_SUFFIX = "weight"
 
-# --- tensor categories (tensor_get_category) ---------------------------------------------------
+# --- tensor categories (tensor_get_category)
 
 OUTPUT_NAMES: frozenset[str] = frozenset({"output.weight"})
 PER_LAYER_TOKEN_EMBD = "per_layer_token_embd.weight"  # follows --token-embedding-type unless a --tensor-type names it
@@ -79,7 +79,7 @@ CATEGORY_SUBSTRINGS: tuple[tuple[str, str], ...] = (
 # categories that share the attn_v counter and rules (category_is_attn_v)
 ATTN_V_LIKE: frozenset[str] = frozenset({"attn_v", "attn_qkv", "attn_kv_b"})
 
-# --- mix rules (llama_tensor_get_type_impl), for the file types above ------------------------------
+# --- mix rules (llama_tensor_get_type_impl), for the file types above
 #
 # ftype -> rule group -> ((condition, type), ...): the first pair whose condition holds gives the
 # type; when none holds the tensor keeps the default type. Groups: "attn_v" (attn_v-like tensors;
@@ -134,7 +134,7 @@ OUTPUT_UNALIGNED_TYPE = GGMLType.Q8_0
 OUTPUT_TYPE = GGMLType.Q6_K
 OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
 
-# --- block-size fallback (tensor_type_fallback) ----------------------------------------------------
+# --- block-size fallback (tensor_type_fallback)
 
 # 256-block type -> the 32-block type used when ne[0] % 256 != 0; a 32-block target keeps its type
 # here. If the result still does not divide ne[0] (ne[0] % 32 != 0), the tensor is written F16.
@@ -150,7 +150,7 @@ KEEP = "keep"
 _LAYER = re.compile(r"blk\.\s*([+-]?\d+)")
 
 
-# --- small functions over the tables -----------------------------------------------------------
+# --- small functions over the tables
 
 def _use_more_bits(i: int, n: int) -> bool:
     """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between.
@@ -382,7 +382,7 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     return file_type, out
 
 
-# --- raising a tensor's type (quantize --min-acceptance) ---------------------------------------------
+# --- raising a tensor's type (quantize --min-acceptance)
 
 # The candidate types a tensor group is raised through, lowest first: llama-quantize's own types
 # (any of them is a --tensor-type value), one per bits-per-weight step.

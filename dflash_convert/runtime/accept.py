@@ -201,7 +201,7 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
     return sel.choice_rows(d.vocab_size), sel.tokens
 
 
-# --- llama.cpp's count -------------------------------------------------------------------------------
+# --- llama.cpp's count
 
 
 def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
@@ -279,7 +279,7 @@ def anchor_lengths(tokens: list[int], anchors: list[int], drafts: dict[int, list
     return stats
 
 
-# --- over a features file -------------------------------------------------------------------------------
+# --- over a features file
 
 Drafts = Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]  # (features, tokens, anchors) -> [A, n_max]
 

@@ -148,7 +148,7 @@ def driver_draft(tokens: torch.Tensor, confidence: torch.Tensor | None, p_min: f
     return tokens[: int(low[0, 0])] if low.numel() else tokens
 
 
-# --- the checkpoint's head (runtime.reference), on its HF tensors ------------------------------------
+# --- the checkpoint's head (runtime.reference), on its HF tensors
 
 
 @torch.no_grad()

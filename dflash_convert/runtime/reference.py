@@ -217,7 +217,7 @@ def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> to
     return torch.cat([hidden_states[i] for i in ids], dim=-1)
 
 
-# --- the forward ---------------------------------------------------------------------------------
+# --- the forward
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:

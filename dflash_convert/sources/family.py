@@ -105,7 +105,7 @@ def refuse_dsv4(ckpt: Checkpoint, target: Target | None) -> Drafter:
     raise ConfigError(DSV4_ROUTE, ckpt.config_path)
 
 
-# --- DFlash2 ------------------------------------------------------------------------------------
+# --- DFlash2
 
 def _conv_selector(cv: ConfigView, dflash: ConfigView, d: Drafter) -> None:
     """The four DFlash2 keys: upstream writes them when dflash_config has conv_kernel_size (and needs all four)."""
@@ -133,7 +133,7 @@ def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
     return d
 
 
-# --- DSpark -------------------------------------------------------------------------------------
+# --- DSpark
 
 def read_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
     """A DSpark checkpoint (DFlash-lineage or speculators export) as a Drafter, with its Markov and confidence heads."""
@@ -195,7 +195,7 @@ def _markov_head_type(cv: ConfigView, *values: Any) -> None:
                            f"{', '.join(repr(t) for t in MARKOV_HEAD_TYPES)} Markov heads (its converter refuses the rest)")
 
 
-# --- Gemma-4 DSpark -------------------------------------------------------------------------------
+# --- Gemma-4 DSpark
 
 def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
     """The RoPE parameters upstream's Gemma4DSparkModel uses: its default without any, the full-attention
@@ -311,7 +311,7 @@ def _proportional_rope_freqs(cv: ConfigView, full: dict[str, Any], head_dim: int
     return np.array([1.0] * n_rot + [ROPE_FREQS_UNROTATED] * (head_dim // 2 - n_rot), dtype=np.float32)
 
 
-# --- tensors ------------------------------------------------------------------------------------
+# --- tensors
 
 def _gguf_name(name: str, gemma4: bool) -> str | None:
     m = _HF_LAYER.match(name)

@@ -138,7 +138,7 @@ def default_directory() -> Path:
     return Path.home() / ".cache" / "dflash-convert" / "tokenizer"
 
 
-# --- the entry's payload -------------------------------------------------------------------------
+# --- the entry's payload
 #
 # MAGIC, a line "<SHA-256 of the payload> <its length>", then the payload: one line of JSON with
 # every key as [name, value type, element type or null, value], then the string arrays' sections.
@@ -301,7 +301,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
     return md
 
 
-# --- reading and writing entries ----------------------------------------------------------------
+# --- reading and writing entries
 
 def _read_bounded(path: Path) -> bytes | None:
     """An entry's bytes: only a regular file, never through a symbolic link, at most MAX_ENTRY_BYTES.

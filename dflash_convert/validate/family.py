@@ -71,7 +71,7 @@ def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics i
     has_block = f.has("block_size")
     block = d.block_size if has_block else None
 
-    # --- DFlash2 -----------------------------------------------------------------------------
+    # --- DFlash2
     values = {s: f.int_value(s) for s in CONV_SELECTOR_KEYS}
     present = [s for s in CONV_SELECTOR_KEYS if f.has(s)]
     if present and len(present) != len(CONV_SELECTOR_KEYS):
@@ -103,7 +103,7 @@ def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics i
         problems.append(f"{', '.join(dflash2_tensors[:4])}{' ...' if len(dflash2_tensors) > 4 else ''}: llama.cpp claims DFlash2 "
                         f"tensors only with {SELECTOR_HIDDEN} (\"wrong number of tensors\")")
 
-    # --- DSpark ------------------------------------------------------------------------------
+    # --- DSpark
     w1, w2, conf = r.tensor(MARKOV_W1), r.tensor(MARKOV_W2), r.tensor(CONF_PROJ)
     R = _ne(w1)[0] if w1 is not None else None
     has_conf = d.has_confidence_head
@@ -140,7 +140,7 @@ def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics i
         if extra:
             warnings.append(f"{', '.join(extra)} without a Markov head: read only by draft-dspark, this file runs as {spec}")
 
-    # --- shapes and types --------------------------------------------------------------------
+    # --- shapes and types
     dims = {"E": E, "V": V, "VD": VD, "R": R, "ER": None if R is None or E is None else E + R, "SR": SR, "CK": K,
             "CP": 2 * K * (E // G) if K and G and E and G > 0 else None}
     for t in d.tensors:

@@ -198,7 +198,7 @@ def required_tensor_names(n_layer: int) -> list[str]:
     return [*REQUIRED_GLOBAL, *(layer_name(i, s) for i in per for s in REQUIRED_PER_LAYER if s not in LOADER_OPTIONAL_PER_LAYER)]
 
 
-# --- keys -------------------------------------------------------------------------------------
+# --- keys
 
 def _type(r: Reading, short: str) -> str:
     t = r.f.type_of(short)
@@ -507,7 +507,7 @@ def check_mask_token(r: Reading) -> Check:
     return passed("mask_token", f"mask token id {mid}" + (f" < {V}" if V is not None else ""))
 
 
-# --- tensors ----------------------------------------------------------------------------------
+# --- tensors
 
 def check_inventory(r: Reading) -> Check:
     """The ``tensors.inventory`` check: every tensor llama.cpp requires is there, and none it would not claim."""
