@@ -252,11 +252,9 @@ def rename_no_replace(src: Path, dst: Path) -> None:
 class TemporaryOutput:
     """A new file beside ``out`` that becomes ``out`` only when complete.
 
-    Created with O_CREAT | O_EXCL | O_NOFOLLOW under a name with 64 random bits (so nobody can plant a
-    symbolic link or a file where it will be opened), mode 0o666 less the umask; written, patched and
-    verified through its descriptor, never reopened by name; ``commit`` renames it into place without
-    replacing anything that appeared at ``out`` meanwhile (unless ``replace``), after checking that the
-    name still holds this file. ``discard`` removes it. A context manager discards on any exception.
+    Created exclusively (O_EXCL | O_NOFOLLOW) under a random name, so nobody can plant a link where
+    it is opened; used through its descriptor only; ``commit`` renames it into place without replacing
+    what appeared at ``out`` meanwhile (unless ``replace``). A context manager discards on any exception.
     """
 
     def __init__(self, out: Path) -> None:

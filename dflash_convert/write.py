@@ -134,8 +134,7 @@ class _OutputFile:
 
     With ``direct``, data is staged in a page-aligned buffer and written in whole aligned blocks;
     the tail is padded to a block and the file truncated to its true length on close. Filesystems
-    without O_DIRECT (tmpfs) get ordinary buffered writes. Which is faster depends on the size
-    against the memory free for dirty pages (``prefer_direct_io``).
+    without O_DIRECT (tmpfs) get ordinary buffered writes; ``prefer_direct_io`` chooses.
     """
 
     STAGE = 8 << 20  # bytes per direct write; a multiple of any logical block size

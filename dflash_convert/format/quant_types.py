@@ -290,20 +290,13 @@ NOTE_MANUAL = "--tensor-type"
 def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
                        n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None,
                        overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
-    """tensors: (GGUF name, ggml ne, i.e. ne[0] first) in file order, as in the input F16/BF16/F32 file.
-    Returns (general.file_type value, [(ggml type name for each tensor, note)]).
+    """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]).
 
-    ``ftype`` is what a user types to llama-quantize (``Q4_K_M``, ``q4_k``, ...). ``input_types``
-    (ggml type names, same order) gives the type of the tensors llama-quantize leaves alone; without
-    it their type is reported as ``"keep"``. With it, a tensor already in a quantized type is refused
-    (as llama-quantize refuses without --allow-requantize) unless it is already the chosen type.
-    ``n_layer`` is ``<arch>.block_count`` and ``n_head``/``n_head_kv`` the head counts (layer 0; pass
-    the metadata values, n_head_kv None when the key is absent); when n_layer / n_head are omitted
-    they are read off the tensors (highest ``blk.N`` + 1; attn_q rows // attn_k rows of layer 0).
-    The notes of fallback choices start with ``"fallback"``: their count is what llama-quantize
-    prints as ``<n> of <all> tensor(s) required fallback quantization``. ``overrides`` are its
-    per-tensor options (``TypeOverrides``), applied in llama_tensor_get_type's order; the running
-    counters of the mix rules advance only for tensors the mix decides, as there.
+    ``tensors`` are (GGUF name, ggml ne) in file order. ``input_types`` gives the types of the tensors
+    left alone (else reported as ``"keep"``), and refuses a tensor already quantized to another type,
+    as llama-quantize does without --allow-requantize. ``n_layer``/``n_head``/``n_head_kv`` are the
+    metadata values, read off the tensors when omitted. Notes of fallback choices start with
+    ``"fallback"``. Spec: docs/quantizers.md, "Which type each tensor gets".
     """
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]

@@ -77,15 +77,10 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor position.
 
-    ``features``: [L, T*E] the sequence's target features (taps in ``d.target_layers`` order);
-    ``tokens``: [L] its token ids. An anchor ``c`` drafts from the features of ``0..c-1`` and the block
-    ``[tokens[c], mask * (B-1)]`` at positions ``c..c+B-1``; slots ``1..n_max`` are its draft.
-    ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only; for
-    DFlash2 the walked lattice rows the tokens were chosen from, -inf off the candidates).
-    ``cpu_matmul``: round each matmul's activations as ggml's CPU backend does; ``kv_cache_dtype``
-    (torch.float16: llama.cpp's default cache, flash attention off) rounds K, V, Q and the attention
-    weights as that cache does (both ``run_gguf``'s options, off by default). ``ctx_kv``: the
-    sequence's ``context_kv`` when the caller keeps it (computed here otherwise).
+    An anchor ``c`` drafts from ``features`` [L, T*E] of ``0..c-1`` and the block ``[tokens[c], mask,
+    ...]`` at ``c..c+B-1``. ``keep_logits`` also returns the logits (small vocabularies only);
+    ``cpu_matmul`` and ``kv_cache_dtype`` are ``run_gguf``'s rounding options; ``ctx_kv`` is the
+    sequence's ``context_kv`` when the caller keeps it.
     """
     B = d.block_size
     most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
@@ -206,15 +201,10 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
 
 def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
                  draft_at: Callable[[int], list[int]]) -> LoopCount:
-    """Replay llama-speculative-simple's greedy loop along a captured sequence.
+    """Replay llama-speculative-simple's greedy loop along a captured sequence, with its counting.
 
-    The first anchor is the prompt's last token (the driver keeps it out of the prompt batch); each
-    step drafts ``n_max`` tokens from the anchor, cut to ``n_predict - predicted - 1`` when that is
-    positive (``common_speculative_draft`` truncates only for a positive limit: once the budget is
-    spent, the last step drafts a full block), the target accepts the longest prefix equal to its own
-    greedy tokens and adds one token of its own, the last of which is the next anchor. The loop ends
-    once more than ``n_predict`` tokens were predicted or an end-of-generation token was accepted.
-    ``draft_at(c)`` is the drafter's draft from anchor ``c``.
+    ``draft_at(c)`` is the drafter's draft from anchor ``c``. The loop's rules (the first anchor,
+    the truncated last draft, when it ends): docs/acceptance.md, "accept".
     """
     count = LoopCount()
     c = prompt_length - 1

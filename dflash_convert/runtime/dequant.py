@@ -292,14 +292,10 @@ def _reinterpret(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode one ggml tensor's bytes to values on ``raw``'s device.
 
-    raw: 1-D torch.uint8 tensor with the tensor's bytes (any device). ggml_type: ggml type id
-    (GGMLType). shape: the PyTorch shape, i.e. ggml ``ne`` reversed, so the last dim is ne[0], the
-    row that blocks run along. Quantized types are computed in float32 and then cast to ``dtype``;
-    F16/BF16/F32/F64 are reinterpreted and cast. Integer types come back as int64 and ignore dtype.
-    When no cast is needed (e.g. F32 asked as float32) the result shares memory with ``raw``.
-
-    Raises ValueError for an unsupported type, a malformed ``raw``, a row that is not a whole number
-    of blocks, or a byte count that does not match shape and type.
+    ``raw``: 1-D uint8 bytes; ``shape``: ggml ``ne`` reversed (the last dim is the blocks' row).
+    Quantized types are computed in float32 and cast to ``dtype``; integer types come back as int64;
+    without a cast the result shares memory with ``raw``. Raises ValueError for an unsupported type
+    or bytes that do not match shape and type.
     """
     if sys.byteorder != "little":
         raise RuntimeError("ggml dequantization reinterprets little-endian bytes in place; this host is big-endian")

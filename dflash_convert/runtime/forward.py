@@ -396,16 +396,11 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
              gelu_fp16_table: bool = False, cpu_matmul: bool = False) -> ForwardResult:
     """One draft of a dflash drafter, computed as llama.cpp's draft context computes it.
 
-    target_hidden: [ctx, T*E] float features of the committed positions (taps concatenated in
-    ``d.target_layers`` order, as the driver gathers them). block_ids: [n_block] int64, the anchor
-    then mask tokens. positions: [ctx + n_block] int64 absolute positions (context first), or
-    [4, ctx + n_block] explicit M-RoPE rows. ``causal`` overrides the driver's choice (default:
-    causal only when the file says ``attention.causal = true``).
-
-    Rounding the CPU backend adds, each off by default (then the result is the graph's exact float32
-    value, what a GPU backend approaches): ``cpu_matmul`` rounds every matmul's activations to the
-    weight type's vec_dot_type (fp16/bf16, Q8_0, Q8_K blocks), ``kv_cache_dtype`` models an F16 or
-    BF16 KV cache with flash attention off, ``gelu_fp16_table`` the fp16 GELU table.
+    ``target_hidden`` [ctx, T*E]: the committed positions' features, taps in ``d.target_layers``
+    order; ``block_ids`` [n_block]: the anchor then mask tokens; ``positions``: [ctx + n_block]
+    (context first) or [4, ctx + n_block] M-RoPE rows. ``causal`` overrides the file's flag.
+    ``cpu_matmul``, ``kv_cache_dtype`` and ``gelu_fp16_table`` add the CPU backend's rounding (off:
+    the graph's exact float32 value); docs/runtime.md, "The runner".
     """
     dev, dt = weights.device, weights.dtype
     n_ctx = check_inputs(d, target_hidden, block_ids, positions)

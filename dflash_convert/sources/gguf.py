@@ -111,16 +111,12 @@ def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.nda
 
 
 class StrArray(Sequence):
-    """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
-    bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
-    is the buffer's end).
+    """A string GGUF array held as GGUF stores it (u64 length, bytes; per item) in one buffer, plus
+    the ``len + 1`` offsets of the items' length prefixes (the last one is the buffer's end).
 
-    Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
-    list of bytes); each item is made only when asked for, so holding a vocabulary costs its bytes
-    and 12 or 16 bytes an item, not a Python object (about 40 bytes or more) an item. Kept in the
-    file's own form, reading it is one walk over the length prefixes and a copy of the region
-    (building item bytes one by one was most of the time a quantize of a 248k vocabulary spent
-    before its first tensor), and writing it back is that buffer.
+    Reads like the list of ``bytes`` it stands for; each item is made only when asked for, so a
+    vocabulary costs its bytes and 12 or 16 bytes an item, not a Python object an item. Kept in the
+    file's own form, reading it is one walk over the length prefixes and writing it back is the buffer.
     """
 
     __slots__ = ("data", "offsets")
@@ -472,13 +468,11 @@ class _Cursor:
 
     def strings(self, what: str, count: int) -> StrArray:
         """``count`` strings (already bounded by the bytes that remain): one walk over the length
-        prefixes, then the region copied as it is, a few MiB at a time with the mapped pages behind
-        handed back.
+        prefixes, then the region copied as it is, with the mapped pages behind handed back.
 
-        The walk is the tightest loop Python allows (a quarter of a second per quantize of a 248k
-        vocabulary went here): the rare checks run only when an item ends past ``mark``, the next
-        release point. That catches every item that ends past the buffer, and every length over
-        llama.cpp's limit, since a mark is never more than _RELEASE_EVERY (<= the limit) ahead."""
+        The rare checks run only when an item ends past ``mark``, the next release point. That
+        catches every item that ends past the buffer, and every length over llama.cpp's limit,
+        since a mark is never more than _RELEASE_EVERY (<= the limit) ahead."""
         buf, pos, end = self.buf, self.pos, len(self.buf)
         known = _known_at(buf, pos, count)
         if known is not None:
