@@ -1,16 +1,13 @@
 """Where a command may write, and how: never over an input, never over an existing file without --force.
 
-An output may never be a file the command reads (compared by resolved path *and* by device and
-inode, so hard links and symlinks count), nor a file inside a directory the command reads whose
-name that directory's reader would pick up (``config.json``, ``model*.safetensors``, tokenizer
-files, ...). Neither ``--force`` nor anything else lifts this. Nothing is written inside the
-Hugging Face cache either: a repo id's snapshot is links into blobs other snapshots share.
+An output may never be a file the command reads (by resolved path and by device and inode, so hard
+links and symlinks count), nor a name an input directory's reader would pick up, nor anything in
+the Hugging Face cache; ``--force`` lifts none of this. Every file is written as a
+``TemporaryOutput`` beside its destination (created exclusively under a random name, renamed into
+place without replacing a file that appeared meanwhile, unless ``--force``); temporary files a
+killed run left behind are reported, and removed with ``--force``.
 
-Every file is written as a ``TemporaryOutput`` beside its destination: created exclusively
-(O_CREAT | O_EXCL | O_NOFOLLOW) under a random name, so a symbolic link planted where a predictable
-name would be is never followed; written through its descriptor only; renamed into place at the end
-without replacing a file that appeared meanwhile (renameat2 RENAME_NOREPLACE, else link then unlink),
-unless --force. Temporary files a killed run left behind are reported, and removed with --force.
+Specification: docs/conversion.md, "How every output is written".
 """
 
 from __future__ import annotations
