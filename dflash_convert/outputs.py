@@ -305,8 +305,8 @@ class TemporaryOutput:
     def _replace(self) -> None:
         """Put this file at ``out`` over the regular file there (--force). An exchange, then the old file
         unlinked under the temporary name: ext4 answers a rename over an existing file by writing the
-        new file's data out first (auto_da_alloc). Where the exchange is not available, or ``out`` is not a regular file
-        (a symbolic link is replaced, not followed), a plain rename."""
+        new file's data out first (auto_da_alloc). Where the exchange is not available, or ``out`` is
+        not a regular file (a symbolic link is replaced, not followed), a plain rename."""
         try:
             regular = stat.S_ISREG(os.lstat(self.out).st_mode)
         except OSError:
