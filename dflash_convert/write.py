@@ -45,9 +45,8 @@ class OutTensor:
     ggml_type: GGMLType
     nbytes: int
     chunks: Callable[[], Iterable[np.ndarray | bytes]] = field(repr=False, default=lambda: ())
-    # the tensor's bytes are these, unchanged, in a regular file: (path, offset). The writer may then
-    # copy them inside the kernel (copy_file_range) instead of through chunks; the chunks stay the
-    # fallback and must give the same bytes
+    # the tensor's bytes are these, unchanged, in a regular file: (path, offset), for copy_file_range;
+    # the chunks stay the fallback and must give the same bytes
     file_span: tuple[Path, int] | None = field(repr=False, default=None)
 
 
@@ -238,9 +237,8 @@ def _set_direct(fd: int, on: bool) -> bool:
     return on
 
 
-# Fault injection for the signal tests: DFLASH_CONVERT_FAULT="<phase>:<signal>" makes the writer
-# send itself that signal when it reaches the phase, so a test drives the timing exactly instead
-# of sleeping and hoping. Phases, in order: open, header, data, finish, verify, renamed.
+# Fault injection for the signal tests, so a test hits a phase exactly: DFLASH_CONVERT_FAULT="<phase>:<signal>".
+# Phases, in order: open, header, data, finish, verify, renamed.
 def fault_point(phase: str) -> None:
     """Send this process the signal ``DFLASH_CONVERT_FAULT`` names when the writer reaches ``phase`` (tests only)."""
     spec = os.environ.get(FAULT_ENV)

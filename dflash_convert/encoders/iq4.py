@@ -36,7 +36,7 @@ _VALUES = KVALUES_IQ4NL.astype(_F32)
 
 # best_index_int8(x) == #{k : x >= (val[k-1] + val[k]) / 2} == _LUT_INDEX[floor(2x) + 512] for
 # floor(2x) in [-512, 511] (all 2*midpoints lie in [-231, 202]); larger |x| is clamped into it first.
-# Indices are kept non-negative: np.take is several times slower when it has to wrap negative ones.
+# Indices are kept non-negative: np.take's wrapping of negative ones is its slow path.
 _LUT_SIZE = 1024
 _LUT_OFFSET = _F32(_LUT_SIZE // 2)
 _T_MIN, _T_MAX = _F32(-_LUT_SIZE // 2), _F32(_LUT_SIZE // 2 - 1)
@@ -89,9 +89,8 @@ def _sums(p: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 # --- per-call scratch
 
-# Blocks (of 32) per tile: the scratch arrays of [32, tile] float32 then stay around L2's size, and
-# one tile's ~100 ufunc calls are spread over 32K values. A multiple of 8, so IQ4_XS tiles hold
-# whole super-blocks.
+# Blocks (of 32) per tile: the [32, tile] scratch stays around L2's size; a multiple of 8, so IQ4_XS
+# tiles hold whole super-blocks.
 _TILE = 1024
 _PAGE = 4096
 

@@ -118,9 +118,8 @@ def _k4_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-# Kernels: (n_blocks, type_size) uint8 blocks -> writes (n_blocks, block_elements) float32 ``out``
-# (contiguous). Codes are unpacked into small uint8 buffers, widened by out.copy_(), then scaled
-# in place, so the only large allocation is the caller's output.
+# Kernels: (n_blocks, type_size) uint8 blocks -> (n_blocks, block_elements) float32 ``out``, unpacked
+# into small uint8 buffers and scaled in place, so the only large allocation is the caller's output.
 
 
 def _q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:

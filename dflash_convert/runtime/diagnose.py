@@ -43,10 +43,8 @@ PART_FIELDS: dict[str, dict[str, str]] = {
 }
 DFLASH2_FORWARD_FIELDS = ("logit_scale", "final_logit_softcapping")  # applied in-graph for DFlash2 only
 
-# relative RMS error a storage type may add to a weight (measured on normal-distributed rows with
-# our quantizers, then doubled for headroom: F16 2.1e-4, BF16 1.6e-3, Q8_0 3.6e-3, Q6_K 8e-3,
-# Q5 1.6e-2 to 3.3e-2, Q4 3e-2 to 6.8e-2, IQ4 4.5e-2, Q3_K 0.1, Q2_K 0.25). A swapped matrix is off by
-# ~1.4, a norm scaled by 1.5 by 0.5: far beyond every row
+# relative RMS error a storage type may add to a weight: measured on normal-distributed rows with our
+# quantizers, doubled for headroom; a swapped matrix (~1.4) or a norm scaled by 1.5 (0.5) is far beyond
 WEIGHT_REL_RMS: dict[str, float] = {
     "F32": 1e-6, "F64": 1e-6, "I64": 0.0, "I32": 0.0, "F16": 5e-4, "BF16": 4e-3, "Q8_0": 1e-2,
     "Q6_K": 2e-2, "Q5_0": 7e-2, "Q5_1": 7e-2, "Q5_K": 7e-2, "Q4_0": 0.14, "Q4_1": 0.14, "Q4_K": 0.14,

@@ -42,9 +42,8 @@ from ..format.keys import BOOLEAN, VALUE_TYPES, ValueType, key
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 ALIGNMENT_KEY = key("alignment")
-# the most keys and tensors read: each costs a few hundred bytes of Python objects against a dozen or
-# so in the file, so a file of millions of tiny keys would cost 10x its size; real files (drafters
-# and the biggest targets alike) hold tens of keys and at most a few thousand tensors
+# the most keys and tensors read: each costs far more as Python objects than in the file, and real
+# files hold tens of keys and at most a few thousand tensors
 MAX_KEYS = 1 << 16
 MAX_TENSORS = 1 << 16
 # smallest possible encodings, used to bound counts by the bytes that remain
@@ -222,9 +221,8 @@ class StrArray(Sequence):
         return f"[{head}{', ...' if len(self) > 8 else ''}]"
 
 
-# The string arrays this process wrote or read last. A file written from one (the validate gate reading
-# back the file just written, quantize's output beside its input) holds the same bytes, and a region
-# equal to an array's bytes parses to that array: one comparison instead of a walk over 300k items.
+# The string arrays this process wrote or read last: a region equal to one's bytes (the validate gate
+# reading back the file just written) parses to that array, one comparison instead of a walk.
 _RECENT: list[StrArray] = []
 _RECENT_MAX = 8
 _RECENT_BYTES = 64 << 20  # a larger array (only a hostile file holds one) is not kept alive for this

@@ -144,8 +144,7 @@ def default_directory() -> Path:
 # every key as [name, value type, element type or null, value], then the string arrays' sections.
 # A string array's value is {"section": i}; section i is its n items as a GGUF file holds them (each
 # a little-endian u64 byte length, then its UTF-8 bytes) after the n + 1 offsets of those items (u64):
-# read back as a compact StrArray in a few whole-array checks, and written out as the same buffer,
-# where a list of 300k Python strings cost a third of a second to build and as much to write.
+# read back as a compact StrArray in a few whole-array checks, and written out as the same buffer.
 
 def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
     """Can the entry carry this value back exactly? (Raw bytes, from a GGUF, cannot; the dir routes make none.)"""
