@@ -30,7 +30,7 @@ from .runtime.capture import greedy_continuation, load_target_model, run_target
 from .runtime.device import resolve_device
 from .sources.config import ConfigView
 from .sources.gguf_drafter import read_drafter
-from .sources.target import read_target_dir
+from .sources.target import read_target_dir, read_target_weights
 from .target import Target
 from .tokenizer.text import load_text_tokenizer
 from .write_features import FeatureWriter
@@ -116,6 +116,7 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
     target = read_target_dir(target_dir)
     if target.n_layers is None:
         raise InputFileError("target config has no num_hidden_layers", target_dir / "config.json")
+    tensors = read_target_weights(target)  # before anything is tokenized or built
     stored = parse_layers(layers, target.n_layers, for_draft)
     prompts = read_prompts(prompts_path)
     tokenizer = load_text_tokenizer(target_dir)
@@ -124,7 +125,7 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
         raise InputFileError("a prompt encodes to no tokens", prompts_path)
     check_context(target, [len(e) for e in encoded], new_tokens, prompts_path)
     dev = resolve_device(device)
-    model, decoder = load_target_model(target, dev)
+    model, decoder = load_target_model(target, dev, tensors=tensors)
     eos = eos_ids(target.config, target.source / "config.json")
     bar = None
     if progress:

@@ -53,9 +53,12 @@ def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch
     return found[0]
 
 
-def load_target_model(target: Target, device: torch.device | str = "cpu",
-                      dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class."""
+def load_target_model(target: Target, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *,
+                      tensors: list[TensorRef] | None = None) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class.
+
+    ``tensors``: what ``read_target_weights`` returned for it, when the caller checked the weights already.
+    """
     where = Path(target.source)
     try:
         import transformers  # optional, and heavy: only capturing target features needs it
@@ -64,7 +67,8 @@ def load_target_model(target: Target, device: torch.device | str = "cpu",
     # the one-line error contract: no progress bars or fallback-kernel notices from transformers
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    tensors = read_target_weights(target)
+    if tensors is None:
+        tensors = read_target_weights(target)
     with tempfile.TemporaryDirectory(prefix="dflash-target-") as tmp:
         staged = _stage(target, tensors, Path(tmp))
         # transformers raises whatever its parsers raise on a broken directory (OSError, ValueError,
