@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import DFlashError, InputFileError
+from .errors import InputFileError, OptionValueError
 from .files import parse_json, read_regular_bytes
 from .format.features import FEATURE_DTYPES, SCHEMA
 from .outputs import Inputs, check_output_path
@@ -30,7 +30,8 @@ from .runtime.capture import greedy_continuation, load_target_model, run_target
 from .runtime.device import resolve_device
 from .sources.config import ConfigView
 from .sources.gguf_drafter import read_drafter
-from .sources.target import read_target_dir
+from .sources.target import read_target_dir, read_target_weights
+from .target import Target
 from .tokenizer.text import load_text_tokenizer
 from .write_features import FeatureWriter
 
@@ -39,6 +40,9 @@ ALL = "all"
 # tokens captured past --new-tokens N: llama-speculative-simple -n N decodes N + 1, and once its budget
 # is spent its last step still drafts a full block (up to 16 tokens) that the target verifies
 LOOKAHEAD = 1 + 32
+# --new-tokens past any target's use (a continuation is decoded one token at a time); the target's own
+# context (max_position_embeddings) bounds each sequence further
+MAX_NEW_TOKENS = 1 << 16
 
 
 @dataclass
@@ -75,32 +79,34 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def parse_layers(spec: str, n_layers: int, for_draft: str | Path | None) -> list[int]:
-    """--layers all | L1,L2,... | (--for DRAFT.gguf: that drafter's target_layers); indices 0..n_layers."""
+def parse_layers(spec: str | None, n_layers: int, for_draft: str | Path | None) -> list[int]:
+    """--layers all | L1,L2,... (None: all) | (--for DRAFT.gguf: that drafter's target_layers); indices 0..n_layers."""
+    if for_draft is not None and spec is not None:
+        raise OptionValueError("--layers and --for both say which layers to store: give one of them")
     if for_draft is not None:
         layers = list(read_drafter(for_draft).target_layers)
-    elif spec == ALL:
+    elif spec is None or spec == ALL:
         layers = list(range(n_layers + 1))
     else:
         try:
             layers = [int(x) for x in spec.split(",") if x.strip()]
         except ValueError:
-            raise DFlashError(f"--layers must be 'all' or comma-separated layer indices, got {spec!r}") from None
+            raise OptionValueError(f"--layers must be 'all' or comma-separated layer indices, got {spec!r}") from None
     bad = [x for x in layers if not 0 <= x <= n_layers]
     if not layers or bad:
-        raise DFlashError(f"--layers: layer input {bad[0] if bad else '?'} does not exist: the target has {n_layers} layers "
+        raise OptionValueError(f"--layers: layer input {bad[0] if bad else '?'} does not exist: the target has {n_layers} layers "
                           f"(inputs 0..{n_layers}, {n_layers} being the last layer's output)")
     return sorted(set(layers))
 
 
 def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | Path, *, new_tokens: int = 64,
-            layers: str = ALL, for_draft: str | Path | None = None, device: str = "auto", dtype: str = "f32",
+            layers: str | None = None, for_draft: str | Path | None = None, device: str = "auto", dtype: str = "f32",
             force: bool = False, progress: bool = False) -> CaptureResult:
     """Capture the features of every prompt's greedy continuation into ``out``."""
     if dtype not in FEATURE_DTYPES:
-        raise DFlashError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
-    if new_tokens < 1:
-        raise DFlashError(f"--new-tokens must be at least 1, got {new_tokens}")
+        raise OptionValueError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
+    if not 1 <= new_tokens <= MAX_NEW_TOKENS:
+        raise OptionValueError(f"--new-tokens must be 1..{MAX_NEW_TOKENS}, got {new_tokens}")
     prompts_path, target_dir = Path(prompts_file), Path(target_model_dir)
     inputs = Inputs()
     inputs.add_file(prompts_path)
@@ -110,14 +116,16 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
     target = read_target_dir(target_dir)
     if target.n_layers is None:
         raise InputFileError("target config has no num_hidden_layers", target_dir / "config.json")
+    tensors = read_target_weights(target)  # before anything is tokenized or built
     stored = parse_layers(layers, target.n_layers, for_draft)
     prompts = read_prompts(prompts_path)
     tokenizer = load_text_tokenizer(target_dir)
     encoded = [tokenizer(p) for p in prompts]
     if any(not e for e in encoded):
         raise InputFileError("a prompt encodes to no tokens", prompts_path)
+    check_context(target, [len(e) for e in encoded], new_tokens, prompts_path)
     dev = resolve_device(device)
-    model, decoder = load_target_model(target, dev)
+    model, decoder = load_target_model(target, dev, tensors=tensors)
     eos = eos_ids(target.config, target.source / "config.json")
     bar = None
     if progress:
@@ -153,6 +161,25 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
         if bar is not None:
             bar.close()
     return CaptureResult(written, len(sequences), sum(len(s) for s in sequences), stored, writer.notes)
+
+
+def check_context(target: Target, prompt_lengths: list[int], new_tokens: int, prompts_path: Path) -> None:
+    """Refuse sequences longer than the target's context (``max_position_embeddings``): each prompt, its
+    ``new_tokens`` and the LOOKAHEAD are one sequence the target runs over."""
+    where = target.source / "config.json"
+    context = ConfigView(target.text_config, where).int_("max_position_embeddings", required=False)
+    if context is None:
+        return
+    if new_tokens + LOOKAHEAD + 1 > context:
+        raise OptionValueError(f"--new-tokens {new_tokens}: with the {LOOKAHEAD}-token lookahead and a one-token prompt "
+                               f"that is {new_tokens + LOOKAHEAD + 1} positions, the target's context "
+                               f"(max_position_embeddings) is {context}: at most --new-tokens {context - LOOKAHEAD - 1}")
+    longest = max(range(len(prompt_lengths)), key=prompt_lengths.__getitem__)
+    need = prompt_lengths[longest] + new_tokens + LOOKAHEAD
+    if need > context:
+        raise InputFileError(f"prompt {longest + 1} is {prompt_lengths[longest]} tokens: with --new-tokens {new_tokens} "
+                             f"and the {LOOKAHEAD}-token lookahead its sequence needs {need} positions, the target's "
+                             f"context (max_position_embeddings) is {context}", prompts_path)
 
 
 def eos_ids(config: dict, where: Path) -> set[int]:
