@@ -24,8 +24,10 @@ import pytest
 from huggingface_hub import ModelCard
 
 from dflash_convert.errors import DFlashError, InputFileError
-from dflash_convert.publish import CARD_NAME, SUMS_NAME, publish, sha256_of, summary_rows
+from dflash_convert.publish import publish, summary_rows
 from dflash_convert.quantize import quantize
+from dflash_convert.release_card import CARD_NAME, SUMS_NAME, sha256_of
+from dflash_convert.upload import Timeouts, upload_release
 from dflash_convert.validate import validate
 from dflash_convert.validate.report import LLAMA_CPP_COMMIT
 from fixtures.drafters import make_zlab_drafter
@@ -185,6 +187,49 @@ def test_upload_without_a_token_is_refused_before_any_work(drafter, qwen3_target
         publish(drafter, qwen3_target, out, upload="not a repo")
 
 
+def test_upload_is_refused_offline_before_anything_is_built(drafter, qwen3_target, tmp_path):
+    """HF_HUB_OFFLINE=1 with a token: one line, at once, no release directory and nothing beside it."""
+    out = tmp_path / "release"
+    r = cli("publish", drafter, "--target-model-dir", qwen3_target, "-o", out, "--types", "BF16,Q8_0", "--upload",
+            "me/tiny-GGUF", env={"HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_test_token", "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert r.returncode == 1 and "cannot upload with HF_HUB_OFFLINE set" in one_error_line(r)
+    nothing_left(tmp_path, out)
+
+
+def test_an_endpoint_that_never_answers_times_out(tmp_path, monkeypatch):
+    """A server on 127.0.0.1 that accepts the connection and never answers: the upload fails with one error
+    line within its timeouts (huggingface_hub's own client would wait forever)."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept_and_say_nothing() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    folder = tmp_path / "release"
+    folder.mkdir()
+    (folder / CARD_NAME).write_text("---\nlicense: mit\n---\n")
+    start = time.monotonic()
+    try:
+        with pytest.raises(DFlashError, match=r"the upload to me/tiny-GGUF failed \(\w*Timeout"):
+            upload_release(folder, "me/tiny-GGUF", "hf_test_token", [CARD_NAME], timeouts=Timeouts(connect=1, transfer=1))
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert accepted and time.monotonic() - start < 30
+
+
 @pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_an_existing_release_needs_force_and_an_input_is_never_the_release(released, drafter, qwen3_target, tmp_path):
     out = tmp_path / "release"
@@ -226,7 +271,7 @@ def test_types_and_the_source_card_are_checked(drafter, qwen3_target, tmp_path):
     (bad / CARD_NAME).write_text("---\nlicense: [apache-2.0\n---\n")
     r = cli("publish", bad, "--target-model-dir", qwen3_target, "-o", out, "--types", "Q8_0")
     line = one_error_line(r)
-    assert r.returncode == 2 and f"{bad / CARD_NAME}: the model card's YAML front matter is malformed" in line
+    assert r.returncode == 2 and f"{bad / CARD_NAME}: the model card's front matter is not valid YAML" in line
     with pytest.raises(InputFileError):
         publish(bad, qwen3_target, out, types="Q8_0")
     nothing_left(tmp_path, out)
