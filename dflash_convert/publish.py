@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .conversion import ConversionPlan, plan_conversion, write_plan
+from .conversion import plan_conversion, write_plan
 from .errors import DFlashError
 from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
 from .format.keys import key
 from .format.quant_types import DEFAULT_RELEASE_TYPES
 from .inspect_gguf import block_size, member
+from .metadata import Metadata
 from .outputs import TemporaryDirectory, hub_cache_dir, inside_hub_cache, stale_partials
 from .plan import AUTO, FLOAT_INPUTS, parse_ftype
 from .quantize import quantize
@@ -41,10 +42,12 @@ from .release_card import (
     sha256_of,
     sums_text,
 )
+from .sources.gguf import GGUFFile
 from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, TARGET, TARGET_WEIGHTS, resolve_source
 from .sources.model_card import front_matter
 from .terminal import visible
+from .tokenizer.cache import open_cache
 from .upload import upload_check, upload_release
 from .validate import PairingTarget, pairing_target, validate
 from .validate.gate import failure_summary
@@ -148,11 +151,11 @@ def read_source_card(src: Path) -> dict[str, Any]:
     return front_matter(path) if os.path.lexists(path) else {}
 
 
-def read_provenance(plan: ConversionPlan, src: Path, target_dir: Path, *, drafter_repo: str | None,
+def read_provenance(recorded: Metadata | GGUFFile, src: Path, target_dir: Path, *, drafter_repo: str | None,
                     target_repo: str | None, target_revision: str | None) -> Provenance:
-    """The arguments first, then the conversion's general.source.hf_* / general.target.hf_* keys,
-    else the local directory names."""
-    got = {k: plan.metadata.get(key(k)) for k in ("source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit")}
+    """The arguments first, then the general.source.hf_* / general.target.hf_* keys ``recorded`` holds (a
+    conversion's keys, or a GGUF's), else the local directory names."""
+    got = {k: recorded.get(key(k)) for k in ("source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit")}
     drafter = drafter_repo or got["source_hf_repo"]
     target = target_repo or got["target_hf_repo"]
     # a revision the file records is the one of the repo it records, not of another one named here
@@ -252,8 +255,9 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
     release = Release(out, names, base_type=base or AUTO, dry_run=dry_run)
     # the conversion every quantized file comes from, read once: its names are the ones convert and
     # quantize give these files (dflash-<Name>-<TYPE>.gguf, dspark- for DSpark; <Name> from the card)
+    tokenizers = open_cache(True)  # one cache for the conversions and the target validate reads
     plan = plan_conversion(src_spec, target_spec, outtype=(base or AUTO).lower(), tokenizer_pre=tokenizer_pre,
-                           hash_sources=not dry_run)
+                           hash_sources=not dry_run, cache=tokenizers)
     release.base_type = plan.type_name
     dspark = member_of({t.gguf_name for t in plan.drafter.tensors}) == DSPARK
     file_names = {t: quantized_file_name(plan.output.name, t, dspark=dspark) for t in names}
@@ -267,7 +271,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
         else:
             log.warning("%s was left by a publish that did not finish; remove it, or pass --force to have it removed", stale)
     target_label = target_repo or target.repo_id or _resolved(target_dir).name
-    paired = pairing_target(target_dir, plan.drafter.vocab_size)  # every file is validated against this one reading
+    paired = pairing_target(target_dir, plan.drafter.vocab_size, tokenizers)  # every file is validated against it
     with TemporaryDirectory(out) as staging:
         folder = staging.path
         # the full-precision file first (every quantized file comes from it), the release in the order asked
@@ -287,7 +291,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
                     path = base_path = write_plan(plan, progress=progress)
                 elif t in FLOAT_INPUTS:  # converted from the checkpoint, never through another rounding
                     other = plan_conversion(src_spec, target_spec, outfile=folder / name, outtype=t.lower(),
-                                            tokenizer_pre=tokenizer_pre)
+                                            tokenizer_pre=tokenizer_pre, cache=tokenizers)
                     path = write_plan(other, progress=progress)
                 else:
                     path = quantize(base_path, folder / name, t, progress=progress).output
@@ -297,7 +301,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
                     bar.step("checking")
                     files[t].fidelity = _fidelity(path, src_spec, target_spec, device)
                 bar.step(f"validate {files[t].validate}" + (f", check {files[t].fidelity['result']}" if check else ""))
-        prov = read_provenance(plan, src, target_dir, drafter_repo=drafter_repo, target_repo=target_repo,
+        prov = read_provenance(plan.metadata, src, target_dir, drafter_repo=drafter_repo, target_repo=target_repo,
                                target_revision=target_revision)
         if base is None:
             base_path.unlink()  # the scratch conversion is no file of the release

@@ -277,6 +277,29 @@ def test_types_and_the_source_card_are_checked(drafter, qwen3_target, tmp_path):
     nothing_left(tmp_path, out)
 
 
+def test_the_staging_directory_commits_as_every_output_does(tmp_path):
+    """One commit for files and the release directory: a release that appeared meanwhile is not replaced
+    (unless replace), and a staging directory swapped for another is never released."""
+    from dflash_convert.outputs import TemporaryDirectory
+
+    out = tmp_path / "release"
+    with TemporaryDirectory(out) as staging:
+        (staging.path / "a.gguf").write_text("new")
+        out.mkdir()  # another run got there first
+        (out / "old.txt").write_text("old")
+        with pytest.raises(DFlashError, match="output appeared while this run was writing it"):
+            staging.commit()
+        staging.commit(replace=True)
+    assert sorted(os.listdir(out)) == ["a.gguf"] and [p.name for p in tmp_path.iterdir()] == ["release"]
+    with TemporaryDirectory(tmp_path / "second") as staging:
+        os.rename(staging.path, tmp_path / "moved")
+        staging.path.mkdir()  # same name, another directory
+        with pytest.raises(DFlashError, match="the temporary directory .* was moved or replaced"):
+            staging.commit()
+    assert not (tmp_path / "second").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([staging.path.name, "moved", "release"])  # not ours: left
+
+
 @pytest.mark.parametrize("phase, sig, code", [("data", "SIGINT", 130), ("release", "SIGTERM", 143)])
 def test_signals_leave_nothing(drafter, qwen3_target, tmp_path, phase, sig, code):
     """SIGINT while the first file is written, SIGTERM after every file and the card, just before the rename."""
@@ -361,6 +384,7 @@ def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(relea
     from drafter_gguf import kv, read_parts, set_key, write_parts
 
     from dflash_convert.publish import read_provenance
+    from dflash_convert.sources.gguf import read_gguf
 
     rel, out = released
     parts = read_parts(out / rel.files[0].name)
@@ -368,14 +392,14 @@ def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(relea
                          ("target_hf_repo", TARGET_REPO), ("target_hf_commit", TARGET_REV)):
         parts = set_key(parts, kv(short, value))
     tagged = write_parts(tmp_path / "tagged.gguf", parts)
-    p = read_provenance(tagged, drafter, qwen3_target, drafter_repo=None, target_repo=None, target_revision=None)
+    p = read_provenance(read_gguf(tagged), drafter, qwen3_target, drafter_repo=None, target_repo=None, target_revision=None)
     assert (p.drafter, p.drafter_revision, p.target, p.target_revision, p.drafter_is_repo) == (
         DRAFTER_REPO, "1" * 40, TARGET_REPO, TARGET_REV, True)
-    other = read_provenance(tagged, drafter, qwen3_target, drafter_repo="me/fork", target_repo="Qwen/Qwen3-8B-Base",
+    other = read_provenance(read_gguf(tagged), drafter, qwen3_target, drafter_repo="me/fork", target_repo="Qwen/Qwen3-8B-Base",
                             target_revision=None)
     assert (other.drafter, other.drafter_revision, other.target, other.target_revision) == (
         "me/fork", None, "Qwen/Qwen3-8B-Base", None)  # a recorded revision is of the recorded repo only
-    plain = read_provenance(out / rel.files[0].name, drafter, qwen3_target, drafter_repo=None, target_repo=None,
+    plain = read_provenance(read_gguf(out / rel.files[0].name), drafter, qwen3_target, drafter_repo=None, target_repo=None,
                             target_revision=None)
     assert (plain.drafter, plain.target, plain.drafter_is_repo, plain.target_revision) == (
         drafter.name, qwen3_target.name, False, None)
