@@ -6,7 +6,7 @@ file is validated against the target, read once, right after it is written: the 
 stops the release (with ``check``, so does the first that fails ``check``). Everything is written
 into a ``TemporaryDirectory`` beside the release directory and committed as every output is
 (outputs.py); an error or a signal leaves no directory. The card and sums are release_card.py's,
-the source card is read by sources/model_card.py as ``convert`` reads it, and ``upload`` (upload.py)
+the source card is the one ``convert`` read (sources/model_card.py), and ``upload`` (upload.py)
 is checked before anything is built and runs only for a complete release. Specification: docs/publish.md.
 """
 
@@ -45,7 +45,6 @@ from .release_card import (
 from .sources.gguf import GGUFFile
 from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, TARGET, TARGET_WEIGHTS, resolve_source
-from .sources.model_card import front_matter
 from .terminal import visible
 from .tokenizer.cache import open_cache
 from .upload import upload_check, upload_release
@@ -143,12 +142,6 @@ def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: 
 def _stale_staging(out: Path) -> list[Path]:
     """Staging directories a killed run (SIGKILL, a power cut) left beside ``out``."""
     return [p for p in stale_partials(out) if p.is_dir() and not p.is_symlink()]
-
-
-def read_source_card(src: Path) -> dict[str, Any]:
-    """The drafter's README.md front matter, read and judged as ``convert`` reads it; {} without a card."""
-    path = src / CARD_NAME
-    return front_matter(path) if os.path.lexists(path) else {}
 
 
 def read_provenance(recorded: Metadata | GGUFFile, src: Path, target_dir: Path, *, drafter_repo: str | None,
@@ -250,7 +243,6 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
     src, target_dir = source.path, target.path
     names = parse_types(types)
     out = check_release_dir(out_dir, [src, target_dir], force=force)
-    source_card = read_source_card(src)
     base = base_type(names)
     release = Release(out, names, base_type=base or AUTO, dry_run=dry_run)
     # the conversion every quantized file comes from, read once: its names are the ones convert and
@@ -309,7 +301,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
         d = read_drafter(folder / release.files[0].name)
         kind, spec_type = member(d)
         n_max = max(1, draft_tokens_per_block(kind, block_size(d), d.sample_from_anchor))
-        release.card = model_card(release.files, prov, source_card, spec_type=spec_type, n_max=n_max, upload=upload,
+        release.card = model_card(release.files, prov, plan.source_card, spec_type=spec_type, n_max=n_max, upload=upload,
                                   checked=check)
         _write_new(folder / CARD_NAME, release.card)
         listed = [n for n in release.names if n != SUMS_NAME]

@@ -26,7 +26,7 @@ class Timeouts:
     """Seconds one request may wait: to connect, and for each read or write once connected."""
 
     connect: float = 30.0
-    transfer: float = 300.0  # the hub answers a commit of large files only once it has stored them
+    transfer: float = 120.0  # the hub answers a commit of large files only once it has stored them
 
 
 def upload_check(repo_id: str) -> str:

@@ -96,6 +96,7 @@ class ModelCard:
 
     metadata: Metadata
     files: list[Path] = field(default_factory=list)
+    front_matter: dict[str, Any] = field(default_factory=dict)  # README.md's, as read (publish's card reads it)
 
 
 def front_matter(path: Path) -> dict[str, Any]:
@@ -224,7 +225,8 @@ def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
     try:
         fields = UpstreamCard.apply_metadata_heuristic(fields, _bounded_entries(card, card_path), hf_params, named, n_params)
     except (TypeError, AttributeError, ValueError) as e:  # a value of a shape upstream's heuristics cannot take
-        raise ConfigError(f"the model card's front matter has a value gguf-py cannot use: {e}", card_path) from None
+        problem = " ".join(str(e).split())[:200]
+        raise ConfigError(f"the model card's front matter has a value gguf-py cannot use: {problem}", card_path) from None
 
     if gen_path.exists():
         gen = generation_config(gen_path)
@@ -247,7 +249,7 @@ def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
         fields.size_label = upstream_size_label(n_params, n_params, 0, 0)
     if fields.name is None:
         fields.name = named.name
-    return ModelCard(_card_keys(fields, origin, card_path), files)
+    return ModelCard(_card_keys(fields, origin, card_path), files, card)
 
 
 def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -> Metadata:
