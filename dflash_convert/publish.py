@@ -263,7 +263,9 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
         else:
             log.warning("%s was left by a publish that did not finish; remove it, or pass --force to have it removed", stale)
     target_label = target_repo or target.repo_id or _resolved(target_dir).name
-    paired = pairing_target(target_dir, plan.drafter.vocab_size, tokenizers)  # every file is validated against it
+    # the target as the conversion read it, its tokenizer keys derived without --tokenizer-pre: every file is
+    # validated against this one reading
+    paired = pairing_target(target_dir, plan.drafter.vocab_size, tokenizers, read=plan.target)
     with TemporaryDirectory(out) as staging:
         folder = staging.path
         # the full-precision file first (every quantized file comes from it), the release in the order asked

@@ -60,16 +60,16 @@ class PairingTarget:
 
 
 def pairing_target(path: str | os.PathLike, draft_vocab: int | None = None,
-                   cache: bool | TokenizerCache = True) -> PairingTarget:
+                   cache: bool | TokenizerCache = True, *, read: Target | None = None) -> PairingTarget:
     """Read the target (a GGUF or a Hugging Face directory) for comparing drafters with it.
 
     A directory's keys are derived exactly as ``convert`` derives them (through the same tokenizer
-    cache), so a file converted from it compares equal. Raises DFlashError when the target cannot
-    be read at all.
+    cache), so a file converted from it compares equal; ``read``: the directory's Target, already read
+    (a conversion has it). Raises DFlashError when the target cannot be read at all.
     """
     path = Path(path)
     if path.is_dir():
-        t = read_target_dir(path)
+        t = read if read is not None else read_target_dir(path)
         md = Metadata()
         try:
             borrow_from_dir(md, path, t.architecture, t.vocab_size or draft_vocab, cache=open_cache(cache))
