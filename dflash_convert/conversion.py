@@ -6,8 +6,9 @@ import hashlib
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._version import __version__
 from .drafter import Drafter
@@ -85,6 +86,7 @@ class ConversionPlan:
     inputs: Inputs | None = None  # every file and model directory the conversion reads
     fallbacks: int = 0
     tokenizer_cache: str = "off"  # the borrowed keys: "hit" (from the cache), "miss" (built, stored), ... (tokenizer/cache.py)
+    source_card: dict[str, Any] = field(default_factory=dict)  # the checkpoint's README.md front matter, as read
 
     @property
     def type_name(self) -> str:
@@ -245,7 +247,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         output = output / default.name
     inputs.add_files(card.files)
     return ConversionPlan(drafter, md, planned, out_type, output, target, n_tokens, hasher=hasher,
-                          fallbacks=fallbacks, inputs=inputs, tokenizer_cache=tok_cache.outcome)
+                          fallbacks=fallbacks, inputs=inputs, tokenizer_cache=tok_cache.outcome, source_card=card.front_matter)
 
 
 def _check_output(plan: ConversionPlan, force: bool) -> None:

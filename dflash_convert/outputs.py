@@ -17,6 +17,7 @@ import errno
 import fnmatch
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -254,24 +255,39 @@ class TemporaryOutput:
     what appeared at ``out`` meanwhile (unless ``replace``). A context manager discards on any exception.
     """
 
+    kind = "file"
+    fd = -1
+
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         folder = self.out.parent if str(self.out.parent) else Path(".")
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         for _ in range(16):
             self.path = folder / temporary_name(self.out, os.getpid(), secrets.token_hex(8))
             try:
-                self.fd = os.open(self.path, flags, 0o666)
+                self._ident = self._create()
             except FileExistsError:
                 continue
             except OSError as e:
                 raise DFlashError(f"cannot write the output: {e.strerror or e}", self.out) from e
             break
         else:
-            raise DFlashError("cannot create a temporary file beside the output (every random name was taken)", self.out)
-        st = os.fstat(self.fd)
-        self._ident = (st.st_dev, st.st_ino)
+            raise DFlashError(f"cannot create a temporary {self.kind} beside the output (every random name was taken)", self.out)
         self.done = False
+
+    def _create(self) -> tuple[int, int]:
+        """Make the new file at ``self.path``; its (device, inode)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        self.fd = os.open(self.path, flags, 0o666)
+        st = os.fstat(self.fd)
+        return st.st_dev, st.st_ino
+
+    def _ours(self) -> bool:
+        """Whether the temporary name still holds what this run made there."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
 
     @property
     def verify_path(self) -> Path:
@@ -280,13 +296,9 @@ class TemporaryOutput:
         return proc if proc.exists() else self.path
 
     def commit(self, *, replace: bool = False) -> Path:
-        """Rename the finished temporary file onto the output (``replace``: swap out an existing one); returns the output."""
-        try:
-            st = os.lstat(self.path)
-        except OSError:
-            st = None
-        if st is None or (st.st_dev, st.st_ino) != self._ident:
-            raise DFlashError(f"the temporary file {self.path.name} was moved or replaced while it was written; "
+        """Rename into place (over an existing ``out`` only with ``replace``), once checked to be still ours."""
+        if not self._ours():
+            raise DFlashError(f"the temporary {self.kind} {self.path.name} was moved or replaced while it was written; "
                               "nothing was written", self.out)
         try:
             if replace:
@@ -320,19 +332,20 @@ class TemporaryOutput:
         except OSError:  # left for clear_stale_partials, as a killed run's file would be
             pass
 
+    def _remove(self) -> None:
+        os.unlink(self.path)
+
     def close(self) -> None:
-        """Close the temporary file's descriptor."""
+        """Close the descriptor (the file stays)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def discard(self) -> None:
-        """Remove the temporary file, if it is still the one this object created."""
-        if not self.done:
+        """Remove what this run made, unless it was committed or the name no longer holds it."""
+        if not self.done and self._ours():
             try:
-                st = os.lstat(self.path)
-                if (st.st_dev, st.st_ino) == self._ident:
-                    os.unlink(self.path)
+                self._remove()
             except OSError:
                 pass
         self.close()
@@ -343,6 +356,46 @@ class TemporaryOutput:
     def __exit__(self, *exc: object) -> None:
         if not self.done:
             self.discard()
+
+
+class TemporaryDirectory(TemporaryOutput):
+    """A new directory beside ``out``, filled by the caller and renamed into place as TemporaryOutput is.
+
+    Made with mkdir (which never follows or reuses anything); with ``replace`` an existing ``out``
+    directory is swapped out atomically (renameat2 RENAME_EXCHANGE, else moved aside and back on a
+    failure) and removed.
+    """
+
+    kind = "directory"
+
+    def _create(self) -> tuple[int, int]:
+        os.mkdir(self.path, 0o777)
+        st = os.lstat(self.path)
+        return st.st_dev, st.st_ino
+
+    def _ours(self) -> bool:
+        return super()._ours() and os.path.isdir(self.path) and not os.path.islink(self.path)
+
+    def _replace(self) -> None:
+        if not os.path.lexists(self.out):
+            rename_no_replace(self.path, self.out)
+            return
+        if exchange_paths(self.path, self.out):  # the old directory is now at the temporary name
+            self.done = True
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        aside = self.out.parent / temporary_name(self.out, os.getpid(), secrets.token_hex(8) + "-old")
+        os.rename(self.out, aside)
+        try:
+            rename_no_replace(self.path, self.out)
+        except BaseException:
+            os.rename(aside, self.out)
+            raise
+        self.done = True
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def _remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def clear_stale_partials(out: Path, *, force: bool) -> list[str]:

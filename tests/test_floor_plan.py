@@ -28,7 +28,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("writers", ("write", "write_features", "outputs", "hparams", "pipeline", "plan")),
     ("engines", ("validate", "runtime", "mix_search")),
     ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf", "capture", "accept")),
-    ("release", ("publish",)),  # composes commands (convert, quantize, validate, check), so it sits above them
+    ("release", ("publish", "release_card", "upload")),  # composes commands (convert, quantize, validate, check), so it sits above them
     ("interface", ("cli", "command_line", "__init__")),
 )
 INDEPENDENT_FLOORS = ("commands",)  # no command imports another command

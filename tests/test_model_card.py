@@ -66,11 +66,11 @@ def test_malformed_card_is_one_error_line(tmp_path, qwen3_target):
     src = drafter_with_card(tmp_path, "malformed")
     out = tmp_path / "out.gguf"
     r = run_cli("convert", src, "--target-model-dir", qwen3_target, "-o", out)
-    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr  # an input that cannot be read
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0] == (f"dflash-convert: error: {src / 'README.md'}: the model card's front matter is not valid YAML: "
-                        "expected ',' or ']', but got ':' (line 4)")
+                        "did not find expected ',' or ']' (line 4)")
     assert not out.exists() and not list(tmp_path.rglob("*.gguf"))
 
 
@@ -168,16 +168,97 @@ def test_quantize_keeps_card_keys(tmp_path, qwen3_target):
     assert read_gguf(q).get("general.dataset.1.repo_url") == "https://huggingface.co/datasets/Open-Orca/SlimOrca"
 
 
-def test_yaml_alias_bomb_is_refused_quickly(tmp_path, qwen3_target):
-    """Aliases make a 1 KB card a value of 10**9 strings: refused by type, the message bounded (no full repr)."""
-    levels = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+# --- hostile cards: the same README judged the same way by convert and publish, quickly, in bounded memory ---
+
+LAUGHS = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+LAUGHS += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+SECONDS = 20  # a generous wall-time bound on a loaded machine; a card bomb ran for minutes and 2 GB
+
+
+def run_measured(*args: object) -> tuple[int, str, float, int]:
+    """``dflash-convert ARGS`` in its own process: exit code, stderr, seconds, peak resident KiB."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    timer = __import__("threading").Timer(SECONDS * 3, proc.kill)  # a hang fails the test, never the run
+    timer.start()
+    try:
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err, time.monotonic() - start, usage.ru_maxrss
+
+
+def both_commands(src: Path, target: Path, tmp_path: Path) -> dict[str, tuple[int, str, float, int]]:
+    return {"convert": run_measured("convert", src, "--target-model-dir", target, "-o", tmp_path / "x.gguf", "-q"),
+            "publish": run_measured("publish", src, "--target-model-dir", target, "-o", tmp_path / "release",
+                                    "--types", "Q8_0", "-q")}
+
+
+@pytest.mark.parametrize("field", ["base_model", "datasets", "tags"])
+def test_an_alias_bomb_is_one_error_line_in_both_commands(tmp_path, qwen3_target, field):
+    """A 600-byte card whose aliases stand for 10**9 strings: refused before anything is built from it."""
     src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
-    (src / "README.md").write_text("---\n" + "\n".join(levels) + "\ntags: *l8\n---\n")
-    with pytest.raises(DFlashError) as e:
+    (src / "README.md").write_text("---\n" + "\n".join(LAUGHS) + f"\n{field}: *l8\n---\n")
+    for command, (code, err, seconds, rss_kib) in both_commands(src, qwen3_target, tmp_path).items():
+        assert err.splitlines() == [f"dflash-convert: error: {src / 'README.md'}: the model card's front matter uses a "
+                                    "YAML alias (*name), which can make a small card expand without bound; write the "
+                                    "values out"], (command, err[:500])
+        assert code == 2 and seconds < SECONDS and rss_kib < 1_000_000, (command, code, seconds, rss_kib)
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
+
+
+def test_a_card_of_60000_tags_reads_in_linear_time(tmp_path, qwen3_target):
+    """A 650 KB card (under the 1 MiB cap) is read once, in seconds, by both commands; a larger one is refused."""
+    src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
+    (src / "README.md").write_text("---\ntags:\n" + "".join(f"- tag{i}\n" for i in range(60000)) + "---\n")
+    code, err, seconds, _ = run_measured("convert", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "x.gguf", "-q")
+    assert code == 0 and seconds < SECONDS, (err, seconds)
+    assert len(read_gguf(tmp_path / "x.gguf").get("general.tags")) == 60000
+    code, err, seconds, _ = run_measured("publish", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "r", "--dry-run")
+    assert code == 0 and seconds < SECONDS, (err, seconds)
+    (src / "README.md").write_text("---\ntags:\n" + "".join(f"- tag{i}\n" for i in range(120000)) + "---\n")
+    with pytest.raises(DFlashError, match=r"README.md: README.md is \d+ bytes, larger than the 1048576-byte limit"):
         plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
-    message = str(e.value)
-    assert message.startswith(f"{src / 'README.md'}: general.tags must be a list of strings, not [[[") and len(message) < 300
+
+
+@pytest.mark.parametrize("shape", ["malformed", "not_a_mapping"])
+def test_convert_and_publish_judge_a_card_alike(tmp_path, qwen3_target, shape):
+    """One reader: a malformed card is the same error line and exit code (2) in both commands; a front matter
+    that is not a mapping is the same warning in both (upstream logs it and goes on)."""
+    src = drafter_with_card(tmp_path, shape, generation_config=False)
+    convert_run = run_cli("convert", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "x.gguf", "--dry-run")
+    publish_run = run_cli("publish", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "r", "--dry-run")
+    card = src / "README.md"
+    if shape == "malformed":
+        for r in (convert_run, publish_run):
+            assert r.returncode == 2 and r.stderr.splitlines() == [
+                f"dflash-convert: error: {card}: the model card's front matter is not valid YAML: did not find expected "
+                "',' or ']' (line 4)"], r.stderr
+    else:
+        for r in (convert_run, publish_run):
+            assert r.returncode == 0, r.stderr
+            assert f"{card}: the model card's front matter is list, not a mapping; ignored" in r.stderr
+
+
+def test_entries_gguf_py_cannot_use_are_said_shortened(tmp_path, qwen3_target, caplog):
+    """A base model that is a 100,000-item list: gguf-py would log it whole; we say it in one short line and
+    write the empty entry gguf-py makes of it."""
+    src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
+    (src / "README.md").write_text("---\nbase_model:\n- [" + ", ".join(["1234567"] * 100000) + "]\n- Qwen/Qwen3-4B\n---\n")
+    with caplog.at_level(logging.WARNING):
+        plan = plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
+    assert max(len(r.getMessage()) for r in caplog.records) < 300
+    assert "base model entry [1234567, 1234567, 1234567, 1234567, 1234567, 1234567, ...] is neither" in caplog.text
+    assert plan.metadata.get("general.base_model.count") == 2
+    assert plan.metadata.get("general.base_model.1.name") == "Qwen3 4B"
 
 
 def test_metadata_refuses_floats_float32_cannot_hold():

@@ -24,8 +24,10 @@ import pytest
 from huggingface_hub import ModelCard
 
 from dflash_convert.errors import DFlashError, InputFileError
-from dflash_convert.publish import CARD_NAME, SUMS_NAME, publish, sha256_of, summary_rows
+from dflash_convert.publish import publish, summary_rows
 from dflash_convert.quantize import quantize
+from dflash_convert.release_card import CARD_NAME, SUMS_NAME, sha256_of
+from dflash_convert.upload import Timeouts, upload_release
 from dflash_convert.validate import validate
 from dflash_convert.validate.report import LLAMA_CPP_COMMIT
 from fixtures.drafters import make_zlab_drafter
@@ -185,6 +187,49 @@ def test_upload_without_a_token_is_refused_before_any_work(drafter, qwen3_target
         publish(drafter, qwen3_target, out, upload="not a repo")
 
 
+def test_upload_is_refused_offline_before_anything_is_built(drafter, qwen3_target, tmp_path):
+    """HF_HUB_OFFLINE=1 with a token: one line, at once, no release directory and nothing beside it."""
+    out = tmp_path / "release"
+    r = cli("publish", drafter, "--target-model-dir", qwen3_target, "-o", out, "--types", "BF16,Q8_0", "--upload",
+            "me/tiny-GGUF", env={"HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_test_token", "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert r.returncode == 1 and "cannot upload with HF_HUB_OFFLINE set" in one_error_line(r)
+    nothing_left(tmp_path, out)
+
+
+def test_an_endpoint_that_never_answers_times_out(tmp_path, monkeypatch):
+    """A server on 127.0.0.1 that accepts the connection and never answers: the upload fails with one error
+    line within its timeouts (huggingface_hub's own client would wait forever)."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept_and_say_nothing() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    folder = tmp_path / "release"
+    folder.mkdir()
+    (folder / CARD_NAME).write_text("---\nlicense: mit\n---\n")
+    start = time.monotonic()
+    try:
+        with pytest.raises(DFlashError, match=r"the upload to me/tiny-GGUF failed \(\w*Timeout"):
+            upload_release(folder, "me/tiny-GGUF", "hf_test_token", [CARD_NAME], timeouts=Timeouts(connect=1, transfer=1))
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert accepted and time.monotonic() - start < 30
+
+
 @pytest.mark.slow  # runs a model (or a whole release) end to end
 def test_an_existing_release_needs_force_and_an_input_is_never_the_release(released, drafter, qwen3_target, tmp_path):
     out = tmp_path / "release"
@@ -226,10 +271,33 @@ def test_types_and_the_source_card_are_checked(drafter, qwen3_target, tmp_path):
     (bad / CARD_NAME).write_text("---\nlicense: [apache-2.0\n---\n")
     r = cli("publish", bad, "--target-model-dir", qwen3_target, "-o", out, "--types", "Q8_0")
     line = one_error_line(r)
-    assert r.returncode == 2 and f"{bad / CARD_NAME}: the model card's YAML front matter is malformed" in line
+    assert r.returncode == 2 and f"{bad / CARD_NAME}: the model card's front matter is not valid YAML" in line
     with pytest.raises(InputFileError):
         publish(bad, qwen3_target, out, types="Q8_0")
     nothing_left(tmp_path, out)
+
+
+def test_the_staging_directory_commits_as_every_output_does(tmp_path):
+    """One commit for files and the release directory: a release that appeared meanwhile is not replaced
+    (unless replace), and a staging directory swapped for another is never released."""
+    from dflash_convert.outputs import TemporaryDirectory
+
+    out = tmp_path / "release"
+    with TemporaryDirectory(out) as staging:
+        (staging.path / "a.gguf").write_text("new")
+        out.mkdir()  # another run got there first
+        (out / "old.txt").write_text("old")
+        with pytest.raises(DFlashError, match="output appeared while this run was writing it"):
+            staging.commit()
+        staging.commit(replace=True)
+    assert sorted(os.listdir(out)) == ["a.gguf"] and [p.name for p in tmp_path.iterdir()] == ["release"]
+    with TemporaryDirectory(tmp_path / "second") as staging:
+        os.rename(staging.path, tmp_path / "moved")
+        staging.path.mkdir()  # same name, another directory
+        with pytest.raises(DFlashError, match="the temporary directory .* was moved or replaced"):
+            staging.commit()
+    assert not (tmp_path / "second").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([staging.path.name, "moved", "release"])  # not ours: left
 
 
 @pytest.mark.parametrize("phase, sig, code", [("data", "SIGINT", 130), ("release", "SIGTERM", 143)])
@@ -316,6 +384,7 @@ def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(relea
     from drafter_gguf import kv, read_parts, set_key, write_parts
 
     from dflash_convert.publish import read_provenance
+    from dflash_convert.sources.gguf import read_gguf
 
     rel, out = released
     parts = read_parts(out / rel.files[0].name)
@@ -323,14 +392,14 @@ def test_provenance_comes_from_the_file_keys_when_the_arguments_do_not_say(relea
                          ("target_hf_repo", TARGET_REPO), ("target_hf_commit", TARGET_REV)):
         parts = set_key(parts, kv(short, value))
     tagged = write_parts(tmp_path / "tagged.gguf", parts)
-    p = read_provenance(tagged, drafter, qwen3_target, drafter_repo=None, target_repo=None, target_revision=None)
+    p = read_provenance(read_gguf(tagged), drafter, qwen3_target, drafter_repo=None, target_repo=None, target_revision=None)
     assert (p.drafter, p.drafter_revision, p.target, p.target_revision, p.drafter_is_repo) == (
         DRAFTER_REPO, "1" * 40, TARGET_REPO, TARGET_REV, True)
-    other = read_provenance(tagged, drafter, qwen3_target, drafter_repo="me/fork", target_repo="Qwen/Qwen3-8B-Base",
+    other = read_provenance(read_gguf(tagged), drafter, qwen3_target, drafter_repo="me/fork", target_repo="Qwen/Qwen3-8B-Base",
                             target_revision=None)
     assert (other.drafter, other.drafter_revision, other.target, other.target_revision) == (
         "me/fork", None, "Qwen/Qwen3-8B-Base", None)  # a recorded revision is of the recorded repo only
-    plain = read_provenance(out / rel.files[0].name, drafter, qwen3_target, drafter_repo=None, target_repo=None,
+    plain = read_provenance(read_gguf(out / rel.files[0].name), drafter, qwen3_target, drafter_repo=None, target_repo=None,
                             target_revision=None)
     assert (plain.drafter, plain.target, plain.drafter_is_repo, plain.target_revision) == (
         drafter.name, qwen3_target.name, False, None)

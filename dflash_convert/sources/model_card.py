@@ -5,8 +5,10 @@ matter of README.md, config.json's ``_name_or_path``, the directory name, genera
 ``--metadata FILE.json`` over all of them, and a size label from the parameter count when none was found.
 We call gguf-py's own heuristics for the part that is judgement (naming base models and datasets,
 splitting a directory name into basename, size label, finetune and version), so the values are
-upstream's; the files are read here: bounded, with one error line for a bad file, the YAML parsed
-with ``yaml.safe_load`` (plain data only: no tag ever constructs an object or runs code).
+upstream's; the files are read here: bounded, with one error line for a bad file. The front matter
+is parsed as plain data (no tag ever constructs an object or runs code), at most ``MAX_CARD_BYTES``,
+and without aliases: ``*name`` lets a 1 KB card stand for a tree of 10**9 strings, which gguf-py's
+heuristics would format whole into one log line. ``convert`` and ``publish`` both read cards here.
 
 gguf-py 0.19.0 (PyPI) and the vendored copy at 0c1e57098 differ in one line that matters here: the
 vendored one also takes ``repetition_penalty`` from generation_config.json. That step is ours
@@ -47,9 +49,17 @@ log = logging.getLogger("dflash_convert")
 
 CARD_NAME = "README.md"
 GENERATION_CONFIG_NAME = "generation_config.json"
-MAX_CARD_BYTES = 16 * 1024 * 1024  # model cards are kilobytes; refuse the absurd before decoding it
+MAX_CARD_BYTES = 1 << 20  # model cards are kilobytes; refuse the absurd before decoding it
 MAX_OVERRIDE_BYTES = 16 * 1024 * 1024
 FRONT_MATTER_FENCE = "---"
+SHOWN_CHARS = 80  # of a value in a message: reprlib's bounded repr, cut
+# libyaml's parser where it is built (linear, and it refuses nesting past 1000 levels), else PyYAML's own
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# the card fields gguf-py reads as lists of entries: each a string (an id or a URL) or a mapping
+_ENTRY_LISTS: dict[str, tuple[str, ...]] = {
+    "base model": ("base_model", "base_models", "base_model_sources"),
+    "dataset": ("datasets", "dataset", "dataset_sources"),
+}
 
 # the single-valued fields, in the order upstream writes their keys; each is also the KEYS short name
 SCALAR_FIELDS: tuple[str, ...] = (
@@ -86,6 +96,7 @@ class ModelCard:
 
     metadata: Metadata
     files: list[Path] = field(default_factory=list)
+    front_matter: dict[str, Any] = field(default_factory=dict)  # README.md's, as read (publish's card reads it)
 
 
 def front_matter(path: Path) -> dict[str, Any]:
@@ -110,25 +121,59 @@ def front_matter(path: Path) -> dict[str, Any]:
     # upstream's two textual repairs, so the same card gives the same values: YAML 1.1 reads a bare
     # `no` as false (Norwegian in a language list), and YAML forbids tabs in indentation
     source = ("\n".join(block) + "\n").replace("- no\n", '- "no"\n').replace("\t", "  ")
-    try:
-        data = yaml.safe_load(source)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"the model card's front matter is not valid YAML: {_yaml_problem(e)}", path) from None
-    except RecursionError:
-        raise ConfigError("the model card's front matter nests too deeply", path) from None
+    data = _plain_yaml(source, path)
     if not isinstance(data, dict):
-        if data is not None:
+        if data is not None:  # as upstream: logged and ignored
             log.warning("%s: the model card's front matter is %s, not a mapping; ignored",
                         printable(path), type(data).__name__)
         return {}
     return data
 
 
+def _plain_yaml(source: str, path: Path) -> Any:
+    """The YAML document as plain data; an alias, a syntax error or deep nesting is one error line."""
+    try:
+        events = _YAML_LOADER(source)
+        try:  # aliases first, on the event stream: nothing is built from a card that has one
+            while events.check_event():
+                if isinstance(events.get_event(), yaml.AliasEvent):
+                    raise InputFileError("the model card's front matter uses a YAML alias (*name), which can make a small "
+                                         "card expand without bound; write the values out", path)
+        finally:
+            events.dispose()
+        return yaml.load(source, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader: plain data only
+    except yaml.YAMLError as e:
+        raise InputFileError(f"the model card's front matter is not valid YAML: {_yaml_problem(e)}", path) from None
+    except RecursionError:
+        raise InputFileError("the model card's front matter nests too deeply", path) from None
+
+
 def _yaml_problem(e: yaml.YAMLError) -> str:
     """One line: what the YAML parser found and on which line of the README.md (the block starts on line 2)."""
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     mark = getattr(e, "problem_mark", None)
-    return f"{problem} (line {mark.line + 2})" if mark is not None else str(problem)
+    problem = " ".join(str(problem).split())[:200]
+    return f"{problem} (line {mark.line + 2})" if mark is not None else problem
+
+
+def _bounded_entries(card: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The card with every base-model or dataset entry gguf-py cannot use (neither a string nor a mapping)
+    replaced by the empty entry gguf-py makes of it; said here, shortened: gguf-py would log it whole."""
+    out = dict(card)
+    for what, names in _ENTRY_LISTS.items():
+        name = next((n for n in names if n in card), None)
+        value = card.get(name) if name else None
+        if not isinstance(value, list):
+            continue
+        kept = []
+        for entry in value:
+            if not isinstance(entry, (str, dict)):
+                log.warning("%s: %s entry %s is neither a name nor a mapping; written as an empty entry, as upstream does",
+                            printable(path), what, shortened(entry))
+                entry = {}
+            kept.append(entry)
+        out[name] = kept
+    return out
 
 
 def generation_config(path: Path) -> dict[str, Any]:
@@ -151,7 +196,8 @@ def read_metadata_override(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError("the --metadata file must hold a JSON object of general.* keys", path)
     ignored = sorted(k for k in data if k not in _OVERRIDABLE)
     if ignored:
-        log.warning("%s: upstream's --metadata does not set %s; ignored", printable(path), ", ".join(map(printable, ignored)))
+        shown = ", ".join(printable(shortened(k)[1:-1]) for k in ignored[:10]) + (f" and {len(ignored) - 10} more" if len(ignored) > 10 else "")
+        log.warning("%s: upstream's --metadata does not set %s; ignored", printable(path), shown)
     return data
 
 
@@ -177,9 +223,10 @@ def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
     hf_params = {"_name_or_path": name_or_path} if isinstance(name_or_path, str) else {}
     fields = UpstreamCard()
     try:
-        fields = UpstreamCard.apply_metadata_heuristic(fields, card, hf_params, named, n_params)
+        fields = UpstreamCard.apply_metadata_heuristic(fields, _bounded_entries(card, card_path), hf_params, named, n_params)
     except (TypeError, AttributeError, ValueError) as e:  # a value of a shape upstream's heuristics cannot take
-        raise ConfigError(f"the model card's front matter has a value gguf-py cannot use: {e}", card_path) from None
+        problem = " ".join(str(e).split())[:200]
+        raise ConfigError(f"the model card's front matter has a value gguf-py cannot use: {problem}", card_path) from None
 
     if gen_path.exists():
         gen = generation_config(gen_path)
@@ -202,7 +249,7 @@ def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
         fields.size_label = upstream_size_label(n_params, n_params, 0, 0)
     if fields.name is None:
         fields.name = named.name
-    return ModelCard(_card_keys(fields, origin, card_path), files)
+    return ModelCard(_card_keys(fields, origin, card_path), files, card)
 
 
 def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -> Metadata:
@@ -231,7 +278,7 @@ def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -
         if entries is None:
             continue
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise ConfigError(f"{f} must be a list of objects, not {_shown(entries)}", where(f))
+            raise ConfigError(f"{f} must be a list of objects, not {shortened(entries)}", where(f))
         md.set(count_key, len(entries))
         for i, entry in enumerate(entries):
             for name in CARD_ENTRY_FIELDS:
@@ -243,7 +290,7 @@ def _card_keys(fields: UpstreamCard, origin: dict[str, Path], card_path: Path) -
         if not items:
             continue
         if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-            raise ConfigError(f"{key(f)} must be a list of strings, not {_shown(items)}", where(f))
+            raise ConfigError(f"{key(f)} must be a list of strings, not {shortened(items)}", where(f))
         md.set(f, [printable(v) for v in items])
     return md
 
@@ -260,11 +307,12 @@ def _typed(k: str, vtype: ValueType, value: Any, path: Path) -> Any:
         raise DFlashError(f"{k}: no rule for {vtype.name}")
     if not ok:
         want = {ValueType.STRING: "a string", ValueType.INT32: "an integer"}.get(vtype, "a number")
-        raise ConfigError(f"{k} must be {want}, not {_shown(value)}", path)
+        raise ConfigError(f"{k} must be {want}, not {shortened(value)}", path)
     return printable(value) if vtype == ValueType.STRING else value
 
 
-def _shown(value: Any) -> str:
-    """A value in an error line: reprlib's bounded repr, since YAML aliases can make a small card a huge
-    nested value (a plain repr of it would not finish)."""
-    return reprlib.repr(value)[:80]
+def shortened(value: Any) -> str:
+    """A value as a message shows it: reprlib's bounded repr, cut to ``SHOWN_CHARS`` (a card's value can be
+    a megabyte of nested lists)."""
+    text = reprlib.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."

@@ -22,20 +22,21 @@ from .file_name import file_name_check
 from .numerics import scan
 from .report import FAIL, PASS, SKIP, Check, Report
 from .semantics import Reading, semantic_checks, skipped_semantics
-from .target import target_checks
+from .target import PairingTarget, pairing_target, target_checks
 
-__all__ = ["Check", "Report", "validate"]
+__all__ = ["Check", "PairingTarget", "Report", "pairing_target", "validate"]
 
 
-def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *, deep: bool = False,
+def validate(path: str | os.PathLike, target: str | os.PathLike | PairingTarget | None = None, *, deep: bool = False,
              parsed: GGUFFile | None = None) -> Report:
     """Check one drafter GGUF; never raises for bad input (a fatal check says why instead).
 
-    ``parsed``: ``path`` already read by ``read_gguf`` (quantize has it in hand, and a vocabulary is
-    not parsed twice); the caller keeps it open and closes it.
+    ``target``: a path, or a ``pairing_target`` read once for several files (publish validates each
+    file of a release against the same one). ``parsed``: ``path`` already read by ``read_gguf``
+    (quantize has it in hand); the caller keeps it open and closes it.
     """
     path = Path(path)
-    target_path = None if target is None else Path(target)
+    target_path = None if target is None else target.path if isinstance(target, PairingTarget) else Path(target)
     if parsed is not None:
         g = parsed
     else:
@@ -66,7 +67,7 @@ def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *
         if target_path is None:
             checks.append(Check("target", SKIP, "no --target: hidden size, tokenizer and layer range not checked against the target"))
         else:
-            checks += target_checks(reading, target_path)
+            checks += target_checks(reading, target if isinstance(target, PairingTarget) else target_path)
         return Report(path, target_path, checks, match.name)
     finally:
         if parsed is None:

@@ -8,6 +8,8 @@ derives them, so a file converted from that directory compares equal.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from ..sources.gguf import NumArray, StrArray, read_gguf
 from ..sources.target import read_target_dir, target_from_gguf
 from ..target import GGUF, Target
 from ..tokenizer.borrow import borrow_from_dir
+from ..tokenizer.cache import TokenizerCache, open_cache
 from .report import FAIL, SKIP, WARN, Check, check_from, passed
 from .semantics import Reading, ne_of, tensor_ids
 
@@ -46,37 +49,50 @@ def comparable(md: Metadata | None) -> Comparable:
                                   if kv.key.startswith(TOKENIZER_PREFIX)}
 
 
-def pairing_target(path: Path, draft_vocab: int | None) -> tuple[Target, Comparable, str | None]:
-    """The target, its tokenizer keys in comparable form, and why they could not be had (or None).
+@dataclass
+class PairingTarget:
+    """A target as validate compares a drafter with it: read once, usable for any number of files."""
 
-    A directory's keys are derived exactly as ``convert`` derives them, so a file converted from it
-    compares equal. Raises DFlashError when the target cannot be read at all.
+    path: Path
+    target: Target
+    tokenizer: Comparable  # its tokenizer keys in comparable form
+    error: str | None = None  # why the tokenizer keys could not be had
+
+
+def pairing_target(path: str | os.PathLike, draft_vocab: int | None = None,
+                   cache: bool | TokenizerCache = True, *, read: Target | None = None) -> PairingTarget:
+    """Read the target (a GGUF or a Hugging Face directory) for comparing drafters with it.
+
+    A directory's keys are derived exactly as ``convert`` derives them (through the same tokenizer
+    cache), so a file converted from it compares equal; ``read``: the directory's Target, already read
+    (a conversion has it). Raises DFlashError when the target cannot be read at all.
     """
     path = Path(path)
     if path.is_dir():
-        t = read_target_dir(path)
+        t = read if read is not None else read_target_dir(path)
         md = Metadata()
         try:
-            borrow_from_dir(md, path, t.architecture, t.vocab_size or draft_vocab)
+            borrow_from_dir(md, path, t.architecture, t.vocab_size or draft_vocab, cache=open_cache(cache))
         except DFlashError as e:
-            return t, {}, f"cannot derive the target's tokenizer keys: {e.message}"
-        return t, comparable(md), None
+            return PairingTarget(path, t, {}, f"cannot derive the target's tokenizer keys: {e.message}")
+        return PairingTarget(path, t, comparable(md))
     if not path.exists():
         if path.is_symlink():  # a dangling link or a loop: read_gguf names which
             read_gguf(path)
         raise DFlashError("target not found (pass a target GGUF or a Hugging Face model directory)", path)
     t = target_from_gguf(read_gguf(path))
     error = f"the target GGUF has no {key('tok_tokens')}" if t.vocab_size is None else None
-    return t, comparable(t.tokenizer), error
+    return PairingTarget(path, t, comparable(t.tokenizer), error)
 
 
-def target_checks(r: Reading, target_path: Path) -> list[Check]:
-    """The ``target.*`` checks of a file against its target (a GGUF or a model directory)."""
-    V = r.dims.get("V")
+def target_checks(r: Reading, target: Path | PairingTarget) -> list[Check]:
+    """The pairing checks of one drafter against ``target`` (a path, or a target read once)."""
+    target_path = target.path if isinstance(target, PairingTarget) else target
     try:
-        t, tokenizer, error = pairing_target(target_path, V)
+        paired = target if isinstance(target, PairingTarget) else pairing_target(target, r.dims.get("V"))
     except DFlashError as e:
         return [Check("target.read", FAIL, f"cannot read the target: {e}", fatal=True)]
+    t, tokenizer, error = paired.target, paired.tokenizer, paired.error
     arch = t.architecture
     if t.kind == GGUF and (arch in DRAFTER_ARCHS or arch is None or error and t.hidden_size is None):
         what = "a drafter" if arch in DRAFTER_ARCHS else f"not a target model (architecture {arch!r})"
