@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .command_line import Command, HelpRequested, UsageError, argument, flag, multi, option, parse, render_help, render_program_help
-from .errors import DFlashError, InputFileError, printable
+from .errors import ArgumentError, DFlashError, InputFileError, printable
 from .files import os_reason
 from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
@@ -85,6 +85,8 @@ EXIT_SIGPIPE = 128 + signal.SIGPIPE  # the reader of stdout went away (| head): 
 
 def exit_code(e: DFlashError) -> int:
     """The one exit-code rule of every command."""
+    if isinstance(e, ArgumentError):
+        return EXIT_USAGE
     return EXIT_UNREADABLE if isinstance(e, InputFileError) else EXIT_REFUSED
 
 

@@ -39,6 +39,10 @@ class DFlashError(Exception):
         super().__init__(printable(f"{self.path}: {message}" if self.path else message))
 
 
+class ArgumentError(DFlashError):
+    """A value on the command line is wrong or out of range (exit code 64, as a usage error)."""
+
+
 class InputFileError(DFlashError):
     """An input file is unreadable, corrupt or inconsistent (exit code 2 for readers)."""
 
