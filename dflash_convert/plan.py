@@ -176,7 +176,7 @@ def parse_prune_layers(spec: str) -> list[int]:
     except ValueError:
         ids = [-1]
     if not ids or any(i < 0 for i in ids):
-        raise DFlashError(f"--prune-layers {spec!r}: expected comma-separated layer numbers")
+        raise ArgumentError(f"--prune-layers {spec!r}: expected comma-separated layer numbers")
     return sorted(set(ids))
 
 

@@ -86,7 +86,7 @@ CASES = {
                                       "--override-kv", "dflash_convert.f=float:0.5", "--override-kv", "dflash_convert.b=bool:true"]),
     "prune-middle": ("big", "Q4_K_M", ["--prune-layers", "3,1"]),
     "prune-first": ("big", "Q4_K_M", ["--prune-layers", "0,0"]),
-    "prune-beyond": ("big", "Q4_K_M", ["--prune-layers", "4,9"]),
+    "prune-last": ("big", "Q4_K_M", ["--prune-layers", "4"]),  # a layer beyond the last is refused (see below)
     "manual-then-fallback": ("small", "Q4_K_M", ["--tensor-type", "attn_q=q4_k", "--tensor-type", "ffn=iq4_xs"]),
     "float-file-type": ("big", "F16", ["--tensor-type", "attn_q=q8_0", "--output-tensor-type", "q8_0"]),
     "k-mix": ("big", "Q3_K_M", ["--tensor-type", "attn_v=q3_k", "--tensor-type", "ffn_down=q2_k", "--pure"]),
@@ -308,3 +308,28 @@ def test_bad_patterns_on_the_command_line_exit_64_and_from_a_file_exit_2(drafter
     r = run_cli("quantize", src, tmp_path / "o.gguf", "Q4_K_M", "--tensor-type-file", f)
     assert r.returncode == 2 and str(f) in r.stderr and "exponential time" in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "o.gguf").exists()
+
+
+def test_prune_layers_beyond_the_drafter_are_a_usage_error(drafters, tmp_path):
+    """llama-quantize ignores a layer number the file does not have (a typo prunes nothing, silently):
+    refused, naming the file, the layers it has and the ones it has not; exit 64, nothing written."""
+    from dflash_convert.errors import ArgumentError
+    src = drafters["small"]  # 3 layers
+    with pytest.raises(ArgumentError, match=r"--prune-layers 1,5: the drafter has 3 layer\(s\), 0..2; there is no layer 5"):
+        plan_quantize(src, tmp_path / "p.gguf", "Q8_0", options=options_from_flags(["--prune-layers", "1,5"]))
+    r = run_cli("quantize", src, tmp_path / "p.gguf", "Q8_0", "--prune-layers", "5")
+    assert r.returncode == 64 and r.stderr.splitlines() == [
+        f"dflash-convert: error: {src}: --prune-layers 5: the drafter has 3 layer(s), 0..2; there is no layer 5"]
+    assert not (tmp_path / "p.gguf").exists()
+    r = run_cli("quantize", src, tmp_path / "p.gguf", "Q8_0", "--prune-layers", "1,x")
+    assert r.returncode == 64 and "expected comma-separated layer numbers" in r.stderr
+
+
+def test_a_file_refused_before_its_rename_is_named_by_its_output_path(drafters, tmp_path):
+    """The gate validates the temporary file through /proc/self/fd/N; its error line names the output."""
+    out = tmp_path / "aligned.gguf"
+    r = run_cli("quantize", drafters["small"], out, "Q8_0", "--override-kv", "general.alignment=int:3")
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        f"dflash-convert: error: {out}: refusing to write a file that fails validate (container: {out}: general.alignment 3 "
+        "is not a power of two)"]
+    assert "/proc/" not in r.stderr and not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
