@@ -34,7 +34,7 @@ from .format.quant_types import (
     resolve_ftype,
 )
 from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storage_type
-from .format.tensor_patterns import compile_pattern, tensor_glob
+from .format.tensor_patterns import compile_pattern, shown, tensor_glob
 from .format.tensors import LAYER_PREFIX, layer_name, layer_of
 from .metadata import Metadata
 from .pipeline import PlannedTensor
@@ -113,8 +113,8 @@ def parse_tensor_types(specs: list[str], where: str = "--tensor-type") -> list[t
     for spec in specs:
         pattern, sep, type_name = spec.partition("=")
         if not sep or not pattern or not type_name:
-            raise ArgumentError(f"{where} {spec!r}: expected PATTERN=TYPE, for example 'attn_v=q8_0'")
-        compile_pattern(pattern.lower(), f"{where} {spec!r}")  # refused here, before any file is read
+            raise ArgumentError(f"{where} {shown(spec)}: expected PATTERN=TYPE, for example 'attn_v=q8_0'")
+        compile_pattern(pattern.lower(), f"{where} {shown(spec)}")  # refused here, before any file is read
         out.append((pattern.lower(), parse_ggml_type(type_name, where)))
     return out
 
@@ -256,12 +256,12 @@ def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
     for spec in specs:
         pattern, sep, type_name = spec.partition("=")
         if not sep or not pattern or not type_name:
-            raise ArgumentError(f"--keep-type {spec!r}: expected PATTERN=TYPE, for example 'blk.[01].attn_*=Q8_0'")
+            raise ArgumentError(f"--keep-type {shown(spec)}: expected PATTERN=TYPE, for example 'blk.[01].attn_*=Q8_0'")
         t = type_name.strip().upper()
         if t not in writable:
-            raise ArgumentError(f"--keep-type {spec!r}: unknown or unsupported tensor type {type_name!r} "
+            raise ArgumentError(f"--keep-type {shown(spec)}: unknown or unsupported tensor type {type_name!r} "
                               f"(choose from {', '.join(writable)})")
-        tensor_glob(pattern.strip(), f"--keep-type {spec!r}")  # refused here, before any file is read
+        tensor_glob(pattern.strip(), f"--keep-type {shown(spec)}")  # refused here, before any file is read
         out.append((pattern.strip(), GGMLType[t]))
     return out
 

@@ -50,7 +50,8 @@ def _cap(n: int) -> int:
 
 def _count_error(item: str, count: int | None = None) -> ArgumentError:
     what = "a repetition count" if count is None else f"the repetition count {count}"
-    return ArgumentError(f"{item}: {what} is too large (at most {REPEAT_MAX})")
+    return ArgumentError(f"{item}: {what} is too large (at most {REPEAT_MAX})" if item else
+                         f"{what} is too large (at most {REPEAT_MAX})")
 
 
 def _width(items: list, state: object) -> tuple[int, int]:
@@ -97,42 +98,55 @@ def _cost(items: list, item: str, state: object) -> int:
     return total
 
 
-def work_bound(pattern: str, item: str | None = None) -> int:
+def work_bound(pattern: str, item: str = "") -> int:
     """The backtracking paths ``pattern`` may explore searching one tensor name (saturates above WORK_BOUND)."""
     try:
         tree = _sre_parse.parse(pattern)
     except OverflowError:  # a count Python's parser cannot even hold
-        raise _count_error(item or repr(pattern)) from None
-    return _cap((NAME_MAX + 1) * _cost(list(tree), item or repr(pattern), tree.state))
+        raise _count_error(item) from None
+    return _cap((NAME_MAX + 1) * _cost(list(tree), item, tree.state))
 
 
-@functools.lru_cache(maxsize=1024)
-def compile_pattern(pattern: str, item: str | None = None) -> re.Pattern[str]:
-    """``pattern`` compiled, once its work on a tensor name is bounded; ArgumentError naming ``item`` otherwise."""
-    where = item if item is not None else repr(pattern)
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a message, its middle cut when longer than ``limit`` (a pattern may be a MiB long)."""
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit // 2]) + f" ... ({len(text)} characters) ... " + repr(text[-limit // 4:])
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a whole --tensor-type-file: parsed, then planned, compiled once
+def _compiled(pattern: str) -> re.Pattern[str] | str:
+    """``pattern`` compiled, or why it is refused (cached by the pattern alone: mix searches plan many times)."""
     try:
         compiled = re.compile(pattern)
+        bound = work_bound(pattern, "")
     except OverflowError:
-        raise _count_error(where) from None
+        return f"a repetition count is too large (at most {REPEAT_MAX})"
+    except ArgumentError as e:
+        return e.message
     except re.error as e:
-        raise ArgumentError(f"{where}: the pattern is not a regular expression: {e}") from None
+        return f"the pattern is not a regular expression: {e}"
     except RecursionError:
-        raise ArgumentError(f"{where}: the pattern nests too deeply") from None
-    try:
-        bound = work_bound(pattern, where)
-    except RecursionError:
-        raise ArgumentError(f"{where}: the pattern nests too deeply") from None
+        return "the pattern nests too deeply"
     if bound > WORK_BOUND:
-        raise ArgumentError(f"{where}: matching this pattern may take exponential time (nested or repeated "
-                            "quantifiers over a part that can match in several ways, or more than three unbounded "
-                            "quantifiers); write it without them, e.g. '.*' once, or 'blk\\.[0-3]\\.' for a range")
+        return ("matching this pattern may take exponential time (nested or repeated quantifiers over a part that can "
+                "match in several ways, or more than three unbounded quantifiers); write it without them, e.g. '.*' once, "
+                "or 'blk\\.[0-3]\\.' for a range")
+    return compiled
+
+
+def compile_pattern(pattern: str, item: str | None = None) -> re.Pattern[str]:
+    """``pattern`` compiled, once its work on a tensor name is bounded; ArgumentError naming ``item`` otherwise."""
+    compiled = _compiled(pattern)
+    if isinstance(compiled, str):
+        raise ArgumentError(f"{item if item is not None else shown(pattern)}: {compiled}")
     return compiled
 
 
 def tensor_glob(pattern: str, item: str | None = None) -> Callable[[str], bool]:
     """A --keep-type glob as a test of a tensor name: the whole name, case-sensitive (fnmatch.fnmatchcase)."""
-    match = compile_pattern(fnmatch.translate(pattern), item if item is not None else repr(pattern)).match
+    match = compile_pattern(fnmatch.translate(pattern), item if item is not None else shown(pattern)).match
     return lambda name: match(name) is not None
 
 
-__all__ = ["NAME_MAX", "REPEAT_MAX", "WORK_BOUND", "compile_pattern", "tensor_glob", "work_bound"]
+__all__ = ["NAME_MAX", "REPEAT_MAX", "WORK_BOUND", "compile_pattern", "shown", "tensor_glob", "work_bound"]
