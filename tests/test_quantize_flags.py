@@ -333,3 +333,12 @@ def test_a_file_refused_before_its_rename_is_named_by_its_output_path(drafters, 
         f"dflash-convert: error: {out}: refusing to write a file that fails validate (container: {out}: general.alignment 3 "
         "is not a power of two)"]
     assert "/proc/" not in r.stderr and not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_refused_pattern_is_shown_cut_in_its_error_line(tmp_path):
+    """A pattern of 100,000 characters (50,000 nested groups) is refused in one short line naming the file."""
+    f = tmp_path / "deep.txt"
+    f.write_text("(" * 50_000 + "a" + ")" * 50_000 + "=q8_0")
+    with pytest.raises(DFlashError, match=r"deep.txt: '\(+' \.\.\. \(100006 characters\) \.\.\. '\)+=q8_0': the pattern nests") as e:
+        options_from_flags(["--tensor-type-file", str(f)])
+    assert len(str(e.value)) < 300
