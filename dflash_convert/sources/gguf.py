@@ -9,7 +9,7 @@ costs at most the bytes it takes in the file (its 8-byte length prefixes become 
 bytes), and an item becomes a Python object only when a caller asks for it. The file is mapped,
 and the mapped pages behind the parser are handed back as it goes (``MADV_DONTNEED``), so the
 pages of the file and the copy of its values are never both resident: reading a file costs about
-its metadata's size once, plus a constant (tests/test_hostile.py measures it).
+its metadata's size once, plus a constant (tests/test_faults_memory.py measures it).
 Tensor infos are checked for name length, dimension count, element-count overflow, known types,
 block alignment, and data offsets (aligned, inside the file, non-overlapping and packed in table
 order, as llama.cpp's ``gguf_init_from_file`` requires) with sizes consistent with shape and type.
