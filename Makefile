@@ -39,7 +39,7 @@ test: venv lint
 # Unit and bad-input tiers: no llama.cpp (no sdist download, no cmake build) and no trained pair.
 # DFLASH_CONVERT_FAST_TIER makes a test that reaches for either fail, naming the mark it lacks.
 # Tests are handed out one at a time (worksteal): the tier has no costly module fixture to share,
-# and the largest file (test_hostile) would otherwise keep one worker busy alone.
+# and the largest file would otherwise keep one worker busy alone.
 test-fast: venv
 	DFLASH_CONVERT_FAST_TIER=1 $(PYTEST) -q -ra -n $(JOBS) --dist worksteal -m "not parity and not runtime and not slow" --durations=20
 

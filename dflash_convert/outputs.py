@@ -6,6 +6,9 @@ the Hugging Face cache; ``--force`` lifts none of this. Every file is written as
 ``TemporaryOutput`` beside its destination (created exclusively under a random name, renamed into
 place without replacing a file that appeared meanwhile, unless ``--force``); temporary files a
 killed run left behind are reported, and removed with ``--force``.
+The writer holds an exclusive flock on its temporary file for as long as it lives, and the file's
+name carries this boot's id: a temporary file of ours, of this boot, whose lock nobody holds, is a
+killed run's, and the next command that writes into the folder removes it with one line saying so.
 
 Specification: docs/conversion.md, "How every output is written".
 """
@@ -14,8 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import fnmatch
+import functools
+import logging
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -169,6 +176,92 @@ def temporary_name(out: Path, pid: int, token: str) -> str:
     return f".{stem}{tail}"
 
 
+# the lines of removed partials: -q (the root logger's level) does not silence them
+_REMOVED = logging.getLogger("dflash_convert.removed_partials")
+_REMOVED.setLevel(logging.WARNING)
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+# .<output name>.<pid>-<boot tag>-<random>.dflash-partial, as TemporaryOutput names them
+_LOCKED_PARTIAL = re.compile(r"\.(?P<stem>.+)\.(?P<pid>[0-9]+)-(?P<boot>[0-9a-f]{8})-[0-9a-f]{16}" + re.escape(PARTIAL_SUFFIX))
+
+
+@functools.lru_cache(maxsize=1)
+def boot_tag() -> str | None:
+    """The first 8 hex digits of this boot's id (Linux), None where there is none: a partial's name says
+    which host and boot wrote it, so its lock and pid are only judged where they mean something."""
+    try:
+        text = BOOT_ID.read_text().strip().replace("-", "")
+    except OSError:
+        return None
+    return text[:8] if re.fullmatch(r"[0-9a-f]{32}", text) else None
+
+
+def lock_for_life(fd: int) -> None:
+    """An exclusive flock on a temporary file, held until its descriptor is closed (the writer exits or is
+    killed): what tells a later run the writer is gone. A file system without flock just goes without."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether ``path`` is a temporary file of ours whose writer is provably gone: named by this boot,
+    a regular file with one link, ours, and its writer's lock free (taken here without waiting)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: the writer is alive (or the file system cannot tell)
+            return False
+        # the lock stays ours until the name is gone: no writer can be mid-claim on this file
+        current = os.lstat(path)
+        if (current.st_dev, current.st_ino) != (st.st_dev, st.st_ino):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_abandoned_partials(folder: Path) -> list[str]:
+    """Remove every temporary file of ours in ``folder`` whose writer is provably gone (``_abandoned``),
+    whatever output it was for; each removal is one line (on the log -q does not silence), returned too."""
+    tag = boot_tag()
+    if tag is None:
+        return []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    lines = []
+    for name in names:
+        m = _LOCKED_PARTIAL.fullmatch(name)
+        if m is None or m["boot"] != tag:
+            continue
+        try:
+            size = os.lstat(folder / name).st_size
+        except OSError:
+            continue
+        if _abandoned(folder / name):
+            line = f"removed {folder / name} ({size} bytes), left by a run (pid {m['pid']}) that was killed before it finished"
+            _REMOVED.warning("%s", line)
+            lines.append(line)
+    return lines
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process of that id exists (one we may not signal counts: it is alive)."""
     try:
@@ -261,14 +354,18 @@ class TemporaryOutput:
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
         folder = self.out.parent if str(self.out.parent) else Path(".")
+        tag = boot_tag()
         for _ in range(16):
-            self.path = folder / temporary_name(self.out, os.getpid(), secrets.token_hex(8))
+            token = secrets.token_hex(8)
+            self.path = folder / temporary_name(self.out, os.getpid(), token if tag is None else f"{tag}-{token}")
             try:
                 self._ident = self._create()
             except FileExistsError:
                 continue
             except OSError as e:
                 raise DFlashError(f"cannot write the output: {e.strerror or e}", self.out) from e
+            if self.fd >= 0:  # a file (a directory has no descriptor to lock)
+                lock_for_life(self.fd)
             break
         else:
             raise DFlashError(f"cannot create a temporary {self.kind} beside the output (every random name was taken)", self.out)
@@ -399,7 +496,10 @@ class TemporaryDirectory(TemporaryOutput):
 
 
 def clear_stale_partials(out: Path, *, force: bool) -> list[str]:
-    """Report (and with ``force`` remove) temporary files a dead run left beside ``out``; the notes to print."""
+    """Remove the folder's temporary files whose writer is provably gone (``remove_abandoned_partials``,
+    which says so itself); report (and with ``force`` remove) any other a dead run left beside ``out``:
+    the notes to print."""
+    remove_abandoned_partials(out.parent if str(out.parent) else Path("."))
     notes = []
     for p in stale_partials(out):
         if force:

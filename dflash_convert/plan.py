@@ -11,15 +11,13 @@ one pass over the data.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .drafter import Drafter, DrafterTensor
 from .encoders import COPY, QUANTIZERS, encoder
-from .errors import DFlashError, InputFileError
+from .errors import DFlashError, InputFileError, OptionValueError
 from .files import read_regular_bytes
 from .format.file_types import FILE_TYPES, FTYPE_ALIASES, OUTTYPES, QUANT_TYPES, FileType
 from .format.ggml import BLOCK_GEOMETRY, QUANTIZATION_VERSION, GGMLType, tensor_nbytes
@@ -36,6 +34,7 @@ from .format.quant_types import (
     resolve_ftype,
 )
 from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storage_type
+from .format.tensor_patterns import compile_pattern, shown, tensor_glob
 from .format.tensors import LAYER_PREFIX, layer_name, layer_of
 from .metadata import Metadata
 from .pipeline import PlannedTensor
@@ -103,7 +102,7 @@ def parse_ggml_type(name: str, flag: str) -> GGMLType:
     """A ggml type name as llama-quantize's parse_ggml_type takes it (case-insensitive), among those we write."""
     t = name.strip().upper()
     if t not in writable_types():
-        raise DFlashError(f"{flag} {name!r}: unknown or unsupported tensor type (choose from {', '.join(writable_types())})")
+        raise OptionValueError(f"{flag} {name!r}: unknown or unsupported tensor type (choose from {', '.join(writable_types())})")
     return GGMLType[t]
 
 
@@ -114,11 +113,8 @@ def parse_tensor_types(specs: list[str], where: str = "--tensor-type") -> list[t
     for spec in specs:
         pattern, sep, type_name = spec.partition("=")
         if not sep or not pattern or not type_name:
-            raise DFlashError(f"{where} {spec!r}: expected PATTERN=TYPE, for example 'attn_v=q8_0'")
-        try:
-            re.compile(pattern.lower())
-        except re.error as e:
-            raise DFlashError(f"{where} {spec!r}: the pattern is not a regular expression: {e}") from None
+            raise OptionValueError(f"{where} {shown(spec)}: expected PATTERN=TYPE, for example 'attn_v=q8_0'")
+        compile_pattern(pattern.lower(), f"{where} {shown(spec)}")  # refused here, before any file is read
         out.append((pattern.lower(), parse_ggml_type(type_name, where)))
     return out
 
@@ -130,7 +126,10 @@ def read_tensor_type_file(path: str | Path) -> list[tuple[str, GGMLType]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InputFileError("tensor type file is not UTF-8 text", path) from None
-    return parse_tensor_types(text.split(), f"--tensor-type-file {path}:")
+    try:
+        return parse_tensor_types(text.split(), f"--tensor-type-file {path}:")
+    except OptionValueError as e:  # a pattern read from a file: the file is the input that is wrong (exit 2)
+        raise InputFileError(e.message) from None
 
 
 # string_parse_kv_override's value types, and the GGUF type llama-quantize writes each as
@@ -177,7 +176,7 @@ def parse_prune_layers(spec: str) -> list[int]:
     except ValueError:
         ids = [-1]
     if not ids or any(i < 0 for i in ids):
-        raise DFlashError(f"--prune-layers {spec!r}: expected comma-separated layer numbers")
+        raise OptionValueError(f"--prune-layers {spec!r}: expected comma-separated layer numbers")
     return sorted(set(ids))
 
 
@@ -257,11 +256,12 @@ def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
     for spec in specs:
         pattern, sep, type_name = spec.partition("=")
         if not sep or not pattern or not type_name:
-            raise DFlashError(f"--keep-type {spec!r}: expected PATTERN=TYPE, for example 'blk.[01].attn_*=Q8_0'")
+            raise OptionValueError(f"--keep-type {shown(spec)}: expected PATTERN=TYPE, for example 'blk.[01].attn_*=Q8_0'")
         t = type_name.strip().upper()
         if t not in writable:
-            raise DFlashError(f"--keep-type {spec!r}: unknown or unsupported tensor type {type_name!r} "
+            raise OptionValueError(f"--keep-type {shown(spec)}: unknown or unsupported tensor type {type_name!r} "
                               f"(choose from {', '.join(writable)})")
+        tensor_glob(pattern.strip(), f"--keep-type {shown(spec)}")  # refused here, before any file is read
         out.append((pattern.strip(), GGMLType[t]))
     return out
 
@@ -355,7 +355,8 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, ke
 
     # --keep-type: only tensors llama-quantize quantizes (matrices) can be kept at another type
     for pattern, t in keep_types:
-        hits = [i for i, (name, _) in enumerate(tensors) if fnmatch.fnmatchcase(name, pattern) and not notes[i].startswith(NOTE_KEPT)]
+        matches = tensor_glob(pattern)
+        hits = [i for i, (name, _) in enumerate(tensors) if matches(name) and not notes[i].startswith(NOTE_KEPT)]
         if not hits:
             raise DFlashError(f"--keep-type {pattern}={t.name}: the pattern matches no quantized tensor "
                               f"(tensor names look like {tensors[-1][0]!r})", where)

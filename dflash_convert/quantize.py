@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .drafter import Drafter
-from .errors import DFlashError, InputFileError
+from .errors import DFlashError, InputFileError, OptionValueError
 from .format.family import DSPARK, member_of
 from .format.file_names import quantized_file_name
 from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
@@ -136,6 +136,10 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     for t in d.tensors:
         if t.dtype not in GGMLType.__members__:
             raise InputFileError(f"tensor {t.gguf_name} has unknown type {t.dtype}", path)
+    missing = [i for i in options.prune_layers if i >= d.n_layers]
+    if missing:  # llama-quantize ignores such a number; a typo would then prune nothing, silently
+        raise OptionValueError(f"--prune-layers {','.join(map(str, options.prune_layers))}: the drafter has {d.n_layers} "
+                            f"layer(s), 0..{d.n_layers - 1}; there is no layer {', '.join(map(str, missing))}", path)
     if options.prune_layers and set(range(d.n_layers)) <= set(options.prune_layers):
         raise DFlashError(f"--prune-layers {','.join(map(str, options.prune_layers))} removes every layer of the drafter's "
                           f"{d.n_layers}", path)

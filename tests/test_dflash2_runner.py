@@ -162,102 +162,7 @@ def test_batched_drafts_are_the_single_drafts(world):
 
 # --- ground truth: libllama ----------------------------------------------------------------------------
 
-PROBE_SOURCE = r"""
-// DFlash2 drafts through libllama as common/speculative.cpp's draft-dflash path drives them and walks them:
-// inject the features (embedding rows, no output), decode [anchor, mask...] non-causal unless
-// dflash.attention.causal = true, with no logits output (the driver never reads them for DFlash2) and the
-// nextn output unmasked; then the driver's walk over the selector lattice, line for line: predecessor 0,
-// and at each slot i >= 1 the first maximum of the predecessor's scores picks the next candidate, whose id
-// (row[predecessor]) is the drafted token. Writes the walked tokens, the choices and the raw lattice rows.
-#include "llama.h"
-#include "llama-ext.h"
-#include <algorithm>
-#include <cstdio>
-#include <cstring>
-#include <iterator>
-#include <vector>
-
-static void quiet(ggml_log_level, const char *, void *) {}
-
-int main(int argc, char ** argv) {
-    if (argc != 3) return 2;
-    llama_log_set(quiet, nullptr);
-    llama_backend_init();
-    FILE * f = fopen(argv[2], "rb");
-    int32_t hdr[4];  // n_drafts, n_ctx, width, n_block; then per draft: features, block ids
-    if (!f || fread(hdr, 4, 4, f) != 4) return 3;
-    const int n_drafts = hdr[0], n_ctx = hdr[1], width = hdr[2], n_block = hdr[3];
-    std::vector<float> feats((size_t) n_drafts * n_ctx * width);
-    std::vector<int32_t> ids((size_t) n_drafts * n_block);
-    for (int d = 0; d < n_drafts; ++d) {
-        if (fread(feats.data() + (size_t) d * n_ctx * width, 4, (size_t) n_ctx * width, f) != (size_t) n_ctx * width) return 3;
-        if (fread(ids.data() + (size_t) d * n_block, 4, n_block, f) != (size_t) n_block) return 3;
-    }
-    fclose(f);
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
-    if (!model) return 4;
-    char buf[32] = {};
-    const bool causal = llama_model_meta_val_str(model, "dflash.attention.causal", buf, sizeof(buf)) >= 0 && strcmp(buf, "true") == 0;
-    const bool mrope = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_MROPE;
-    const int n_embd = llama_model_n_embd(model);
-    const int top_k = llama_model_dflash_selector_top_k(model);
-    if (top_k <= 0) return 9;
-    FILE * o = fopen(argv[2], "wb");
-    const int32_t out_hdr[2] = { n_embd, top_k };
-    fwrite(out_hdr, 4, 2, o);
-    for (int d = 0; d < n_drafts; ++d) {
-        llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = 256; cp.n_batch = 256; cp.n_ubatch = 256; cp.n_seq_max = 1;
-        cp.n_threads = cp.n_threads_batch = 2;
-        cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32;
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-        llama_context * ctx = llama_init_from_model(model, cp);
-        if (!ctx) return 5;
-        llama_set_causal_attn(ctx, causal);
-        llama_set_embeddings_nextn(ctx, true, /*masked*/ false);  // what the driver sets for DFlash2
-        llama_batch_ext * batch = llama_batch_ext_init(ctx);
-        for (int i = 0; i < n_ctx; ++i) {
-            const llama_embd e = { feats.data() + ((size_t) d * n_ctx + i) * width, 1, (size_t) width };
-            const int idx = llama_batch_ext_add_embd(batch, 0, e);
-            const llama_pos p = i;
-            const llama_pos rows[4] = { p, p, p, 0 };
-            llama_batch_ext_set_pos(batch, idx, mrope ? rows : &p);
-            llama_batch_ext_set_output_logits(batch, idx, false);
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 6;
-        llama_batch_ext_clear(batch);
-        for (int i = 0; i < n_block; ++i) {
-            const int idx = llama_batch_ext_add_token(batch, 0, ids[(size_t) d * n_block + i]);
-            const llama_pos p = n_ctx + i;
-            llama_batch_ext_set_pos(batch, idx, &p);
-            llama_batch_ext_set_output_logits(batch, idx, false);  // batch.add(..., !is_dflash2)
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 7;
-        const float * lattice = llama_get_embeddings_nextn(ctx);
-        if (!lattice) return 8;
-        // the driver's walk (common/speculative.cpp, draft(), is_dflash2), at --spec-draft-p-min 0
-        std::vector<int32_t> tokens, chosen;
-        int32_t predecessor = 0;
-        for (int32_t i = 1; i < n_block; ++i) {
-            const float * row = lattice + (size_t) i * n_embd;
-            const float * scores = row + top_k + (size_t) predecessor * top_k;
-            predecessor = (int32_t) std::distance(scores, std::max_element(scores, scores + top_k));
-            chosen.push_back(predecessor);
-            tokens.push_back((llama_token) row[predecessor]);
-        }
-        fwrite(tokens.data(), 4, tokens.size(), o);
-        fwrite(chosen.data(), 4, chosen.size(), o);
-        fwrite(lattice, 4, (size_t) n_block * n_embd, o);
-        llama_batch_ext_free(batch);
-        llama_free(ctx);
-    }
-    fclose(o);
-    llama_model_free(model);
-    return 0;
-}
-"""
+PROBE = "dflash2_runner"  # fixtures/probes/dflash2_runner.cpp
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +170,7 @@ def probe(tmp_path_factory) -> Path:
     """The probe, compiled against the llama.cpp build from the cached sdist (built first when absent)."""
     from fixtures.libllama_probe import compile_probe
 
-    return compile_probe(PROBE_SOURCE, tmp_path_factory.mktemp("probe2"))
+    return compile_probe(PROBE, tmp_path_factory.mktemp("probe2"))
 
 
 DRAFTS = 8  # contexts (and anchors) per file
@@ -277,7 +182,7 @@ DRAFTS = 8  # contexts (and anchors) per file
 def test_runner_matches_libllama(world, probe, qtype, record_property):
     """The tokens llama.cpp's driver walks out of the lattice are the runner's, over DRAFTS contexts.
 
-    How llama.cpp's drafted tokens are extracted: the probe (PROBE_SOURCE, built against the sdist's libllama in
+    How llama.cpp's drafted tokens are extracted: the probe (fixtures/probes/dflash2_runner.cpp, built against the sdist's libllama in
     the ``probe`` fixture) decodes each block as the driver does and runs the driver's own walk over the lattice
     libllama returns in h_nextn, in C++, mirroring common/speculative.cpp's loop line for line; it writes the
     walked tokens, the choices and the raw rows (for the candidates and scores). Compared: the candidates

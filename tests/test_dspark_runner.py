@@ -270,91 +270,7 @@ def test_save_io_carries_the_markov_logits_and_confidences(world, tmp_path):
 
 # --- ground truth: libllama itself -------------------------------------------------------------------
 
-PROBE_SOURCE = r"""
-// DSpark drafts through libllama, as common/speculative.cpp's draft-dspark path drives them: inject the
-// target features (embedding rows, no output), decode the block [anchor, mask...] with every slot an
-// output, non-causal unless dflash.attention.causal = true, the nextn output masked (what the driver
-// sets for a non-DFlash2 drafter); dump each slot's logits (the graph's Markov chain has already
-// conditioned slot i on the argmax of slot i-1, build_dspark_markov_head) and its confidence (nextn
-// embeddings, first value of each row). Each draft gets a fresh context.
-#include "llama.h"
-#include "llama-ext.h"
-#include <cstdio>
-#include <cstring>
-#include <vector>
-
-static void quiet(ggml_log_level, const char *, void *) {}
-
-int main(int argc, char ** argv) {
-    if (argc != 3) { fprintf(stderr, "usage: probe draft.gguf io.bin\n"); return 2; }
-    llama_log_set(quiet, nullptr);
-    llama_backend_init();
-    FILE * f = fopen(argv[2], "rb");
-    int32_t hdr[4];  // n_drafts, n_ctx, width, n_block; then per draft: features, block ids
-    if (!f || fread(hdr, 4, 4, f) != 4) return 3;
-    const int n_drafts = hdr[0], n_ctx = hdr[1], width = hdr[2], n_block = hdr[3];
-    std::vector<float> feats((size_t) n_drafts * n_ctx * width);
-    std::vector<int32_t> ids((size_t) n_drafts * n_block);
-    for (int d = 0; d < n_drafts; ++d) {
-        if (fread(feats.data() + (size_t) d * n_ctx * width, 4, (size_t) n_ctx * width, f) != (size_t) n_ctx * width) return 3;
-        if (fread(ids.data() + (size_t) d * n_block, 4, n_block, f) != (size_t) n_block) return 3;
-    }
-    fclose(f);
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
-    if (!model) return 4;
-    char buf[32] = {};
-    const bool causal = llama_model_meta_val_str(model, "dflash.attention.causal", buf, sizeof(buf)) >= 0 && strcmp(buf, "true") == 0;
-    const bool mrope = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_MROPE;
-    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    const int n_embd = llama_model_n_embd(model);
-    FILE * o = fopen(argv[2], "wb");
-    bool header = false;
-    for (int d = 0; d < n_drafts; ++d) {
-        llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = 256; cp.n_batch = 256; cp.n_ubatch = 256; cp.n_seq_max = 1;
-        cp.n_threads = cp.n_threads_batch = 1;
-        cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32;
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-        llama_context * ctx = llama_init_from_model(model, cp);
-        if (!ctx) return 5;
-        llama_set_embeddings_nextn(ctx, true, true);
-        llama_set_causal_attn(ctx, causal);
-        llama_batch_ext * batch = llama_batch_ext_init(ctx);
-        for (int i = 0; i < n_ctx; ++i) {
-            const llama_embd e = { feats.data() + ((size_t) d * n_ctx + i) * width, 1, (size_t) width };
-            const int idx = llama_batch_ext_add_embd(batch, 0, e);
-            const llama_pos p = i;
-            const llama_pos rows[4] = { p, p, p, 0 };
-            llama_batch_ext_set_pos(batch, idx, mrope ? rows : &p);
-            llama_batch_ext_set_output_logits(batch, idx, false);
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 6;
-        llama_batch_ext_clear(batch);
-        for (int i = 0; i < n_block; ++i) {
-            const int idx = llama_batch_ext_add_token(batch, 0, ids[(size_t) d * n_block + i]);
-            const llama_pos p = n_ctx + i;
-            llama_batch_ext_set_pos(batch, idx, &p);
-            llama_batch_ext_set_output_logits(batch, idx, true);
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 7;
-        const float * conf = llama_get_embeddings_nextn(ctx);
-        if (!header) {
-            const int32_t out_hdr[2] = { n_vocab, conf != nullptr };
-            fwrite(out_hdr, 4, 2, o);
-            header = true;
-        }
-        for (int i = 0; i < n_block; ++i) fwrite(llama_get_logits_ith(ctx, i), 4, n_vocab, o);
-        for (int i = 0; conf && i < n_block; ++i) fwrite(conf + (size_t) i * n_embd, 4, 1, o);
-        llama_batch_ext_free(batch);
-        llama_free(ctx);
-    }
-    fclose(o);
-    llama_model_free(model);
-    return 0;
-}
-"""
+PROBE = "dspark_runner"  # fixtures/probes/dspark_runner.cpp
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +278,7 @@ def probe(tmp_path_factory) -> Path:
     """The probe, compiled against the llama.cpp build from the cached sdist (built first when absent)."""
     from fixtures.libllama_probe import compile_probe
 
-    return compile_probe(PROBE_SOURCE, tmp_path_factory.mktemp("dspark-probe"))
+    return compile_probe(PROBE, tmp_path_factory.mktemp("dspark-probe"))
 
 
 def _self_contained(world, name: str) -> Path:
@@ -394,7 +310,7 @@ DRAFTS = 8  # contexts (and anchors) per member
 def test_runner_matches_libllama(world, probe, name, tmp_path, record_property):
     """The tokens llama.cpp's draft-dspark path drafts are the runner's, over DRAFTS contexts and anchors.
 
-    How llama.cpp's drafted tokens are extracted: the probe (PROBE_SOURCE, built against the sdist's libllama
+    How llama.cpp's drafted tokens are extracted: the probe (fixtures/probes/dspark_runner.cpp, built against the sdist's libllama
     in the ``probe`` fixture) decodes each block as the driver does and writes every slot's logits, which the
     graph has already biased along its own greedy Markov chain (build_dspark_markov_head), and confidences.
     The driver takes each drafted slot's top candidate (top-k sampler, --spec-draft-p-min 0), so each slot's

@@ -86,7 +86,7 @@ CASES = {
                                       "--override-kv", "dflash_convert.f=float:0.5", "--override-kv", "dflash_convert.b=bool:true"]),
     "prune-middle": ("big", "Q4_K_M", ["--prune-layers", "3,1"]),
     "prune-first": ("big", "Q4_K_M", ["--prune-layers", "0,0"]),
-    "prune-beyond": ("big", "Q4_K_M", ["--prune-layers", "4,9"]),
+    "prune-last": ("big", "Q4_K_M", ["--prune-layers", "4"]),  # a layer beyond the last is refused (see below)
     "manual-then-fallback": ("small", "Q4_K_M", ["--tensor-type", "attn_q=q4_k", "--tensor-type", "ffn=iq4_xs"]),
     "float-file-type": ("big", "F16", ["--tensor-type", "attn_q=q8_0", "--output-tensor-type", "q8_0"]),
     "k-mix": ("big", "Q3_K_M", ["--tensor-type", "attn_v=q3_k", "--tensor-type", "ffn_down=q2_k", "--pure"]),
@@ -246,3 +246,99 @@ def test_cli_flags(drafters, tmp_path):
                          "--dry-run")
     pick = [next(x for x in r.stdout.splitlines() if "blk.0.attn_q.weight" in x) for r in (first_file, first_flag)]
     assert "Q4_0" in pick[0] and "Q8_0" in pick[1]
+
+
+# --- user patterns: one bounded compiler (format/tensor_patterns.py) ---------------------------------
+
+# patterns llama-quantize users write, and names they must (not) match: the bounded compiler keeps re's answer
+KEPT_PATTERNS = [r"attn_v", r"blk\.[0-3]\.ffn_down", r"blk\.\d+\.(attn|ffn)_.*\.weight", r"^(?!.*ffn_down).*weight",
+                 r"blk\.(1|3)\.attn_(q|k)", r"(blk)\.\d\.\1?attn", r".*_norm.*", r"\.weight$", r"ffn_(up|gate)"]
+NAMES = ["blk.0.attn_v.weight", "blk.3.ffn_down.weight", "blk.12.attn_q.weight", "output_norm.weight", "token_embd.weight",
+         "blk.1.ffn_up.weight", "fc.scale", "d2t", "blk.1.attn_k.weight", "x" * 63]
+
+
+def test_accepted_patterns_match_as_re_searches_them():
+    import re
+
+    from dflash_convert.format.tensor_patterns import compile_pattern
+    for p in KEPT_PATTERNS:
+        bounded = compile_pattern(p)
+        assert [bool(bounded.search(n)) for n in NAMES] == [bool(re.search(p, n)) for n in NAMES], p
+
+
+@pytest.mark.parametrize("pattern", [r"(.*)*(.*)*(.*)*X", r"(a|aa)*b", r"(ab|ab)*x", r"(a|a){40}x", r".*.*.*.*x",
+                                     r"(\w+)+z", r"(?!(.*)*)x"])
+def test_a_pattern_that_could_backtrack_exponentially_is_refused_before_any_match(pattern):
+    from dflash_convert.errors import OptionValueError
+    with pytest.raises(OptionValueError, match="exponential time"):
+        options_from_flags(["--tensor-type", f"{pattern}=q8_0"])
+
+
+def test_a_repetition_count_too_large_is_a_usage_error():
+    from dflash_convert.errors import OptionValueError
+    from dflash_convert.format.tensor_patterns import REPEAT_MAX
+    for pattern in ["a{99999999999}", f"a{{{REPEAT_MAX + 1}}}", f"a{{0,{REPEAT_MAX + 1}}}"]:
+        with pytest.raises(OptionValueError, match="repetition count.*too large"):
+            options_from_flags(["--tensor-type", f"{pattern}=q8_0"])
+    options_from_flags(["--tensor-type", f"a{{{REPEAT_MAX}}}=q8_0"])  # the largest count is still a pattern
+
+
+def test_keep_type_globs_are_bounded_and_match_as_fnmatchcase(tmp_path):
+    import fnmatch
+
+    from dflash_convert.format.tensor_patterns import tensor_glob
+    for glob in ["blk.[01].attn_*", "*.weight", "*a*a*a*a*a*a*a*a*a*a*b", "blk.?.ffn_*", "[!b]*"]:
+        matches = tensor_glob(glob)
+        assert [matches(n) for n in NAMES] == [fnmatch.fnmatchcase(n, glob) for n in NAMES], glob
+
+
+def test_bad_patterns_on_the_command_line_exit_64_and_from_a_file_exit_2(drafters, tmp_path):
+    src = drafters["small"]
+    for flag, item, why in [("--tensor-type", "(.*)*(.*)*(.*)*X=q8_0", "exponential time"),
+                            ("--tensor-type", "a{99999999999}=q8_0", "a repetition count is too large"),
+                            ("--tensor-type", "attn_[q=q8_0", "not a regular expression"),
+                            ("--keep-type", "blk.[=Q8_0", "")]:
+        r = run_cli("quantize", src, tmp_path / "o.gguf", "Q4_K_M", flag, item)
+        lines = r.stderr.splitlines()
+        if why:
+            assert r.returncode == 64 and len(lines) == 1 and why in lines[0] and item in lines[0], (item, r.stderr)
+        assert "please report it" not in r.stderr and not (tmp_path / "o.gguf").exists()
+    f = tmp_path / "types.txt"
+    f.write_text("attn_q=q8_0\n(a|aa)*b=q4_0\n")
+    r = run_cli("quantize", src, tmp_path / "o.gguf", "Q4_K_M", "--tensor-type-file", f)
+    assert r.returncode == 2 and str(f) in r.stderr and "exponential time" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "o.gguf").exists()
+
+
+def test_prune_layers_beyond_the_drafter_are_a_usage_error(drafters, tmp_path):
+    """llama-quantize ignores a layer number the file does not have (a typo prunes nothing, silently):
+    refused, naming the file, the layers it has and the ones it has not; exit 64, nothing written."""
+    from dflash_convert.errors import OptionValueError
+    src = drafters["small"]  # 3 layers
+    with pytest.raises(OptionValueError, match=r"--prune-layers 1,5: the drafter has 3 layer\(s\), 0..2; there is no layer 5"):
+        plan_quantize(src, tmp_path / "p.gguf", "Q8_0", options=options_from_flags(["--prune-layers", "1,5"]))
+    r = run_cli("quantize", src, tmp_path / "p.gguf", "Q8_0", "--prune-layers", "5")
+    assert r.returncode == 64 and r.stderr.splitlines() == [
+        f"dflash-convert: error: {src}: --prune-layers 5: the drafter has 3 layer(s), 0..2; there is no layer 5"]
+    assert not (tmp_path / "p.gguf").exists()
+    r = run_cli("quantize", src, tmp_path / "p.gguf", "Q8_0", "--prune-layers", "1,x")
+    assert r.returncode == 64 and "expected comma-separated layer numbers" in r.stderr
+
+
+def test_a_file_refused_before_its_rename_is_named_by_its_output_path(drafters, tmp_path):
+    """The gate validates the temporary file through /proc/self/fd/N; its error line names the output."""
+    out = tmp_path / "aligned.gguf"
+    r = run_cli("quantize", drafters["small"], out, "Q8_0", "--override-kv", "general.alignment=int:3")
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        f"dflash-convert: error: {out}: refusing to write a file that fails validate (container: {out}: general.alignment 3 "
+        "is not a power of two)"]
+    assert "/proc/" not in r.stderr and not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_refused_pattern_is_shown_cut_in_its_error_line(tmp_path):
+    """A pattern of 100,000 characters (50,000 nested groups) is refused in one short line naming the file."""
+    f = tmp_path / "deep.txt"
+    f.write_text("(" * 50_000 + "a" + ")" * 50_000 + "=q8_0")
+    with pytest.raises(DFlashError, match=r"deep.txt: '\(+' \.\.\. \(100006 characters\) \.\.\. '\)+=q8_0': the pattern nests") as e:
+        options_from_flags(["--tensor-type-file", str(f)])
+    assert len(str(e.value)) < 300

@@ -392,82 +392,7 @@ def test_cuda_matches_cpu(world):
 
 # --- ground truth: libllama itself ------------------------------------------------------------------
 
-PROBE_SOURCE = r"""
-// DFlash drafts through libllama, as common/speculative.cpp's draft-dflash path drives them: inject
-// the target features of the committed positions (embedding rows, M-RoPE rows {p, p, p, 0}, no
-// output), then decode the block [anchor, mask x (block-1)] at the next positions with every slot an
-// output (the driver sets output on every block slot of a non-DFlash2 drafter), causal only when the
-// file says dflash.attention.causal = true; dump every slot's logits. Each draft gets a fresh context,
-// so one draft's cells never leak into the next.
-#include "llama.h"
-#include <cstdio>
-#include <cstring>
-#include <vector>
-
-static void quiet(ggml_log_level, const char *, void *) {}
-
-int main(int argc, char ** argv) {
-    if (argc != 3) { fprintf(stderr, "usage: probe draft.gguf io.bin\n"); return 2; }
-    llama_log_set(quiet, nullptr);
-    llama_backend_init();
-    FILE * f = fopen(argv[2], "rb");
-    int32_t hdr[5];  // n_drafts, n_ctx, width, n_block, first position; then per draft: features, block ids
-    if (!f || fread(hdr, 4, 5, f) != 5) return 3;
-    const int n_drafts = hdr[0], n_ctx = hdr[1], width = hdr[2], n_block = hdr[3], pos0 = hdr[4];
-    std::vector<float> feats((size_t) n_drafts * n_ctx * width);
-    std::vector<int32_t> ids((size_t) n_drafts * n_block);
-    for (int d = 0; d < n_drafts; ++d) {
-        if (fread(feats.data() + (size_t) d * n_ctx * width, 4, (size_t) n_ctx * width, f) != (size_t) n_ctx * width) return 3;
-        if (fread(ids.data() + (size_t) d * n_block, 4, n_block, f) != (size_t) n_block) return 3;
-    }
-    fclose(f);
-
-    llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    llama_model * model = llama_model_load_from_file(argv[1], mp);
-    if (!model) return 4;
-    char buf[32] = {};
-    const bool causal = llama_model_meta_val_str(model, "dflash.attention.causal", buf, sizeof(buf)) >= 0 && strcmp(buf, "true") == 0;
-    const bool mrope = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_MROPE;
-    const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    FILE * o = fopen(argv[2], "wb");
-    fwrite(&n_vocab, 4, 1, o);
-    for (int d = 0; d < n_drafts; ++d) {
-        llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = 256; cp.n_batch = 256; cp.n_ubatch = 256; cp.n_seq_max = 1;
-        cp.n_threads = cp.n_threads_batch = 2;
-        cp.type_k = GGML_TYPE_F32; cp.type_v = GGML_TYPE_F32;
-        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-        llama_context * ctx = llama_init_from_model(model, cp);
-        if (!ctx) return 5;
-        llama_set_causal_attn(ctx, causal);
-        llama_batch_ext * batch = llama_batch_ext_init(ctx);
-        for (int i = 0; i < n_ctx; ++i) {
-            const llama_embd e = { feats.data() + ((size_t) d * n_ctx + i) * width, 1, (size_t) width };
-            const int idx = llama_batch_ext_add_embd(batch, 0, e);
-            const llama_pos p = pos0 + i;
-            const llama_pos rows[4] = { p, p, p, 0 };
-            llama_batch_ext_set_pos(batch, idx, mrope ? rows : &p);
-            llama_batch_ext_set_output_logits(batch, idx, false);
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 6;
-        llama_batch_ext_clear(batch);
-        for (int i = 0; i < n_block; ++i) {
-            const int idx = llama_batch_ext_add_token(batch, 0, ids[(size_t) d * n_block + i]);
-            const llama_pos p = pos0 + n_ctx + i;
-            llama_batch_ext_set_pos(batch, idx, &p);
-            llama_batch_ext_set_output_logits(batch, idx, true);
-        }
-        if (llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch) != 0) return 7;
-        for (int i = 0; i < n_block; ++i) fwrite(llama_get_logits_ith(ctx, i), 4, n_vocab, o);
-        llama_batch_ext_free(batch);
-        llama_free(ctx);
-    }
-    fclose(o);
-    llama_model_free(model);
-    return 0;
-}
-"""
+PROBE = "runner"  # fixtures/probes/runner.cpp
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +400,7 @@ def probe(tmp_path_factory) -> Path:
     """The probe, compiled against the llama.cpp build from the cached sdist (built first when absent)."""
     from fixtures.libllama_probe import compile_probe
 
-    return compile_probe(PROBE_SOURCE, tmp_path_factory.mktemp("probe"))
+    return compile_probe(PROBE, tmp_path_factory.mktemp("probe"))
 
 
 def _self_contained(case: Case, root: Path) -> Path:
@@ -553,7 +478,7 @@ def _draft_inputs(case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_libllama_drafts_the_runners_tokens(world, probe, name, record_property):
     """Classic DFlash: the tokens llama.cpp drafts are the tokens the runner drafts, over DRAFTS contexts.
 
-    How llama.cpp's drafted tokens are extracted: the probe (PROBE_SOURCE, built against the sdist's
+    How llama.cpp's drafted tokens are extracted: the probe (fixtures/probes/runner.cpp, built against the sdist's
     libllama in the ``probe`` fixture) drives the draft context as common/speculative.cpp's draft-dflash
     does and writes every block slot's logits; the driver reads slots 1.. greedily (its top-k sampler's
     first candidate at --spec-draft-p-min 0), so each slot's argmax is llama.cpp's drafted token. On these

@@ -20,6 +20,7 @@ from .file_types import FILE_TYPES, FTYPE_ALIASES
 from .ggml import BLOCK_GEOMETRY, GGMLType
 from .rules import QUANTIZE_FALLBACK as FALLBACK
 from .rules import QUANTIZE_LAST_RESORT as LAST_RESORT_TYPE
+from .tensor_patterns import compile_pattern
 
 # --- file types
 
@@ -316,7 +317,7 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     seen = {"attn_v": 0, "ffn_down": 0}
     totals = {"attn_v": n_attn_v, "ffn_down": nl}
 
-    patterns = [(re.compile(p.lower()), t) for p, t in overrides.tensor_types]
+    patterns = [(compile_pattern(p.lower()), t) for p, t in overrides.tensor_types]  # bounded: user patterns
     out: list[tuple[str, str]] = [("", "")] * len(tensors)
     for idx in loader_order(names):
         name, ne = tensors[idx]

@@ -40,7 +40,8 @@ class ValidationGate:
         report.file = self.out  # the report is of the file as it will be named
         self.report = report
         summary = failure_summary(report)
-        if summary is not None:
+        if summary is not None:  # a message that names the temporary path names the output instead
+            summary = summary.replace(os.fspath(tmp), os.fspath(self.out))
             raise DFlashError(f"refusing to write a file that fails validate ({summary})", self.out)
 
 
