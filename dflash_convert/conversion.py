@@ -21,8 +21,8 @@ from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
 from .outputs import Inputs, check_output_path
-from .pipeline import ChunkPipeline, PlannedTensor
-from .plan import OutType, append_file_type, plan_tensors, quantize_planned, resolve_outtype
+from .pipeline import ChunkPipeline
+from .plan import OutType, PlannedTensor, append_file_type, plan_tensors, quantize_planned, resolve_outtype
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.hub import DRAFTER, TARGET, ResolvedRepo, resolve_source

@@ -40,8 +40,7 @@ from .format.ggml import GGMLType, tensor_nbytes
 from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
-from .pipeline import PlannedTensor
-from .plan import QuantizeOptions, plan_tensor, quantize_planned
+from .plan import PlannedTensor, QuantizeOptions, plan_tensor, quantize_planned
 from .runtime.accept import LoopCount, anchor_drafts, context_kv, live_loop, sequence_inputs
 from .runtime.dequant import dequantize
 from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values

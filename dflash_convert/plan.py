@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .drafter import Drafter, DrafterTensor
-from .encoders import COPY, QUANTIZERS, encoder
+from .encoders import COPY, QUANTIZERS, Encoder, encoder
 from .errors import DFlashError, InputFileError
 from .files import read_regular_bytes
 from .format.file_types import FILE_TYPES, FTYPE_ALIASES, OUTTYPES, QUANT_TYPES, FileType
@@ -38,7 +38,6 @@ from .format.quant_types import (
 from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storage_type
 from .format.tensors import LAYER_PREFIX, layer_name, layer_of
 from .metadata import Metadata
-from .pipeline import PlannedTensor
 
 log = logging.getLogger("dflash_convert")
 
@@ -46,6 +45,18 @@ BLOCK_OF: dict[str, int] = {t.name: geometry[0] for t, geometry in BLOCK_GEOMETR
 AUTO = "auto"
 # element types a tensor may be quantized from without --allow-requantize
 FLOAT_INPUTS = ("F32", "F16", "BF16")
+
+
+@dataclass
+class PlannedTensor:
+    """One output tensor of a plan: its source, its ggml type and shape, and how its bytes are made."""
+
+    tensor: DrafterTensor
+    ggml_type: GGMLType
+    ne: tuple[int, ...]
+    nbytes: int
+    encode: Encoder
+    note: str = ""
 
 
 # --- type names ----------------------------------------------------------------------------------

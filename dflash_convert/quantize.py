@@ -33,8 +33,9 @@ from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
 from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
 from .metadata import Metadata
 from .outputs import TemporaryOutput, check_output_path
-from .pipeline import ChunkPipeline, PlannedTensor
+from .pipeline import ChunkPipeline
 from .plan import (
+    PlannedTensor,
     QuantizeOptions,
     apply_kv_overrides,
     parse_ftype,
