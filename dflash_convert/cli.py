@@ -30,6 +30,7 @@ from .errors import DFlashError, InputFileError, printable
 from .files import os_reason
 from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
+from .outputs import check_output_path
 from .terminal import visible
 
 PROG = "dflash-convert"
@@ -337,7 +338,6 @@ def _quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, mi
 def sweep(src: Path, features: Path, types: str, target_model_dir: Path | None, target_gguf: Path | None, device: str,
           numerics: str, json_out: bool, plot: Path | None, threads: int | None, force: bool) -> int:
     # torch and the encoders: only this command pays for them
-    from .outputs import check_output_path
     from .quantize import plot_sweep, plot_sweep_ready
     from .quantize import sweep as run_sweep
 

@@ -8,6 +8,9 @@ one descriptor per file for a whole pass (``FdCache``). Where outputs may go is 
 Every JSON input (configs, tokenizer files, a shard index, a safetensors header, a features file's
 metadata, JSONL prompts) is parsed by ``parse_json``: nesting is bounded (``MAX_JSON_DEPTH``) before
 the parser sees it, so a file nested thousands deep is one error line, not a RecursionError.
+
+Where the Hugging Face cache lies (``hub_cache_dir``) is read from the environment on every call:
+inputs given as repo ids are found there (sources/hub.py), and no output is written there.
 """
 
 from __future__ import annotations
@@ -199,3 +202,20 @@ def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, of
     finally:
         if own:
             os.close(fd)
+
+
+def hub_cache_dir() -> Path:
+    """The shared cache folder as the environment names it now (huggingface_hub's order)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(os.path.expanduser(explicit)))
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                     "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
+
+
+def inside_hub_cache(path: str | os.PathLike) -> bool:
+    """Does ``path`` (resolved) lie in the Hugging Face cache? Nothing of ours is written there."""
+    cache = Path(os.path.realpath(hub_cache_dir()))
+    where = Path(os.path.realpath(path))
+    return where == cache or cache in where.parents

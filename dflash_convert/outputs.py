@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DFlashError
-from .files import kind_of
-from .sources.hub import hub_cache_dir, inside_hub_cache
+from .files import hub_cache_dir, inside_hub_cache, kind_of
 
 # names a model-directory reader picks up (checkpoint and target directories): an output there
 # with one of these names would change what the next read sees

@@ -29,13 +29,13 @@ from typing import Any
 
 from .conversion import plan_conversion, write_plan
 from .errors import DFlashError, InputFileError
-from .files import open_regular, read_regular_bytes
+from .files import hub_cache_dir, inside_hub_cache, open_regular, read_regular_bytes
 from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
 from .format.keys import ARCH, key
 from .format.quant_types import DEFAULT_RELEASE_TYPES
 from .inspect_gguf import block_size, member
-from .outputs import exchange_paths, hub_cache_dir, inside_hub_cache, pid_alive, rename_no_replace, temporary_name
+from .outputs import exchange_paths, pid_alive, rename_no_replace, temporary_name
 from .plan import AUTO, FLOAT_INPUTS, parse_ftype
 from .quantize import quantize
 from .sources.gguf import read_gguf
