@@ -224,7 +224,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     write_hub_provenance(md, source, target_source)
     # general.file_type goes where upstream's converter puts it, or, when the same pass quantizes,
     # last (after the quantization version), where llama-quantize puts it
-    write_hparams(md, drafter, None if out_type.quantize else out_type.file_type.value)
+    file_type = out_type.file_type.value
+    write_hparams(md, drafter, None if out_type.quantize else file_type)
     if not out_type.quantize:
         md.set("quantization_version", QUANTIZATION_VERSION)
     drafter.tokenizer = tok_md
@@ -235,8 +236,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     planned = plan_tensors(drafter, out_type.convert_to.matrix_type)
     fallbacks = 0
     if out_type.quantize:
-        _, planned, fallbacks = quantize_planned(planned, drafter, out_type.quantize, where=ckpt.config_path)
-        append_file_type(md, out_type.file_type.value)
+        planned, fallbacks = quantize_planned(planned, drafter, out_type.file_type, where=ckpt.config_path)
+        append_file_type(md, file_type)
     if outfile is not None and os.fspath(outfile).endswith(os.sep) and not os.path.isdir(outfile):
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", os.fspath(outfile))
     default = _default_output_for(source, out_type.name, _general_name(md),

@@ -36,11 +36,12 @@ import torch
 from .drafter import Drafter
 from .encoders import encoder
 from .errors import DFlashError, InputFileError
-from .format.ggml import GGMLType, tensor_nbytes
+from .format.file_types import FILE_TYPES
+from .format.ggml import FLOAT_TYPE_NAMES, GGMLType, tensor_nbytes
 from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
-from .plan import PlannedTensor, QuantizeOptions, plan_tensor, quantize_planned
+from .plan import PlannedTensor, QuantizeOptions, parse_ftype, plan_tensor, quantize_planned
 from .runtime.accept import LoopCount, anchor_drafts, context_kv, live_loop, sequence_inputs
 from .runtime.dequant import dequantize
 from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
@@ -62,7 +63,7 @@ def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], .
     """llama-quantize's plan for ``ftype`` with these --tensor-type items (our quantize's own rules)."""
     source = [plan_tensor(t, GGMLType[t.dtype], copy=True) for t in d.tensors]
     options = QuantizeOptions(types=TypeOverrides(tensor_types=tensor_types))
-    _, planned, _ = quantize_planned(source, d, ftype, where=Path(str(d.source)), options=options)
+    planned, _ = quantize_planned(source, d, FILE_TYPES[parse_ftype(ftype)], where=Path(str(d.source)), options=options)
     return planned
 
 
@@ -128,7 +129,7 @@ class MixEvaluator:
     def __init__(self, d: Drafter, target: Target | None, feats: FeaturesFile, n_max: int, *,
                  device: torch.device | str = "cpu", like_cpu: bool = True) -> None:
         for t in d.tensors:
-            if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in ("F32", "F16", "BF16"):
+            if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in FLOAT_TYPE_NAMES:
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
         check_fits(d, feats)

@@ -32,11 +32,12 @@ from .errors import DFlashError, InputFileError
 from .files import hub_cache_dir, inside_hub_cache, open_regular, read_regular_bytes
 from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
+from .format.ggml import FLOAT_TYPE_NAMES
 from .format.keys import ARCH, key
 from .format.quant_types import DEFAULT_RELEASE_TYPES
 from .inspect_gguf import block_size, member
 from .outputs import exchange_paths, pid_alive, rename_no_replace, temporary_name
-from .plan import AUTO, FLOAT_INPUTS, parse_ftype
+from .plan import AUTO, parse_ftype
 from .quantize import quantize
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import read_drafter
@@ -112,7 +113,7 @@ def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
         name = item.strip()
         if not name:
             continue
-        canon = name.upper() if name.upper() in FLOAT_INPUTS else parse_ftype(name)
+        canon = name.upper() if name.upper() in FLOAT_TYPE_NAMES else parse_ftype(name)
         if canon in out:
             raise DFlashError(f"--types names {canon} twice")
         out.append(canon)
@@ -124,7 +125,7 @@ def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
 def base_type(types: list[str]) -> str | None:
     """The full-precision type quantized files come from: the first float type of the release, else None
     (a scratch ``auto`` conversion, not released)."""
-    return next((t for t in types if t in FLOAT_INPUTS), None)
+    return next((t for t in types if t in FLOAT_TYPE_NAMES), None)
 
 
 # --- the release directory ----------------------------------------------------------------------
@@ -568,7 +569,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             name = file_names[t]
             with FileBar(name, 3 if check else 2, progress) as bar:
                 bar.doing("writing")
-                if t in FLOAT_INPUTS:  # converted from the checkpoint, never through another rounding
+                if t in FLOAT_TYPE_NAMES:  # converted from the checkpoint, never through another rounding
                     plan = plan_conversion(src_spec, target_spec, outfile=folder / name, outtype=t.lower(),
                                            tokenizer_pre=tokenizer_pre)
                     path = write_plan(plan, progress=progress)

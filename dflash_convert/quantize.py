@@ -27,7 +27,7 @@ from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.family import DSPARK, member_of
 from .format.file_names import quantized_file_name
-from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
+from .format.file_types import FILE_TYPE_NAMES, FILE_TYPES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
 from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
@@ -118,14 +118,14 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
     if not into_folder:
         check_output_path(out, [path], force=True)  # never the input, checked before anything is read
-    ftype = parse_ftype(qtype)
+    ftype = FILE_TYPES[parse_ftype(qtype)]  # the one row: its name, its general.file_type
     if options is None:
         options = quantize_options(keep_types=keep_types, allow_requantize=allow_requantize)
     g = read_gguf(path)
     d = drafter_from_gguf(g, strict=True)
     if into_folder:
         dspark = member_of({t.gguf_name for t in d.tensors}) == DSPARK
-        out = Path(out) / quantized_file_name(path.name, ftype, dspark=dspark)
+        out = Path(out) / quantized_file_name(path.name, ftype.name, dspark=dspark)
         check_output_path(out, [path], force=True)
     if validate:
         require_valid_input(path, SKIP_VALIDATION_FLAG, parsed=g)  # the file read above, not parsed again
@@ -140,15 +140,15 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
                           f"{d.n_layers}", path)
     source_plan = [plan_tensor(t, GGMLType[t.dtype], copy=True) for t in d.tensors]
     try:
-        file_type, planned, fallbacks = quantize_planned(source_plan, d, ftype, keep_types=list(options.keep_types),
-                                                         allow_requantize=options.allow_requantize, where=path, options=options)
+        planned, fallbacks = quantize_planned(source_plan, d, ftype, keep_types=list(options.keep_types),
+                                              allow_requantize=options.allow_requantize, where=path, options=options)
     except ValueError as e:  # a type given for a tensor that its rows do not fit
         raise DFlashError(str(e), path) from None
     md = Metadata()
     for name, v in g.metadata.items():
         md.set_raw(name, v.vtype, v.value, v.sub)
-    md = apply_kv_overrides(quantized_metadata(md, file_type), options, d.n_layers)
-    plan = QuantizePlan(path, Path(out), ftype, file_type, md, planned, d, fallbacks, options=options, validated=validate)
+    md = apply_kv_overrides(quantized_metadata(md, ftype.value), options, d.n_layers)
+    plan = QuantizePlan(path, Path(out), ftype.name, ftype.value, md, planned, d, fallbacks, options=options, validated=validate)
     if fallbacks:
         plan.notes.append(f"{fallbacks} of {len(planned)} tensor(s) required fallback quantization")
     return plan

@@ -64,7 +64,7 @@ VALUE_TYPES: dict[ValueType, ValueTypeInfo] = {
     ValueType.STRING: ValueTypeInfo(TEXT), ValueType.ARRAY: ValueTypeInfo(LIST),
 }
 INT_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == INT)
-FLOAT_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == FLOAT)
+FLOAT_VALUE_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == FLOAT)
 SCALAR_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.fmt is not None)
 U32_MAX = VALUE_TYPES[ValueType.UINT32].highest
 I32_MAX = VALUE_TYPES[ValueType.INT32].highest

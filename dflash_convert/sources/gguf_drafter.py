@@ -23,7 +23,7 @@ from typing import Any
 from ..drafter import ConvPart, Drafter, DrafterTensor, MarkovPart, Origin, RopeScaling, SelectorPart
 from ..errors import InputFileError
 from ..format.family import CONF_PROJ, GEMMA4_OVERRIDDEN_KEYS, MARKOV_W1
-from ..format.keys import ARCH, FLOAT_TYPES, INT_TYPES, KEYS, TOKENIZER_PREFIX, ValueType, key
+from ..format.keys import ARCH, FLOAT_VALUE_TYPES, INT_TYPES, KEYS, TOKENIZER_PREFIX, ValueType, key
 from ..format.rules import D2T_TENSOR, DEFAULT_BLOCK_SIZE, DRAFTER_KEYS, PER_LAYER_KEYS, REQUIRED
 from ..format.tensors import gguf_to_hf
 from ..metadata import Metadata
@@ -35,7 +35,7 @@ def as_int(v: GGUFValue | None) -> int | None:
 
 
 def as_float(v: GGUFValue | None) -> float | None:
-    return float(v.value) if v is not None and v.vtype in FLOAT_TYPES else None
+    return float(v.value) if v is not None and v.vtype in FLOAT_VALUE_TYPES else None
 
 
 # the longest integer array turned into a list of Python ints (up to 36 bytes an entry, against 1 to
