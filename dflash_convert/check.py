@@ -101,7 +101,6 @@ import numpy as np
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.family import draft_tokens_per_block, member_of
-from .format.file_types import FILE_TYPE_NAMES
 from .format.ggml import FLOAT_TYPE_NAMES, GGMLType
 from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
 from .sources.checkpoint import read_checkpoint
@@ -380,9 +379,8 @@ def _type_name(t: object) -> str:
 
 def precision_class(d: Drafter) -> tuple[str, str]:
     """(file type name, precision class): the loosest class of general.file_type and every matrix's type."""
-    ft = d.origin.file_type
     matrix_types = sorted({_type_name(t.dtype) for t in d.tensors if len(t.shape) >= 2})
-    ft_name = FILE_TYPE_NAMES.get(ft) if ft is not None else None
+    ft_name = d.origin.file_type_name
     names = ([ft_name] if ft_name else []) + matrix_types
     order = list(THRESHOLDS)
     classes = [_CLASS_OF[n] for n in names if n in _CLASS_OF]

@@ -31,6 +31,7 @@ from .files import os_reason
 from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .outputs import check_output_path
+from .terminal import human_size as _human
 from .terminal import visible
 
 PROG = "dflash-convert"
@@ -123,14 +124,6 @@ def _command_errors(output: str | os.PathLike | None) -> Iterator[None]:
         raise
     except OSError as e:
         _fail_os(e, output)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 # --- the commands ----------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 from ._version import __version__
 from .drafter import Drafter
 from .errors import ConfigError, DFlashError, InputFileError, printable
-from .files import open_regular
+from .files import sha256_file
 from .format.family import DSPARK, VOCAB_ROW_TENSORS, member_of
 from .format.file_names import drafter_file_name
 from .format.ggml import QUANTIZATION_VERSION
@@ -59,7 +58,7 @@ class SourceHasher:
     def _run(self) -> None:
         try:
             for i, p in enumerate(self.files):
-                self.hashes[i] = _sha256_file(p)
+                self.hashes[i] = sha256_file(p)
         except BaseException as e:  # reported by result()
             self.error = e
 
@@ -97,16 +96,6 @@ class ConversionPlan:
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(8 << 20)
-    view = memoryview(buf)
-    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def default_output(src: Path, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
@@ -218,7 +207,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
     md.set("converter", CONVERTER_NAME)
     md.set("converter_version", __version__)
-    md.set("source_config_sha256", _sha256_file(ckpt.config_path))
+    md.set("source_config_sha256", sha256_file(ckpt.config_path))
     md.set("source_files", [printable(p.name) for p in ckpt.files])
     md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
     write_hub_provenance(md, source, target_source)

@@ -16,6 +16,7 @@ inputs given as repo ids are found there (sources/hub.py), and no output is writ
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -202,6 +203,17 @@ def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, of
     finally:
         if own:
             os.close(fd)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a regular file's bytes, read in 8 MiB steps into one buffer."""
+    h = hashlib.sha256()
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
 
 
 def hub_cache_dir() -> Path:

@@ -35,7 +35,7 @@ import torch
 
 from .drafter import Drafter
 from .encoders import encoder
-from .errors import DFlashError, InputFileError
+from .errors import DFlashError
 from .format.file_types import FILE_TYPES
 from .format.ggml import FLOAT_TYPE_NAMES, GGMLType, tensor_nbytes
 from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
@@ -132,7 +132,7 @@ class MixEvaluator:
             if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in FLOAT_TYPE_NAMES:
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
-        check_fits(d, feats)
+        feats.check_fits(d)
         self.d, self.feats, self.n_max, self.like_cpu = d, feats, n_max, like_cpu
         self.slots = feats.slots_for(d.target_layers, str(d.source))
         base = load_weights(d, target, device=device)
@@ -266,19 +266,12 @@ class MixEvaluator:
         return score
 
 
-def check_fits(d: Drafter, feats: FeaturesFile, where: str | Path | None = None) -> None:
-    """The features must come from the drafter's target: one error line, not a shape error later."""
-    if d.hidden_size != feats.hidden_size:
-        raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {feats.hidden_size}: "
-                             f"{feats.path} holds features of another target", where or d.source)
-
-
 def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile, n_max: int, *,
                     device: torch.device | str = "cpu", like_cpu: bool = True,
                     indices: list[int] | None = None) -> LoopCount:
     """A written drafter file's live-loop count (what ``accept`` prints as n_drafted, n_accept, accept)."""
     d = read_drafter(path)
-    check_fits(d, feats, path)
+    feats.check_fits(d, path)
     w = load_weights(d, target, device=device)
     return live_loop(d, w, feats, feats.slots_for(d.target_layers, str(path)), n_max, like_cpu=like_cpu, indices=indices)
 

@@ -16,7 +16,6 @@ the directory is pushed with huggingface_hub; a release that fails anything is n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,20 +28,20 @@ from typing import Any
 
 from .conversion import plan_conversion, write_plan
 from .errors import DFlashError, InputFileError
-from .files import hub_cache_dir, inside_hub_cache, open_regular, read_regular_bytes
+from .files import hub_cache_dir, inside_hub_cache, read_regular_bytes, sha256_file
 from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
 from .format.ggml import FLOAT_TYPE_NAMES
 from .format.keys import ARCH, key
 from .format.quant_types import DEFAULT_RELEASE_TYPES
 from .inspect_gguf import block_size, member
-from .outputs import exchange_paths, pid_alive, rename_no_replace, temporary_name
+from .outputs import exchange_paths, pid_alive, rename_no_replace, resolved_path, temporary_name
 from .plan import AUTO, parse_ftype
 from .quantize import quantize
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, TARGET, TARGET_WEIGHTS, resolve_source
-from .terminal import visible
+from .terminal import human_size, visible
 from .validate import validate
 from .validate.gate import failure_summary
 from .validate.report import LLAMA_CPP_COMMIT, render_json
@@ -131,10 +130,6 @@ def base_type(types: list[str]) -> str | None:
 # --- the release directory ----------------------------------------------------------------------
 
 
-def _resolved(p: Path) -> Path:
-    return Path(os.path.realpath(p))
-
-
 def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: bool) -> Path:
     """Refuse a release directory that is or holds an input, that exists (without ``force``), or that is
     not a directory; its folder must exist and be writable. Returns the path."""
@@ -142,11 +137,11 @@ def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: 
     if not text.strip():
         raise DFlashError("the release directory path is empty")
     out = Path(text.rstrip(os.sep) or os.sep)
-    where = _resolved(out)
+    where = resolved_path(out)
     if inside_hub_cache(where):  # refused before a staging directory is made there
         raise DFlashError(f"the release directory is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     for p in inputs:
-        inp = _resolved(p)
+        inp = resolved_path(p)
         if inp == where or where in inp.parents:
             raise DFlashError(f"the release directory would replace an input ({p}); choose another directory", out)
     if out.is_symlink():
@@ -297,25 +292,17 @@ def read_provenance(gguf: Path, src: Path, target_dir: Path, *, drafter_repo: st
     # a revision the file records is the one of the repo it records, not of another one named here
     drafter_rev = got["source_hf_commit"] if drafter and drafter == got["source_hf_repo"] else None
     target_rev = target_revision or (got["target_hf_commit"] if target and target == got["target_hf_repo"] else None)
-    return Provenance(drafter=drafter or _resolved(src).name, drafter_revision=drafter_rev,
-                      target=target or _resolved(target_dir).name, target_revision=target_rev,
+    return Provenance(drafter=drafter or resolved_path(src).name, drafter_revision=drafter_rev,
+                      target=target or resolved_path(target_dir).name, target_revision=target_rev,
                       drafter_is_repo=drafter is not None)
 
 
 # --- the card and the sums ---------------------------------------------------------------------
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def sums_text(folder: Path, names: list[str]) -> str:
     """``<sha256>  <name>`` lines, sorted by name: the format ``sha256sum -c`` reads."""
-    return "".join(f"{sha256_of(folder / n)}  {n}\n" for n in sorted(names))
+    return "".join(f"{sha256_file(folder / n)}  {n}\n" for n in sorted(names))
 
 
 def _yaml_scalar(value: object) -> str:
@@ -337,14 +324,6 @@ def front_matter(source_card: dict[str, Any], prov: Provenance) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def fidelity_text(f: dict[str, Any] | None) -> str:
     if f is None:
         return "not measured"
@@ -364,7 +343,7 @@ def model_card(release: Release, prov: Provenance, source_card: dict[str, Any], 
                                      else " (revision not recorded)")
     header = "| File | Type | Size | SHA-256 | validate |" + (" fidelity (check) |" if checked else "")
     rule = "|---|---|---|---|---|" + ("---|" if checked else "")
-    rows = [f"| `{f.name}` | {f.type_name} | {_human(f.size)} | `{f.sha256}` | {f.validate} |"
+    rows = [f"| `{f.name}` | {f.type_name} | {human_size(f.size)} | `{f.sha256}` | {f.validate} |"
             + (f" {fidelity_text(f.fidelity)} |" if checked else "") for f in release.files]
     pick = next((f for f in release.files if f.type_name == "Q4_K_M"), release.files[-1])
     spec = f"--spec-type {spec_type} --spec-draft-n-max {n_max}"
@@ -512,7 +491,7 @@ def _validated(path: Path, target_dir: Path, target_label: str, type_name: str, 
     report.target = Path(target_label)
     report_name = path.name + REPORT_SUFFIX
     _write_new(report_dir / report_name, render_json(report) + "\n")
-    return ReleaseFile(path.name, type_name, path.stat().st_size, sha256_of(path), report.result, report_name)
+    return ReleaseFile(path.name, type_name, path.stat().st_size, sha256_file(path), report.result, report_name)
 
 
 def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -551,7 +530,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             log.warning("removed %s, left by a publish that did not finish", stale)
         else:
             log.warning("%s was left by a publish that did not finish; remove it, or pass --force to have it removed", stale)
-    target_label = target_repo or target.repo_id or _resolved(target_dir).name
+    target_label = target_repo or target.repo_id or resolved_path(target_dir).name
     with StagingDir(out) as staging:
         folder = staging.path
         # the full-precision file first (every quantized file comes from it), the release in the order asked
@@ -615,7 +594,7 @@ def summary_rows(release: Release) -> list[str]:
     width = max(len(f.name) for f in release.files)
     rows = [f"{'file':<{width}}  {'type':<7} {'size':>10}  {'sha256':<12}  validate" + ("  fidelity" if checked else "")]
     for f in release.files:
-        rows.append(f"{visible(f.name):<{width}}  {f.type_name:<7} {_human(f.size):>10}  {f.sha256[:12]:<12}  {f.validate:<8}"
+        rows.append(f"{visible(f.name):<{width}}  {f.type_name:<7} {human_size(f.size):>10}  {f.sha256[:12]:<12}  {f.validate:<8}"
                     + (f"  {fidelity_text(f.fidelity)}" if checked else ""))
     return rows
 

@@ -27,7 +27,7 @@ from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.family import DSPARK, member_of
 from .format.file_names import quantized_file_name
-from .format.file_types import FILE_TYPE_NAMES, FILE_TYPES, QUANT_TYPES
+from .format.file_types import FILE_TYPES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
 from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
@@ -49,7 +49,7 @@ from .plan import (
     quantized_metadata,
     read_tensor_type_file,
 )
-from .runtime.counts import LoopCount
+from .runtime.counts import LoopCount, like_cpu
 from .sources.features import read_features, target_for
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
@@ -248,8 +248,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
     from .mix_search import file_acceptance
     from .runtime.device import resolve_device
 
-    if numerics not in ("cpu", "exact"):
-        raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    cpu = like_cpu(numerics)
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
@@ -261,11 +260,10 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
     n_max = d.block_size - 1
     report = SweepReport(Path(src), str(features), n_max, int(feats.metadata.get("new_tokens", "0")), len(feats.sequences),
                          numerics)
-    like_cpu = numerics == "cpu"
     elements = sum(math.prod(t.shape) for t in d.tensors)
-    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=like_cpu)
+    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=cpu)
     in_bytes = sum(tensor_nbytes(GGMLType[t.dtype], tuple(reversed(t.shape)) or (1,)) for t in d.tensors)
-    report.rows.append(SweepRow(file_type_of(d), Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
+    report.rows.append(SweepRow(d.type_name, Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
                                 loop, baseline=True))
     say(f"  {report.rows[-1].file_type} (input): accept {loop.accept:.4f}")
     with tempfile.TemporaryDirectory(prefix="dflash-convert-sweep-") as tmp:
@@ -273,18 +271,13 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
             out = Path(tmp) / f"{ftype}.gguf"
             plan = plan_quantize(src, out, ftype)
             write_quantize(plan, progress=False, threads=threads)
-            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=like_cpu)
+            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=cpu)
             report.rows.append(SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements,
                                         loop))
             out.unlink()
             say(f"  {ftype}: {plan.total_bytes} tensor bytes, accept {loop.accept:.4f}")
     mark_pareto(report.rows)
     return report
-
-
-def file_type_of(d: Drafter) -> str:
-    name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
-    return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
 
 
 def plot_sweep_ready() -> None:
@@ -378,8 +371,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     from .mix_search import MixEvaluator, search_mix
     from .runtime.device import resolve_device
 
-    if numerics not in ("cpu", "exact"):
-        raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    cpu = like_cpu(numerics)
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
@@ -387,7 +379,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     feats = read_features(features)
     target = target_for(feats, target_model_dir, target_gguf)
     d = plain.drafter
-    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=resolve_device(device), like_cpu=numerics == "cpu")
+    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=resolve_device(device), like_cpu=cpu)
     res = search_mix(ev, plain.ftype, min_acceptance, max_steps=max_steps, log=log)
     res.n_max = d.block_size - 1
     if not res.reached:

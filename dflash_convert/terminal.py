@@ -11,6 +11,7 @@ Printable text, non-ASCII letters included, is unchanged.
 
 JSON output keeps the exact values: ``json_safe`` only writes the characters JSON itself leaves
 raw (DEL, C1 controls, lone surrogates, ...) as ``\\uXXXX`` escapes, which decode to the same string.
+``human_size`` writes a byte count as people read it.
 """
 
 from __future__ import annotations
@@ -54,3 +55,12 @@ def json_safe(doc: str) -> str:
     if all(line.isprintable() for line in doc.split("\n")):
         return doc
     return "".join(ch if ch == "\n" or ch.isprintable() else _json_escape(ch) for ch in doc)
+
+
+def human_size(n: float) -> str:
+    """A byte count as people read it: ``512 B``, ``1.5 KiB``, ... up to GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

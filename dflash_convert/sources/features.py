@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drafter import Drafter
 from ..errors import InputFileError
 from ..files import check_regular_file, parse_json
 from ..format.features import SCHEMA, SEQUENCE, SEQUENCE_TENSORS
@@ -65,6 +66,12 @@ class FeaturesFile:
 
     def slot(self, layer: int) -> int | None:
         return self.layers.index(layer) if layer in self.layers else None
+
+    def check_fits(self, d: Drafter, where: str | Path | None = None) -> None:
+        """The features must come from the drafter's target: one error line, not a shape error later."""
+        if d.hidden_size != self.hidden_size:
+            raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {self.hidden_size}: "
+                                 f"{self.path} holds features of another target", where or d.source)
 
     def slots_for(self, target_layers: list[int], who: str) -> list[int]:
         """The file positions of a drafter's taps; one error line naming the first layer the file lacks."""
