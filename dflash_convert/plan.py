@@ -200,11 +200,6 @@ class QuantizeOptions:
     prune_layers: tuple[int, ...] = ()
     allow_requantize: bool = False
 
-    @property
-    def rewrites_file(self) -> bool:
-        """Options that change keys or layers, so the output is validated before it is renamed into place."""
-        return bool(self.kv_overrides or self.prune_layers)
-
 
 def remap_layers(names: list[str], prune: list[int]) -> dict[str, str | None]:
     """llama-quantize's remap_layer: a tensor of a pruned layer maps to None, the others are renumbered

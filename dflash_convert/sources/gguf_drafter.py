@@ -46,17 +46,12 @@ MAX_INT_LIST = 1 << 16
 
 def as_ints(v: GGUFValue | None) -> list[int] | None:
     """An integer or bool array as a list of ints; None for anything else, or for an array longer
-    than MAX_INT_LIST (``too_long`` tells the two apart)."""
+    than MAX_INT_LIST."""
     if v is None:
         return None
     if v.vtype == ValueType.ARRAY and v.sub in INT_TYPES | {ValueType.BOOL} and len(v.value) <= MAX_INT_LIST:
         return [int(x) for x in v.value.tolist()]  # bools as 0/1
     return None
-
-
-def too_long(v: GGUFValue | None) -> bool:
-    """An array as_ints will not expand: longer than MAX_INT_LIST."""
-    return v is not None and v.vtype == ValueType.ARRAY and len(v.value) > MAX_INT_LIST
 
 
 def as_text(v: GGUFValue | None) -> str | None:
