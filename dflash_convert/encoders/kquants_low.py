@@ -1,7 +1,7 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
 With numba installed (see ``jit``) the sub-block searches, the requantization and the packing
-run as compiled kernels (``_kernels``); the numpy code below is the fallback, with the same bytes.
+run as compiled kernels (``_kquant_kernels``); the numpy code below is the fallback, with the same bytes.
 
 This is what llama-quantize runs for these types when it has no importance matrix, so a GGUF we
 write must hold exactly the bytes it would. The reference C code is a pile of small sequential
@@ -280,7 +280,7 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q2_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 84]``."""
     nb = xb.shape[0]
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     if k is None:
         xs = _transpose_sub_blocks(xb)
         scales, mins, lq = _make_qkx2_quants(xs)
@@ -426,7 +426,7 @@ def _make_q3_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q3_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 110]``."""
     nb = xb.shape[0]
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     if k is None:
         xs = _transpose_sub_blocks(xb)
         scales, lq = _make_q3_quants(xs)

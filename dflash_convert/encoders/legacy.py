@@ -1,6 +1,6 @@
 """Bit-exact numpy ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
-With numba installed (see ``jit``) one compiled kernel (``_kernels.legacy_quantize``) does the
+With numba installed (see ``jit``) one compiled kernel (``_legacy_kernels.legacy_quantize``) does the
 work and only the fp16 conversion stays here; the numpy code below is the fallback.
 
 Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
@@ -203,7 +203,7 @@ def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | Non
     tile, which saves a whole-tensor float32 copy and the numpy pass that makes it. The kernel
     writes the blocks whole, fp16 scales included.
     """
-    k = jit.kernels()
+    k = jit.legacy_kernels()
     if k is None:
         return None
     if x.dtype == np.float16:
