@@ -3,8 +3,8 @@
 Every count and length read from the file is checked against the bytes that remain before it is
 used, so a hostile file cannot make us allocate more than its own size or loop forever: strings
 and arrays are capped at llama.cpp's limits and must fit in the rest of the file, numeric arrays
-are kept as one compact copy of their bytes (``NumArray``) and string arrays as one buffer of their
-bytes with an offsets array (``StrArray``), never as a list of Python objects: a string array
+are kept as one compact copy of their bytes (``NumArray``, arrays.py) and string arrays as one buffer
+of their bytes with an offsets array (``StrArray``), never as a list of Python objects: a string array
 costs at most the bytes it takes in the file (its 8-byte length prefixes become offsets of 4 or 8
 bytes), and an item becomes a Python object only when a caller asks for it. The file is mapped,
 and the mapped pages behind the parser are handed back as it goes (``MADV_DONTNEED``), so the

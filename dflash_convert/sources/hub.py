@@ -10,8 +10,8 @@ role needs, so an interrupted download is one line naming the repo, not a reader
 a cache path.
 
 huggingface_hub reads its environment once, at import; this module reads ``HF_HUB_CACHE``,
-``HF_HOME`` and ``HF_HUB_OFFLINE`` itself on every call and passes the cache folder and
-``local_files_only`` explicitly, so what the user (or a test) set is what counts.
+``HF_HOME`` (through ``files.hub_cache_dir``) and ``HF_HUB_OFFLINE`` itself on every call and passes
+the cache folder and ``local_files_only`` explicitly, so what the user (or a test) set is what counts.
 """
 
 from __future__ import annotations
