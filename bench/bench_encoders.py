@@ -53,18 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.rows}x{args.cols} values, 1 thread, best of {args.repeat}\n")
     print("| type | ggml s | numpy s | numpy / ggml | numba s | numba / ggml | bytes |")
     print("|---|---|---|---|---|---|---|")
-    compiled = jit.kernels
+    compiled = jit.kquant_kernels, jit.legacy_kernels
     for name in args.types.split(","):
         t = GGMLType[name]
         quantize = QUANTIZERS[t]
         quantize(flat[:4096])  # compile or load the kernels outside the timing
         t_ggml, ref = _best(lambda t=t: ggml_quantize(int(t), x), args.repeat)
         t_jit, y_jit = _best(lambda q=quantize: q(flat), args.repeat)
-        jit.kernels = lambda: None
+        jit.kquant_kernels = jit.legacy_kernels = lambda: None
         try:
             t_np, y_np = _best(lambda q=quantize: q(flat), args.repeat)
         finally:
-            jit.kernels = compiled
+            jit.kquant_kernels, jit.legacy_kernels = compiled
         same = y_jit.tobytes() == ref and y_np.tobytes() == ref
         print(f"| {name} | {t_ggml:.3f} | {t_np:.3f} | {t_np / t_ggml:.2f} | {t_jit:.3f} | {t_jit / t_ggml:.2f} | "
               f"{'identical' if same else 'DIFFERENT'} |", flush=True)

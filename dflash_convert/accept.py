@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .drafter import Drafter
 from .errors import DFlashError, InputFileError
-from .format.file_types import FILE_TYPE_NAMES
+from .runtime.counts import like_cpu
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.features import FeaturesFile, read_features, target_for
@@ -38,9 +37,6 @@ if TYPE_CHECKING:
     from .runtime.accept import AnchorStats, LoopCount
 
 SCHEMA = "dflash-convert/accept/v1"
-# how the drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
-# activations rounded to the weight type's vec_dot type), "exact" the graph in float32
-NUMERICS = ("cpu", "exact")
 
 
 @dataclass
@@ -115,9 +111,7 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
     """
     if not drafts:
         raise DFlashError("name at least one drafter GGUF")
-    if numerics not in NUMERICS:
-        raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
-    like_cpu = numerics == "cpu"
+    cpu = like_cpu(numerics)
     if checkpoint is not None:  # a directory or a repo id (org/name[@revision]), resolved before any measuring
         checkpoint = resolve_source(checkpoint, DRAFTER).path
     feats = read_features(features)
@@ -137,27 +131,15 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
         raise InputFileError("metadata 'new_tokens' must be a positive integer", feats.path)
     report = AcceptReport(str(features), n, int(feats.metadata["new_tokens"]), len(feats.sequences), str(dev), numerics)
     for path, d in zip(drafts, files, strict=True):
-        _check_fits(d, feats, path)
+        feats.check_fits(d, path)
         slots = feats.slots_for(d.target_layers, f"{path}")
         w = load_weights(d, target, device=dev)
-        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=like_cpu, batch=batch), feats, slots, n)
-        report.results.append(FileAcceptance(str(path), file_type_name(d), Path(path).stat().st_size, loop, stats))
+        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=cpu, batch=batch), feats, slots, n)
+        report.results.append(FileAcceptance(str(path), d.type_name, Path(path).stat().st_size, loop, stats))
         del w
     if checkpoint is not None:
         report.baseline = _checkpoint_acceptance(checkpoint, target, feats, n, dev)
     return report
-
-
-def file_type_name(d: Drafter) -> str:
-    """general.file_type's name, else the type of the first matrix."""
-    name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
-    return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
-
-
-def _check_fits(d: Drafter, feats: FeaturesFile, where: str | Path) -> None:
-    if d.hidden_size != feats.hidden_size:
-        raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {feats.hidden_size}: "
-                             "features of another target", where)
 
 
 def _checkpoint_acceptance(checkpoint: str | Path, target: Target | None, feats: FeaturesFile, n_max: int,

@@ -101,8 +101,7 @@ import numpy as np
 from .drafter import Drafter
 from .errors import DFlashError, InputFileError
 from .format.family import draft_tokens_per_block, member_of
-from .format.file_types import FILE_TYPE_NAMES
-from .format.ggml import GGMLType
+from .format.ggml import FLOAT_TYPE_NAMES, GGMLType
 from .outputs import Inputs, TemporaryOutput, check_output_path, clear_stale_partials
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
@@ -380,9 +379,8 @@ def _type_name(t: object) -> str:
 
 def precision_class(d: Drafter) -> tuple[str, str]:
     """(file type name, precision class): the loosest class of general.file_type and every matrix's type."""
-    ft = d.origin.file_type
     matrix_types = sorted({_type_name(t.dtype) for t in d.tensors if len(t.shape) >= 2})
-    ft_name = FILE_TYPE_NAMES.get(ft) if ft is not None else None
+    ft_name = d.origin.file_type_name
     names = ([ft_name] if ft_name else []) + matrix_types
     order = list(THRESHOLDS)
     classes = [_CLASS_OF[n] for n in names if n in _CLASS_OF]
@@ -450,9 +448,8 @@ def captured_inputs(d: Drafter, target: Target, context: int, seed: int,
     return streams, ids, contiguous_positions(context, len(ids))
 
 
-FULL_PRECISION_CLASSES = ("F32", "F16", "BF16")
 # the type tags a full-precision sibling may carry in its name, most precise first
-SIBLING_TAGS = ("F32", "f32", "F16", "f16", "BF16", "bf16")
+SIBLING_TAGS = tuple(tag for name in FLOAT_TYPE_NAMES for tag in (name, name.lower()))
 
 
 def find_sibling(path: str | Path, type_name: str) -> Path | None:
@@ -791,7 +788,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
                         f"hidden max abs difference {gap['hidden_max_abs_err']:.3g}")
 
     metrics["against_reference_gguf"] = None
-    found_by_name = reference_gguf is None and cls not in FULL_PRECISION_CLASSES
+    found_by_name = reference_gguf is None and cls not in FLOAT_TYPE_NAMES
     if found_by_name:
         reference_gguf = find_sibling(draft_gguf, ft_name)
     if reference_gguf is not None:
@@ -807,7 +804,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         else:
             q = compare(got, base, limits.tie_margin, limits.tie_sd)
             r_ft, r_cls = precision_class(rd)
-            if r_cls not in FULL_PRECISION_CLASSES:
+            if r_cls not in FLOAT_TYPE_NAMES:
                 warnings.append(f"the reference GGUF is {r_ft}, not full precision: the quantization report is relative")
             metrics["against_reference_gguf"] = {"file": str(reference_gguf), "file_type": r_ft,
                                                  "found_by_name": found_by_name, **q}

@@ -30,6 +30,8 @@ from .errors import DFlashError, InputFileError, OptionValueError, printable
 from .files import os_reason
 from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
+from .outputs import check_output_path
+from .terminal import human_size as _human
 from .terminal import visible
 
 PROG = "dflash-convert"
@@ -124,14 +126,6 @@ def _command_errors(output: str | os.PathLike | None) -> Iterator[None]:
         raise
     except OSError as e:
         _fail_os(e, output)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 # --- the commands ----------------------------------------------------------------------------------
@@ -339,7 +333,6 @@ def _quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, mi
 def sweep(src: Path, features: Path, types: str, target_model_dir: Path | None, target_gguf: Path | None, device: str,
           numerics: str, json_out: bool, plot: Path | None, threads: int | None, force: bool) -> int:
     # torch and the encoders: only this command pays for them
-    from .outputs import check_output_path
     from .quantize import plot_sweep, plot_sweep_ready
     from .quantize import sweep as run_sweep
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -13,7 +12,7 @@ from typing import Any
 from ._version import __version__
 from .drafter import Drafter
 from .errors import ConfigError, DFlashError, InputFileError, printable
-from .files import open_regular
+from .files import sha256_file
 from .format.family import DSPARK, VOCAB_ROW_TENSORS, member_of
 from .format.file_names import drafter_file_name
 from .format.ggml import QUANTIZATION_VERSION
@@ -22,8 +21,8 @@ from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
 from .outputs import Inputs, check_output_path
-from .pipeline import ChunkPipeline, PlannedTensor
-from .plan import OutType, append_file_type, plan_tensors, quantize_planned, resolve_outtype
+from .pipeline import ChunkPipeline
+from .plan import OutType, PlannedTensor, append_file_type, plan_tensors, quantize_planned, resolve_outtype
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.hub import DRAFTER, TARGET, ResolvedRepo, resolve_source
@@ -60,7 +59,7 @@ class SourceHasher:
     def _run(self) -> None:
         try:
             for i, p in enumerate(self.files):
-                self.hashes[i] = _sha256_file(p)
+                self.hashes[i] = sha256_file(p)
         except BaseException as e:  # reported by result()
             self.error = e
 
@@ -102,16 +101,6 @@ class ConversionPlan:
     def total_bytes(self) -> int:
         """Bytes of tensor data the output will hold."""
         return sum(t.nbytes for t in self.tensors)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(8 << 20)
-    view = memoryview(buf)
-    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def default_output(src: Path, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
@@ -219,13 +208,14 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
         md.set_raw(kv.key, kv.vtype, kv.value, kv.sub)
     md.set("converter", CONVERTER_NAME)
     md.set("converter_version", __version__)
-    md.set("source_config_sha256", _sha256_file(ckpt.config_path))
+    md.set("source_config_sha256", sha256_file(ckpt.config_path))
     md.set("source_files", [printable(p.name) for p in ckpt.files])
     md.set("source_files_sha256", ["0" * SHA256_HEX_LEN for _ in ckpt.files])  # patched after the data
     write_hub_provenance(md, source, target_source)
     # general.file_type goes where upstream's converter puts it, or, when the same pass quantizes,
     # last (after the quantization version), where llama-quantize puts it
-    write_hparams(md, drafter, None if out_type.quantize else out_type.file_type.value)
+    file_type = out_type.file_type.value
+    write_hparams(md, drafter, None if out_type.quantize else file_type)
     if not out_type.quantize:
         md.set("quantization_version", QUANTIZATION_VERSION)
     drafter.tokenizer = tok_md
@@ -236,8 +226,8 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     planned = plan_tensors(drafter, out_type.convert_to.matrix_type)
     fallbacks = 0
     if out_type.quantize:
-        _, planned, fallbacks = quantize_planned(planned, drafter, out_type.quantize, where=ckpt.config_path)
-        append_file_type(md, out_type.file_type.value)
+        planned, fallbacks = quantize_planned(planned, drafter, out_type.file_type, where=ckpt.config_path)
+        append_file_type(md, file_type)
     if outfile is not None and os.fspath(outfile).endswith(os.sep) and not os.path.isdir(outfile):
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", os.fspath(outfile))
     default = _default_output_for(source, out_type.name, _general_name(md),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .format.file_types import FILE_TYPE_NAMES
 from .metadata import Metadata
 from .tensor_source import TensorSource
 
@@ -87,6 +88,11 @@ class Origin:
     files: list[Path] = field(default_factory=list)  # every file whose bytes the tensors come from
     format: str = "z-lab"  # "z-lab", "speculators", "gguf"
     file_type: int | None = None  # general.file_type of a GGUF (LLAMA_FTYPE_*), as the file says
+
+    @property
+    def file_type_name(self) -> str | None:
+        """general.file_type's name (F16, Q4_K_M, ...); None when the file has none or an unknown one."""
+        return FILE_TYPE_NAMES.get(self.file_type)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -162,6 +168,11 @@ class Drafter:
     def files(self) -> list[Path]:
         """Every source file of the drafter, for the provenance hashes."""
         return self.origin.files
+
+    @property
+    def type_name(self) -> str:
+        """What the drafter is stored as: general.file_type's name, else the type of its first matrix."""
+        return self.origin.file_type_name or next((t.dtype for t in self.tensors if len(t.shape) >= 2), "?")
 
     def tensor(self, gguf_name: str) -> DrafterTensor | None:
         """The tensor with this GGUF name, or None."""

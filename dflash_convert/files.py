@@ -8,11 +8,15 @@ one descriptor per file for a whole pass (``FdCache``). Where outputs may go is 
 Every JSON input (configs, tokenizer files, a shard index, a safetensors header, a features file's
 metadata, JSONL prompts) is parsed by ``parse_json``: nesting is bounded (``MAX_JSON_DEPTH``) before
 the parser sees it, so a file nested thousands deep is one error line, not a RecursionError.
+
+Where the Hugging Face cache lies (``hub_cache_dir``) is read from the environment on every call:
+inputs given as repo ids are found there (sources/hub.py), and no output is written there.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -203,3 +207,31 @@ def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, of
     finally:
         if own:
             os.close(fd)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a regular file's bytes, read in 8 MiB steps into one buffer."""
+    h = hashlib.sha256()
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def hub_cache_dir() -> Path:
+    """The shared cache folder as the environment names it now (huggingface_hub's order)."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(os.path.expanduser(explicit)))
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                     "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
+
+
+def inside_hub_cache(path: str | os.PathLike) -> bool:
+    """Does ``path`` (resolved) lie in the Hugging Face cache? Nothing of ours is written there."""
+    cache = Path(os.path.realpath(hub_cache_dir()))
+    where = Path(os.path.realpath(path))
+    return where == cache or cache in where.parents

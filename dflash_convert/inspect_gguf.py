@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .arrays import NumArray, StrArray
 from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, ValueType
 from .format.rules import DEFAULT_BLOCK_SIZE
-from .sources.gguf import GGUFFile, GGUFValue, NumArray, StrArray, read_gguf
+from .sources.gguf import GGUFFile, GGUFValue, read_gguf
 from .sources.gguf_drafter import read_lenient
 from .terminal import visible
 from .validate.file_name import name_problem

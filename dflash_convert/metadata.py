@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .arrays import StrArray
 from .errors import DFlashError
 from .format.keys import ARCH, BOOLEAN, FLOAT, INT, INT_TYPES, KEYS, VALUE_TYPES, ValueType
 
@@ -100,9 +101,9 @@ def _coerce(vtype: ValueType, value: Any, sub: ValueType | None, key: str = "") 
     if vtype == ValueType.ARRAY:
         assert sub is not None
         if sub == ValueType.STRING:
-            # a string array read from a file (sources.gguf.StrArray) stays compact: bytes are what a
-            # file holds, and its 300k vocabulary items cost half a second as Python objects
-            return value if hasattr(value, "gguf_items_bytes") else list(value)
+            # a string array read from a file stays compact: bytes are what a file holds, and its
+            # 300k vocabulary items cost half a second as Python objects
+            return value if isinstance(value, StrArray) else list(value)
         items = list(map(_PYTHON_TYPE[VALUE_TYPES[sub].kind], value))
         if sub in INT_TYPES:
             _check_range(key, sub, items)

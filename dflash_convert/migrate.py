@@ -252,16 +252,6 @@ def _check_fc(g: GGUFFile, d: Dialect, hparams: Metadata, ids: list[int], seen: 
             raise _refuse(f"{g.architecture}.{suffix} = {v.value} but {len(ids)} taps of hidden {E} give {len(ids) * E}", path)
 
 
-def write_migration(plan: MigrationPlan, out: str | os.PathLike, *, force: bool = False) -> tuple[Path, Report]:
-    """Write the migrated file (validated before it is renamed into place); returns it and its validate report."""
-    out = check_output_path(out, _inputs(plan.source, plan.target_gguf), force=force)
-    return _write(plan, out, force=force)
-
-
-def _inputs(src: str | os.PathLike, target_gguf: str | os.PathLike | None) -> list[str | os.PathLike]:
-    return [src, *([target_gguf] if target_gguf is not None else [])]
-
-
 def _write(plan: MigrationPlan, out: Path, *, force: bool) -> tuple[Path, Report]:
     # the one streaming pipeline, with GGUF tensors as sources and bytes copied unchanged
     planned = [plan_tensor(DrafterTensor(new, gguf_to_hf(new) or new, t), t.ggml_type, copy=True) for t, new in plan.tensors]
@@ -277,7 +267,8 @@ def migrate(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
             mask_token_id: int | None = None) -> MigrationResult:
     """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, validated once (by the
     gate that refuses a failing file before it is renamed into place)."""
-    out = check_output_path(out, _inputs(src, target_gguf), force=force)  # before anything is read
+    inputs = [src, *([target_gguf] if target_gguf is not None else [])]
+    out = check_output_path(out, inputs, force=force)  # before anything is read
     plan = plan_migration(src, target_layers_offset=target_layers_offset, target_layers=target_layers,
                           target_gguf=target_gguf, mask_token_id=mask_token_id)
     written, report = _write(plan, out, force=force)

@@ -35,13 +35,13 @@ import torch
 
 from .drafter import Drafter
 from .encoders import encoder
-from .errors import DFlashError, InputFileError
-from .format.ggml import GGMLType, tensor_nbytes
+from .errors import DFlashError
+from .format.file_types import FILE_TYPES
+from .format.ggml import FLOAT_TYPE_NAMES, GGMLType, tensor_nbytes
 from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
-from .pipeline import PlannedTensor
-from .plan import QuantizeOptions, plan_tensor, quantize_planned
+from .plan import PlannedTensor, QuantizeOptions, parse_ftype, plan_tensor, quantize_planned
 from .runtime.accept import LoopCount, anchor_drafts, context_kv, live_loop, sequence_inputs
 from .runtime.dequant import dequantize
 from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
@@ -63,7 +63,7 @@ def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], .
     """llama-quantize's plan for ``ftype`` with these --tensor-type items (our quantize's own rules)."""
     source = [plan_tensor(t, GGMLType[t.dtype], copy=True) for t in d.tensors]
     options = QuantizeOptions(types=TypeOverrides(tensor_types=tensor_types))
-    _, planned, _ = quantize_planned(source, d, ftype, where=Path(str(d.source)), options=options)
+    planned, _ = quantize_planned(source, d, FILE_TYPES[parse_ftype(ftype)], where=Path(str(d.source)), options=options)
     return planned
 
 
@@ -129,10 +129,10 @@ class MixEvaluator:
     def __init__(self, d: Drafter, target: Target | None, feats: FeaturesFile, n_max: int, *,
                  device: torch.device | str = "cpu", like_cpu: bool = True) -> None:
         for t in d.tensors:
-            if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in ("F32", "F16", "BF16"):
+            if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in FLOAT_TYPE_NAMES:
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
-        check_fits(d, feats)
+        feats.check_fits(d)
         self.d, self.feats, self.n_max, self.like_cpu = d, feats, n_max, like_cpu
         self.slots = feats.slots_for(d.target_layers, str(d.source))
         base = load_weights(d, target, device=device)
@@ -266,19 +266,12 @@ class MixEvaluator:
         return score
 
 
-def check_fits(d: Drafter, feats: FeaturesFile, where: str | Path | None = None) -> None:
-    """The features must come from the drafter's target: one error line, not a shape error later."""
-    if d.hidden_size != feats.hidden_size:
-        raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {feats.hidden_size}: "
-                             f"{feats.path} holds features of another target", where or d.source)
-
-
 def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile, n_max: int, *,
                     device: torch.device | str = "cpu", like_cpu: bool = True,
                     indices: list[int] | None = None) -> LoopCount:
     """A written drafter file's live-loop count (what ``accept`` prints as n_drafted, n_accept, accept)."""
     d = read_drafter(path)
-    check_fits(d, feats, path)
+    feats.check_fits(d, path)
     w = load_weights(d, target, device=device)
     return live_loop(d, w, feats, feats.slots_for(d.target_layers, str(path)), n_max, like_cpu=like_cpu, indices=indices)
 

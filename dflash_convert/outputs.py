@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DFlashError
-from .files import kind_of
-from .sources.hub import hub_cache_dir, inside_hub_cache
+from .files import hub_cache_dir, inside_hub_cache, kind_of
 
 # names a model-directory reader picks up (checkpoint and target directories): an output there
 # with one of these names would change what the next read sees
@@ -80,7 +79,7 @@ def _identity(p: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _resolved(p: Path) -> Path:
+def resolved_path(p: Path) -> Path:
     """The path with every link resolved as far as it resolves; a loop (Path.resolve raises) stays as it is."""
     return Path(os.path.realpath(p))
 
@@ -110,15 +109,15 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
             raise DFlashError("output is a directory; give a file name", text)
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", text)
     out = Path(text)
-    resolved = _resolved(out)
+    resolved = resolved_path(out)
     if inside_hub_cache(resolved):  # the cache belongs to huggingface_hub: its snapshots are links into blobs
         raise DFlashError(f"output is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     ident = _identity(out)
     for p in inputs.files:
-        if _resolved(p) == resolved or (ident is not None and _identity(p) == ident):
+        if resolved_path(p) == resolved or (ident is not None and _identity(p) == ident):
             raise DFlashError(f"output would overwrite an input file ({p}); choose another output path", out)
     for d in inputs.directories:
-        if resolved.parent == _resolved(d) and any(fnmatch.fnmatch(out.name, pat) for pat in DIRECTORY_INPUT_NAMES):
+        if resolved.parent == resolved_path(d) and any(fnmatch.fnmatch(out.name, pat) for pat in DIRECTORY_INPUT_NAMES):
             raise DFlashError(f"output {out.name!r} inside the input directory {d} has a name its reader picks up; "
                               "choose another name or folder", out)
     try:

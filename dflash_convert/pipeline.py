@@ -15,33 +15,20 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .drafter import DrafterTensor
-from .encoders import COPY, Encoder
+from .encoders import COPY
 from .files import FdCache
 from .format.ggml import GGMLType
+from .plan import PlannedTensor
 from .tensor_source import n_rows, row_length
 from .write import OutTensor
 
 CHUNK_ELEMENTS = 1 << 20  # about 1M values per chunk: cache-friendly kernels, bounded memory
 # quantizers work on several temporaries per value: smaller chunks stay in cache
 SMALL_CHUNK_TYPES = frozenset({GGMLType.Q8_0})
-
-
-@dataclass
-class PlannedTensor:
-    """One output tensor: its source, its ggml type and shape, and how its bytes are made."""
-
-    tensor: DrafterTensor
-    ggml_type: GGMLType
-    ne: tuple[int, ...]
-    nbytes: int
-    encode: Encoder
-    note: str = ""
 
 
 def recycle_chunk_memory() -> None:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .drafter import Drafter, DrafterTensor
-from .encoders import COPY, QUANTIZERS, encoder
+from .encoders import COPY, QUANTIZERS, Encoder, encoder
 from .errors import DFlashError, InputFileError, OptionValueError
 from .files import read_regular_bytes
 from .format.file_types import FILE_TYPES, FTYPE_ALIASES, OUTTYPES, QUANT_TYPES, FileType
-from .format.ggml import BLOCK_GEOMETRY, QUANTIZATION_VERSION, GGMLType, tensor_nbytes
+from .format.ggml import BLOCK_GEOMETRY, FLOAT_TYPE_NAMES, QUANTIZATION_VERSION, GGMLType, tensor_nbytes
 from .format.keys import SPLIT_PREFIX, VALUE_TYPES, ValueType, key
 from .format.quant_types import (
     KEEP,
@@ -37,14 +37,23 @@ from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storag
 from .format.tensor_patterns import compile_pattern, shown, tensor_glob
 from .format.tensors import LAYER_PREFIX, layer_name, layer_of
 from .metadata import Metadata
-from .pipeline import PlannedTensor
 
 log = logging.getLogger("dflash_convert")
 
 BLOCK_OF: dict[str, int] = {t.name: geometry[0] for t, geometry in BLOCK_GEOMETRY.items()}
 AUTO = "auto"
-# element types a tensor may be quantized from without --allow-requantize
-FLOAT_INPUTS = ("F32", "F16", "BF16")
+
+
+@dataclass
+class PlannedTensor:
+    """One output tensor of a plan: its source, its ggml type and shape, and how its bytes are made."""
+
+    tensor: DrafterTensor
+    ggml_type: GGMLType
+    ne: tuple[int, ...]
+    nbytes: int
+    encode: Encoder
+    note: str = ""
 
 
 # --- type names ----------------------------------------------------------------------------------
@@ -69,7 +78,7 @@ class OutType:
 
     file_type: FileType  # written as general.file_type; the file is named after it
     convert_to: FileType  # the converter's own type (f32/f16/bf16/q8_0): matrices are converted to it first
-    quantize: str | None = None  # a llama-quantize type name when the conversion also quantizes
+    quantize: bool = False  # llama-quantize's pass to ``file_type`` follows in the same stream
 
     @property
     def name(self) -> str:
@@ -90,12 +99,12 @@ def resolve_outtype(outtype: str, first_matrix_dtype: str | None) -> OutType:
     except DFlashError:
         raise DFlashError(f"unknown --outtype {outtype!r} (choose from {AUTO}, {', '.join(OUTTYPES)}, "
                           f"or a quantization type: {', '.join(QUANT_TYPES)})") from None
-    return OutType(FILE_TYPES[quant], auto, quant)
+    return OutType(FILE_TYPES[quant], auto, quantize=True)
 
 
 def writable_types() -> list[str]:
     """ggml types a tensor can be written as here: the plain floats and every quantizer's type."""
-    return [t.name for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)] + [t.name for t in QUANTIZERS]
+    return [*FLOAT_TYPE_NAMES, *(t.name for t in QUANTIZERS)]
 
 
 def parse_ggml_type(name: str, flag: str) -> GGMLType:
@@ -190,11 +199,6 @@ class QuantizeOptions:
     prune_layers: tuple[int, ...] = ()
     allow_requantize: bool = False
 
-    @property
-    def rewrites_file(self) -> bool:
-        """Options that change keys or layers, so the output is validated before it is renamed into place."""
-        return bool(self.kv_overrides or self.prune_layers)
-
 
 def remap_layers(names: list[str], prune: list[int]) -> dict[str, str | None]:
     """llama-quantize's remap_layer: a tensor of a pruned layer maps to None, the others are renumbered
@@ -252,7 +256,7 @@ def apply_kv_overrides(md: Metadata, options: QuantizeOptions, n_layers: int) ->
 def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
     """--keep-type PATTERN=TYPE items -> (glob, ggml type); a clear error for a malformed item or unknown type."""
     out = []
-    writable = [t.name for t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)] + [t.name for t in QUANTIZERS]
+    writable = writable_types()
     for spec in specs:
         pattern, sep, type_name = spec.partition("=")
         if not sep or not pattern or not type_name:
@@ -313,15 +317,15 @@ def quantized_metadata(source: Metadata, file_type: int) -> Metadata:
     return md
 
 
-def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, keep_types: list[tuple[str, GGMLType]] = (),
+def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, *, keep_types: list[tuple[str, GGMLType]] = (),
                      allow_requantize: bool = False, where: Path | None = None,
-                     options: QuantizeOptions | None = None) -> tuple[int, list[PlannedTensor], int]:
-    """Re-plan tensors (as an F32/F16/BF16 file would hold them) for ``ftype``: types, order, encoders.
+                     options: QuantizeOptions | None = None) -> tuple[list[PlannedTensor], int]:
+    """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders.
 
     Each PlannedTensor's current ggml type is what llama-quantize would read; its encoder is
     extended to produce the new type from the same source (so a conversion and a quantization
-    run in one pass). Returns (general.file_type, planned tensors in llama-quantize's order,
-    number of fallbacks). ``options``: llama-quantize's per-tensor flags and --prune-layers (the
+    run in one pass). Returns (planned tensors in llama-quantize's order, number of fallbacks);
+    the file's general.file_type is ``ftype.value``. ``options``: llama-quantize's per-tensor flags and --prune-layers (the
     tensors of pruned layers dropped, the others renumbered, as its remap_layer does).
     """
     options = options or QuantizeOptions()
@@ -333,10 +337,10 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, ke
                    for p in planned if renamed[p.tensor.gguf_name] is not None]
     tensors = [(p.tensor.gguf_name, p.ne) for p in planned]
     in_types = [p.ggml_type.name for p in planned]
-    requant = [n for (n, _), t in zip(tensors, in_types, strict=True) if t not in FLOAT_INPUTS and BLOCK_GEOMETRY[GGMLType[t]][0] > 1]
+    requant = [n for (n, _), t in zip(tensors, in_types, strict=True) if t not in FLOAT_TYPE_NAMES and BLOCK_GEOMETRY[GGMLType[t]][0] > 1]
     try:
-        file_type, choices = choose_quant_types(
-            tensors, ftype, input_types=None if allow_requantize else in_types,
+        _, choices = choose_quant_types(
+            tensors, ftype.name, input_types=None if allow_requantize else in_types,
             n_layer=d.n_layers, n_head=d.n_head, n_head_kv=d.n_head_kv, overrides=options.types)
     except ValueError as e:
         raise DFlashError(f"{e}; the input is already quantized: quantize from the F16/BF16 file, or pass "
@@ -380,4 +384,4 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: str, *, ke
         step = encoder(p.ggml_type.name, new, row_length=p.ne[0])
         enc = step if first is COPY else (lambda raw, first=first, step=step: step(first(raw)))
         out.append(PlannedTensor(p.tensor, new, ne, tensor_nbytes(new, ne), enc, notes[i]))
-    return file_type, out, fallbacks
+    return out, fallbacks

@@ -21,14 +21,16 @@ from typing import Any
 
 from .conversion import plan_conversion, write_plan
 from .errors import DFlashError
+from .files import hub_cache_dir, inside_hub_cache, sha256_file
 from .format.family import DSPARK, draft_tokens_per_block, member_of
 from .format.file_names import quantized_file_name
+from .format.ggml import FLOAT_TYPE_NAMES
 from .format.keys import key
 from .format.quant_types import DEFAULT_RELEASE_TYPES
 from .inspect_gguf import block_size, member
 from .metadata import Metadata
-from .outputs import TemporaryDirectory, hub_cache_dir, inside_hub_cache, stale_partials
-from .plan import AUTO, FLOAT_INPUTS, parse_ftype
+from .outputs import TemporaryDirectory, resolved_path, stale_partials
+from .plan import AUTO, parse_ftype
 from .quantize import quantize
 from .release_card import (
     CARD_NAME,
@@ -37,15 +39,13 @@ from .release_card import (
     Provenance,
     ReleaseFile,
     fidelity_text,
-    human_size,
     model_card,
-    sha256_of,
     sums_text,
 )
 from .sources.gguf import GGUFFile
 from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, TARGET, TARGET_WEIGHTS, resolve_source
-from .terminal import visible
+from .terminal import human_size, visible
 from .tokenizer.cache import open_cache
 from .upload import upload_check, upload_release
 from .validate import PairingTarget, pairing_target, validate
@@ -88,7 +88,7 @@ def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
         name = item.strip()
         if not name:
             continue
-        canon = name.upper() if name.upper() in FLOAT_INPUTS else parse_ftype(name)
+        canon = name.upper() if name.upper() in FLOAT_TYPE_NAMES else parse_ftype(name)
         if canon in out:
             raise DFlashError(f"--types names {canon} twice")
         out.append(canon)
@@ -100,14 +100,10 @@ def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
 def base_type(types: list[str]) -> str | None:
     """The full-precision type quantized files come from: the first float type of the release, else None
     (a scratch ``auto`` conversion, not released)."""
-    return next((t for t in types if t in FLOAT_INPUTS), None)
+    return next((t for t in types if t in FLOAT_TYPE_NAMES), None)
 
 
 # --- the release directory ----------------------------------------------------------------------
-
-
-def _resolved(p: Path) -> Path:
-    return Path(os.path.realpath(p))
 
 
 def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: bool) -> Path:
@@ -117,11 +113,11 @@ def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: 
     if not text.strip():
         raise DFlashError("the release directory path is empty")
     out = Path(text.rstrip(os.sep) or os.sep)
-    where = _resolved(out)
+    where = resolved_path(out)
     if inside_hub_cache(where):  # refused before a staging directory is made there
         raise DFlashError(f"the release directory is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     for p in inputs:
-        inp = _resolved(p)
+        inp = resolved_path(p)
         if inp == where or where in inp.parents:
             raise DFlashError(f"the release directory would replace an input ({p}); choose another directory", out)
     if out.is_symlink():
@@ -154,8 +150,8 @@ def read_provenance(recorded: Metadata | GGUFFile, src: Path, target_dir: Path, 
     # a revision the file records is the one of the repo it records, not of another one named here
     drafter_rev = got["source_hf_commit"] if drafter and drafter == got["source_hf_repo"] else None
     target_rev = target_revision or (got["target_hf_commit"] if target and target == got["target_hf_repo"] else None)
-    return Provenance(drafter=drafter or _resolved(src).name, drafter_revision=drafter_rev,
-                      target=target or _resolved(target_dir).name, target_revision=target_rev,
+    return Provenance(drafter=drafter or resolved_path(src).name, drafter_revision=drafter_rev,
+                      target=target or resolved_path(target_dir).name, target_revision=target_rev,
                       drafter_is_repo=drafter is not None)
 
 
@@ -223,7 +219,7 @@ def _validated(path: Path, target: PairingTarget, target_label: str, type_name: 
     report.target = Path(target_label)
     report_name = path.name + REPORT_SUFFIX
     _write_new(report_dir / report_name, render_json(report) + "\n")
-    return ReleaseFile(path.name, type_name, path.stat().st_size, sha256_of(path), report.result, report_name)
+    return ReleaseFile(path.name, type_name, path.stat().st_size, sha256_file(path), report.result, report_name)
 
 
 def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -262,7 +258,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             log.warning("removed %s, left by a publish that did not finish", stale)
         else:
             log.warning("%s was left by a publish that did not finish; remove it, or pass --force to have it removed", stale)
-    target_label = target_repo or target.repo_id or _resolved(target_dir).name
+    target_label = target_repo or target.repo_id or resolved_path(target_dir).name
     # the target as the conversion read it, its tokenizer keys derived without --tokenizer-pre: every file is
     # validated against this one reading
     paired = pairing_target(target_dir, plan.drafter.vocab_size, tokenizers, read=plan.target)
@@ -283,7 +279,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
                 if t == base:
                     plan.output = folder / name
                     path = base_path = write_plan(plan, progress=progress)
-                elif t in FLOAT_INPUTS:  # converted from the checkpoint, never through another rounding
+                elif t in FLOAT_TYPE_NAMES:  # converted from the checkpoint, never through another rounding
                     other = plan_conversion(src_spec, target_spec, outfile=folder / name, outtype=t.lower(),
                                             tokenizer_pre=tokenizer_pre, cache=tokenizers)
                     path = write_plan(other, progress=progress)

@@ -27,14 +27,15 @@ from .drafter import Drafter
 from .errors import DFlashError, InputFileError, OptionValueError
 from .format.family import DSPARK, member_of
 from .format.file_names import quantized_file_name
-from .format.file_types import FILE_TYPE_NAMES, QUANT_TYPES
+from .format.file_types import FILE_TYPES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
 from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
 from .metadata import Metadata
 from .outputs import TemporaryOutput, check_output_path
-from .pipeline import ChunkPipeline, PlannedTensor
+from .pipeline import ChunkPipeline
 from .plan import (
+    PlannedTensor,
     QuantizeOptions,
     apply_kv_overrides,
     parse_ftype,
@@ -48,7 +49,7 @@ from .plan import (
     quantized_metadata,
     read_tensor_type_file,
 )
-from .runtime.counts import LoopCount
+from .runtime.counts import LoopCount, like_cpu
 from .sources.features import read_features, target_for
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
@@ -119,14 +120,14 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
     if not into_folder:
         check_output_path(out, [path], force=True)  # never the input, checked before anything is read
-    ftype = parse_ftype(qtype)
+    ftype = FILE_TYPES[parse_ftype(qtype)]  # the one row: its name, its general.file_type
     if options is None:
         options = quantize_options(keep_types=keep_types, allow_requantize=allow_requantize)
     g = read_gguf(path)
     d = drafter_from_gguf(g, strict=True)
     if into_folder:
         dspark = member_of({t.gguf_name for t in d.tensors}) == DSPARK
-        out = Path(out) / quantized_file_name(path.name, ftype, dspark=dspark)
+        out = Path(out) / quantized_file_name(path.name, ftype.name, dspark=dspark)
         check_output_path(out, [path], force=True)
     if validate:
         require_valid_input(path, SKIP_VALIDATION_FLAG, parsed=g)  # the file read above, not parsed again
@@ -145,15 +146,15 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
                           f"{d.n_layers}", path)
     source_plan = [plan_tensor(t, GGMLType[t.dtype], copy=True) for t in d.tensors]
     try:
-        file_type, planned, fallbacks = quantize_planned(source_plan, d, ftype, keep_types=list(options.keep_types),
-                                                         allow_requantize=options.allow_requantize, where=path, options=options)
+        planned, fallbacks = quantize_planned(source_plan, d, ftype, keep_types=list(options.keep_types),
+                                              allow_requantize=options.allow_requantize, where=path, options=options)
     except ValueError as e:  # a type given for a tensor that its rows do not fit
         raise DFlashError(str(e), path) from None
     md = Metadata()
     for name, v in g.metadata.items():
         md.set_raw(name, v.vtype, v.value, v.sub)
-    md = apply_kv_overrides(quantized_metadata(md, file_type), options, d.n_layers)
-    plan = QuantizePlan(path, Path(out), ftype, file_type, md, planned, d, fallbacks, options=options, validated=validate)
+    md = apply_kv_overrides(quantized_metadata(md, ftype.value), options, d.n_layers)
+    plan = QuantizePlan(path, Path(out), ftype.name, ftype.value, md, planned, d, fallbacks, options=options, validated=validate)
     if fallbacks:
         plan.notes.append(f"{fallbacks} of {len(planned)} tensor(s) required fallback quantization")
     return plan
@@ -258,8 +259,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
     from .mix_search import file_acceptance
     from .runtime.device import resolve_device
 
-    if numerics not in ("cpu", "exact"):
-        raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    cpu = like_cpu(numerics)
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
@@ -271,11 +271,10 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
     n_max = d.block_size - 1
     report = SweepReport(Path(src), str(features), n_max, int(feats.metadata.get("new_tokens", "0")), len(feats.sequences),
                          numerics)
-    like_cpu = numerics == "cpu"
     elements = sum(math.prod(t.shape) for t in d.tensors)
-    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=like_cpu)
+    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=cpu)
     in_bytes = sum(tensor_nbytes(GGMLType[t.dtype], tuple(reversed(t.shape)) or (1,)) for t in d.tensors)
-    report.rows.append(SweepRow(file_type_of(d), Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
+    report.rows.append(SweepRow(d.type_name, Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
                                 loop, baseline=True))
     say(f"  {report.rows[-1].file_type} (input): accept {loop.accept:.4f}")
     with tempfile.TemporaryDirectory(prefix="dflash-convert-sweep-") as tmp:
@@ -283,19 +282,13 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
             out = Path(tmp) / f"{ftype}.gguf"
             plan = plan_quantize(src, out, ftype)
             write_quantize(plan, progress=False, threads=threads)
-            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=like_cpu)
+            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=cpu)
             report.rows.append(SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements,
                                         loop))
             out.unlink()
             say(f"  {ftype}: {plan.total_bytes} tensor bytes, accept {loop.accept:.4f}")
     mark_pareto(report.rows)
     return report
-
-
-def file_type_of(d: Drafter) -> str:
-    """The file type of a GGUF drafter: its ``general.file_type`` name, else its first matrix's type."""
-    name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
-    return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
 
 
 def plot_sweep_ready() -> None:
@@ -390,8 +383,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     from .mix_search import MixEvaluator, search_mix
     from .runtime.device import resolve_device
 
-    if numerics not in ("cpu", "exact"):
-        raise DFlashError(f"--numerics must be cpu or exact, got {numerics!r}")
+    cpu = like_cpu(numerics)
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
@@ -399,7 +391,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     feats = read_features(features)
     target = target_for(feats, target_model_dir, target_gguf)
     d = plain.drafter
-    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=resolve_device(device), like_cpu=numerics == "cpu")
+    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=resolve_device(device), like_cpu=cpu)
     res = search_mix(ev, plain.ftype, min_acceptance, max_steps=max_steps, log=log)
     res.n_max = d.block_size - 1
     if not res.reached:

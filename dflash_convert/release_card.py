@@ -9,15 +9,14 @@ docs/publish.md.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .files import open_regular
+from .files import sha256_file
 from .format.keys import ARCH
+from .terminal import human_size
 from .validate.report import LLAMA_CPP_COMMIT
 
 SUMS_NAME = "SHA256SUMS"
@@ -51,18 +50,9 @@ class Provenance:
     drafter_is_repo: bool = False
 
 
-def sha256_of(path: Path) -> str:
-    """The SHA-256 of a file, read in 8 MiB chunks."""
-    h = hashlib.sha256()
-    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def sums_text(folder: Path, names: list[str]) -> str:
     """``<sha256>  <name>`` lines, sorted by name: the format ``sha256sum -c`` reads."""
-    return "".join(f"{sha256_of(folder / n)}  {n}\n" for n in sorted(names))
+    return "".join(f"{sha256_file(folder / n)}  {n}\n" for n in sorted(names))
 
 
 def _yaml_scalar(value: object) -> str:
@@ -83,15 +73,6 @@ def front_matter(source_card: dict[str, Any], prov: Provenance) -> str:
     lines += [f"- {_yaml_scalar(t)}" for t in TAGS]
     lines.append("---")
     return "\n".join(lines) + "\n"
-
-
-def human_size(n: float) -> str:
-    """A byte count as the card shows it: 1.5 MiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def fidelity_text(f: dict[str, Any] | None) -> str:

@@ -4,7 +4,7 @@ Convert, validate and the runner all ask the same questions of a target: its arc
 hidden size, how many decoder layers publish their inputs, its vocabulary size, whether it uses
 M-RoPE, its tokenizer keys, and where its embedding and output head are. This is plain data; the
 readers (``sources/target.py``) fill it, and resolve the embedding and head into tensor sources
-when a caller asks for them (``sources.target.target_weights``).
+when a caller asks for them (``sources.target.target_tensors``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Target:
     tie_word_embeddings: bool = False  # the config's flag, read typed (a directory; a GGUF has no output tensor instead)
     # a GGUF target's tokenizer.* keys as stored; a directory's are derived when asked (tokenizer/)
     tokenizer: Metadata | None = field(default=None, repr=False)
-    # role ("embed", "head") -> tensor source, once sources.target.target_weights resolved them
+    # role ("embed", "head") -> tensor source, once sources.target.target_tensors resolved them
     weights: dict[str, TensorSource] | None = field(default=None, repr=False)
 
     @property

@@ -8,6 +8,7 @@ undecodable bytes of a non-UTF-8 path as ``\\xNN``; printable text, non-ASCII le
 unchanged. ``json_safe`` writes the characters JSON leaves raw as ``\\uXXXX`` escapes, which decode
 to the same string.
 
+``human_size`` writes a byte count as people read it.
 Specification: docs/validate.md, "Hostile files".
 """
 
@@ -52,3 +53,12 @@ def json_safe(doc: str) -> str:
     if all(line.isprintable() for line in doc.split("\n")):
         return doc
     return "".join(ch if ch == "\n" or ch.isprintable() else _json_escape(ch) for ch in doc)
+
+
+def human_size(n: float) -> str:
+    """A byte count as people read it: ``512 B``, ``1.5 KiB``, ... up to GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

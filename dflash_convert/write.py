@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .arrays import StrArray
 from .errors import FAULT_ENV, DFlashError
 from .files import open_regular
 from .format.ggml import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, GGMLType
 from .format.keys import VALUE_TYPES, ValueType
 from .metadata import Metadata
 from .outputs import TemporaryOutput, clear_stale_partials
-from .sources.gguf import StrArray
 from .terminal import visible
 
 log = logging.getLogger("dflash_convert")

@@ -92,7 +92,8 @@ def quantizer_backend(request, monkeypatch) -> str:
         if not jit.jit_available():
             pytest.skip("numba is not installed (or DFLASH_CONVERT_NO_JIT is set)")
     else:
-        monkeypatch.setattr(jit, "kernels", lambda: None)
+        monkeypatch.setattr(jit, "kquant_kernels", lambda: None)
+        monkeypatch.setattr(jit, "legacy_kernels", lambda: None)
     return request.param
 
 

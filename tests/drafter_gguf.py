@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from dflash_convert.arrays import NumArray
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.keys import KEYS, ValueType, key
 from dflash_convert.metadata import Metadata
-from dflash_convert.sources.gguf import NumArray, read_gguf
+from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.write import OutTensor, write_gguf
 
 

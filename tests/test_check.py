@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 
 from dflash_convert import convert
 from dflash_convert.check import SCHEMA, THRESHOLDS, CheckReport, check, compare, kl_mean, near_ties, precision_class
+from dflash_convert.drafter import Origin
 from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
@@ -244,7 +245,7 @@ class _DrafterStub:
     """The two things precision_class reads from a drafter: its file type and its tensors' types."""
 
     def __init__(self, file_type: int | None, *types: str) -> None:
-        self.origin = SimpleNamespace(file_type=file_type)
+        self.origin = Origin(Path("stub.gguf"), Path("stub.gguf"), file_type=file_type)
         self.source = "stub.gguf"
         self.tensors = [SimpleNamespace(shape=(64, 64), dtype=t) for t in types] + [SimpleNamespace(shape=(64,), dtype="F32")]
 

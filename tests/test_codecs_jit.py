@@ -38,11 +38,12 @@ def test_numba_is_chosen_when_installed_and_the_environment_opts_out():
 
 @needs_numba
 def test_warm_up_compiles_every_kernel():
-    k = jit.kernels()
     assert warm_up_kernels() > 0
-    for name in ("qkx2_search", "qkx_final_levels", "qx_search", "qx_final_levels", "q3_search", "q2_finish", "q3_finish",
-                 "legacy_quantize"):
-        assert getattr(k, name).signatures, name
+    for k, names in ((jit.kquant_kernels(), ("qkx2_search", "qkx_final_levels", "qx_search", "qx_final_levels", "q3_search",
+                                             "q2_finish", "q3_finish")),
+                     (jit.legacy_kernels(), ("legacy_quantize", "legacy_quantize_f16", "widen_f16"))):
+        for name in names:
+            assert getattr(k, name).signatures, name
 
 
 def test_numpy_path_when_numba_does_not_import():
@@ -87,7 +88,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     (16, 3, -0.5, 15, True, False),    # Q2_K
 ])
 def test_qkx2_lanes_equal_exact(size, nmax, rmin, nstep, mad, av_weights):
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     xg = _hard_groups(64 * 4 + 37, size, seed=size + nmax)  # 4 full tiles and a partial one
     G = xg.shape[0]
     outs = []
@@ -105,7 +106,7 @@ def test_qkx2_lanes_equal_exact(size, nmax, rmin, nstep, mad, av_weights):
 
 @needs_numba
 def test_qx_and_q3_lanes_equal_exact():
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     xg = _hard_groups(64 * 4 + 5, 16, seed=7)
     G = xg.shape[0]
     for lanes_fn, exact_fn in ((k.qx_search, k.qx_search_exact), (k.q3_search, k.q3_search_exact)):
@@ -123,7 +124,7 @@ def test_q3_queues_equal_exact(groups: int) -> None:
     writes the settled ones out of order: every group must still get exactly C's scale and levels,
     for inputs that settle at once (normal), keep changing (cubed normal: heavy tails), hold the
     hard cases (ties, flat, zero, subnormal, NaN/inf), and for counts that leave queues half full."""
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     rng = np.random.default_rng(groups)
     hard = _hard_groups(max(groups, 128), 16, seed=groups)[:groups]
     # groups whose fifth sweep still changes a level (found by running C's loop with four): rare
@@ -156,21 +157,21 @@ def test_legacy_from_f16_words_equals_widening_first(name: str, monkeypatch: pyt
     got = fused(x)
     widened = getattr(legacy, f"quantize_{name.lower()}")(x.astype(np.float32))
     np.testing.assert_array_equal(got, widened)
-    monkeypatch.setattr(jit, "kernels", lambda: None)  # the numpy port, as without numba
+    monkeypatch.setattr(jit, "legacy_kernels", lambda: None)  # the numpy port, as without numba
     np.testing.assert_array_equal(getattr(legacy, f"quantize_{name.lower()}")(x.astype(np.float32)), got)
     np.testing.assert_array_equal(fused(x), got)  # the same encoder, now widening with numpy first
 
 
 @needs_numba
 def test_fp16_scales_in_the_kernel_equal_ggml_rounding() -> None:
-    """The legacy kernels round their scales to fp16 themselves (``_ir.f32_to_f16_bits``): equal to
+    """The legacy kernels round their scales to fp16 themselves (``_legacy_kernels.f32_to_f16_bits``): equal to
     ``legacy.fp16_bits`` (numpy's round-to-nearest-even, NaN as ggml's ``sign | 0x7E00``) on every
     float32 whose exponent is near a boundary (half subnormals, the smallest normals, the overflow
     to inf, inf and NaN), each with every low mantissa pattern, and on 4M random bit patterns.
     (All 2**32 were compared once when the kernel was written: no difference.)"""
     from dflash_convert.encoders.legacy import fp16_bits
 
-    k = jit.kernels()
+    k = jit.legacy_kernels()
     exponents = np.array([0, 1, 100, 101, 102, 103, 111, 112, 113, 114, 126, 127, 141, 142, 143, 144, 254, 255], np.uint32)
     mantissas = np.concatenate([np.arange(1 << 14, dtype=np.uint32), (np.arange(1 << 14, dtype=np.uint32) << 9) | 0x1FF])
     near = ((exponents[:, None] << 23) | mantissas[None, :]).reshape(-1)
@@ -198,7 +199,7 @@ def test_f16_to_bf16_kernel_equals_widening_first(monkeypatch: pytest.MonkeyPatc
     assert jit.float_kernels() is not None
     np.testing.assert_array_equal(to_bf16(x), want)
     np.testing.assert_array_equal(to_bf16(x[1:][::2]), want[1:][::2])  # a strided chunk
-    monkeypatch.setattr(jit, "kernels", lambda: None)
+    monkeypatch.setattr(jit, "kquant_kernels", lambda: None)  # numba unusable: no float kernels either
     jit.float_kernels.cache_clear()
     try:
         assert jit.float_kernels() is None

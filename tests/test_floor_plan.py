@@ -22,7 +22,7 @@ NAME = PACKAGE.name
 # bottom up; a name is a module (``errors``) or a package (``format``: every module in it)
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("_version", "errors", "terminal", "format")),
-    ("primitives", ("files", "metadata", "encoders")),
+    ("primitives", ("files", "arrays", "metadata", "encoders")),
     ("model", ("drafter", "tensor_source", "target")),
     ("readers", ("sources", "tokenizer")),
     ("writers", ("write", "write_features", "outputs", "hparams", "pipeline", "plan")),

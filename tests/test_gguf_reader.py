@@ -28,10 +28,11 @@ from gguf_bytes import (
     tinfo,
 )
 
+from dflash_convert.arrays import NumArray
 from dflash_convert.errors import InputFileError
 from dflash_convert.format.keys import ValueType
 from dflash_convert.metadata import Metadata
-from dflash_convert.sources.gguf import NumArray, read_gguf
+from dflash_convert.sources.gguf import read_gguf
 from dflash_convert.validate import validate
 from dflash_convert.write import OutTensor, write_gguf
 
@@ -208,8 +209,8 @@ def test_an_array_read_before_parses_the_same_without_a_walk(tmp_path, monkeypat
 
     prefixed = [struct.pack("<Q", len(x)) + x for x in items]
     found: list[bool] = []
-    original = reader._known_at
-    monkeypatch.setattr(reader, "_known_at", lambda *a: found.append((r := original(*a)) is not None) or r)
+    original = reader.known_at
+    monkeypatch.setattr(reader, "known_at", lambda *a: found.append((r := original(*a)) is not None) or r)
     assert read_gguf(write("a.gguf", prefixed)).metadata["k"].value == items and found == [False]  # walked
     again = read_gguf(write("b.gguf", prefixed)).metadata["k"].value
     assert again == items and found == [False, True]  # the same bytes elsewhere: no walk

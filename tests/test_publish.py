@@ -24,9 +24,10 @@ import pytest
 from huggingface_hub import ModelCard
 
 from dflash_convert.errors import DFlashError, InputFileError
+from dflash_convert.files import sha256_file
 from dflash_convert.publish import publish, summary_rows
 from dflash_convert.quantize import quantize
-from dflash_convert.release_card import CARD_NAME, SUMS_NAME, sha256_of
+from dflash_convert.release_card import CARD_NAME, SUMS_NAME
 from dflash_convert.upload import Timeouts, upload_release
 from dflash_convert.validate import validate
 from dflash_convert.validate.report import LLAMA_CPP_COMMIT
@@ -82,7 +83,7 @@ def test_the_release_holds_the_files_their_reports_the_sums_and_the_card(release
     assert sorted(os.listdir(out)) == rel.names == sorted([*ggufs, *(g + ".validate.json" for g in ggufs), SUMS_NAME, CARD_NAME])
     assert [f.type_name for f in rel.files] == ["BF16", "Q8_0", "Q4_K_M"] and rel.base_type == "BF16"
     for f in rel.files:
-        assert f.size == (out / f.name).stat().st_size and f.sha256 == sha256_of(out / f.name) and f.validate == "pass"
+        assert f.size == (out / f.name).stat().st_size and f.sha256 == sha256_file(out / f.name) and f.validate == "pass"
 
 
 @pytest.mark.slow  # runs a model (or a whole release) end to end
@@ -117,7 +118,7 @@ def test_quantized_files_are_quantize_of_the_released_full_precision_file(releas
     base = out / rel.files[0].name
     for f in rel.files[1:]:
         again = quantize(base, tmp_path / f.name, f.type_name)
-        assert sha256_of(again.output) == f.sha256, f.type_name
+        assert sha256_file(again.output) == f.sha256, f.type_name
 
 
 @pytest.mark.slow  # runs a model (or a whole release) end to end
@@ -245,7 +246,7 @@ def test_an_existing_release_needs_force_and_an_input_is_never_the_release(relea
     assert names == sorted([gguf, gguf + ".validate.json", CARD_NAME, SUMS_NAME])
     assert "Q8_0" in r.stdout and "pass" in r.stdout  # the summary table
     # no float type asked for: quantized from a scratch conversion, which is not released, and the same bytes
-    assert sha256_of(out / gguf) == released[0].files[1].sha256
+    assert sha256_file(out / gguf) == released[0].files[1].sha256
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # the old release is gone
     for inp in (drafter, qwen3_target, drafter.parent):
         r = cli("publish", drafter, "--target-model-dir", qwen3_target, "-o", inp, "--force", "-q")

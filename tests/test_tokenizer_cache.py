@@ -17,8 +17,8 @@ import cli_server
 import pytest
 
 from dflash_convert import convert
+from dflash_convert.arrays import StrArray
 from dflash_convert.metadata import Metadata
-from dflash_convert.sources.gguf import StrArray
 from dflash_convert.tokenizer import borrow
 from dflash_convert.tokenizer.cache import (
     ENTRY_SUFFIX,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import float_kernels, kernels  # numba itself is imported only when a conversion asks for it
+from .jit import float_kernels, legacy_kernels  # numba itself is imported only when a conversion asks for it
 
 # element types whose raw words these functions read (the names of safetensors and ggml alike)
 FLOAT_WORDS: tuple[str, ...] = ("F64", "F32", "F16", "BF16")
@@ -26,7 +26,7 @@ def widen_to_f32(raw: np.ndarray, src_dtype: str) -> np.ndarray:
     if src_dtype == "F32":
         return raw
     if src_dtype == "F16":
-        k = kernels()
+        k = legacy_kernels()
         if k is not None:  # numpy's cast converts one value at a time; the kernel is vectorised
             words = np.ascontiguousarray(raw).view(np.uint16).reshape(-1)
             out = np.empty(words.shape[0], dtype=np.float32)

@@ -7,6 +7,8 @@ ggml (the tests run both), so the choice is only about speed: numba when it impo
 to import. The kernels compile on first use and are cached on disk (numba's ``cache=True``: beside
 the module, or under ``NUMBA_CACHE_DIR``), so later processes only load them.
 
+Three kernel modules, each self-contained: ``_kquant_kernels`` (the K-quant searches),
+``_legacy_kernels`` (Q4_0 to Q5_1, and the float16 conversions), ``_float_kernels`` (F16 -> BF16).
 Specification: docs/quantizers.md.
 """
 
@@ -19,27 +21,44 @@ from types import ModuleType
 NO_JIT_ENV = "DFLASH_CONVERT_NO_JIT"
 
 
+def _wanted() -> bool:
+    return os.environ.get(NO_JIT_ENV, "") in ("", "0")
+
+
 @functools.cache
-def kernels() -> ModuleType | None:
-    """The numba kernel module, or None when numba is missing or ``DFLASH_CONVERT_NO_JIT`` is set."""
-    if os.environ.get(NO_JIT_ENV, "") not in ("", "0"):
+def kquant_kernels() -> ModuleType | None:
+    """The K-quant search kernels (``_kquant_kernels``), or None when numba is missing or ``DFLASH_CONVERT_NO_JIT`` is set."""
+    if not _wanted():
         return None
     try:
         # lazy: numba is optional and takes about half a second to import (llvmlite with it);
         # commands that never quantize should not pay for it
-        from . import _kernels
+        from . import _kquant_kernels
     except Exception:  # not only ImportError: numba refusing this numpy, or finding no writable cache dir, raises others
         return None
-    return _kernels
+    return _kquant_kernels
+
+
+@functools.cache
+def legacy_kernels() -> ModuleType | None:
+    """The legacy-block and float16 kernels (``_legacy_kernels``), or None as for ``kquant_kernels``."""
+    if not jit_available():
+        return None
+    try:
+        # lazy, as _kquant_kernels above: it imports numba
+        from . import _legacy_kernels
+    except Exception:  # as above: numba can fail in ways other than ImportError
+        return None
+    return _legacy_kernels
 
 
 @functools.cache
 def float_kernels() -> ModuleType | None:
-    """The numba float-conversion kernels (``_float_kernels``), or None as for ``kernels``."""
-    if kernels() is None:
+    """The numba float-conversion kernels (``_float_kernels``), or None as for ``kquant_kernels``."""
+    if not jit_available():
         return None
     try:
-        # lazy, as _kernels above: it imports numba
+        # lazy, as _kquant_kernels above: it imports numba
         from . import _float_kernels
     except Exception:  # as above: numba can fail in ways other than ImportError
         return None
@@ -48,5 +67,4 @@ def float_kernels() -> ModuleType | None:
 
 def jit_available() -> bool:
     """Whether the numba kernels are used."""
-    return kernels() is not None
-
+    return kquant_kernels() is not None

@@ -2,7 +2,7 @@
 
 Each function returns the bytes ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same float32
 input, which is what ``llama-quantize`` writes without an importance matrix. With numba installed
-the per-group searches and the final rounding run as compiled kernels (``_kernels``) and only the
+the per-group searches and the final rounding run as compiled kernels (``_kquant_kernels``) and only the
 super-block scales and the packing stay here; the numpy tiles are the fallback, with the same
 bytes. Nothing is refused: a tile holding inf or NaN takes loops that mirror C's scans. The
 functions are pure (scratch per call) and can run on a thread pool.
@@ -417,7 +417,7 @@ def _quantize_qkx(x: np.ndarray, name: str, block_bytes: int, nmax: int, rmin: f
     out = np.empty((nb, block_bytes), dtype=np.uint8)
     if nb == 0:
         return out.reshape(-1)
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     if k is not None:
         G = nb * 8
         scales, mins, L = np.empty(G, _F32), np.empty(G, _F32), np.empty(x.size, np.uint8)
@@ -680,7 +680,7 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
     if nb == 0:
         return out.reshape(-1)
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     if k is not None:
         scales, L = np.empty(nb * 16, _F32), np.empty(x.size, np.uint8)
         k.qx_search(x.reshape(nb * 16, 16), scales, L.reshape(nb * 16, 16))

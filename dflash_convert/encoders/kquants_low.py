@@ -2,7 +2,7 @@
 
 This is what llama-quantize runs for these types without an importance matrix, so the bytes must be
 its bytes. With numba installed the sub-block searches, the requantization and the packing run as
-compiled kernels (``_kernels``); the numpy code here is the fallback, with the same bytes. Nothing
+compiled kernels (``_kquant_kernels``); the numpy code here is the fallback, with the same bytes. Nothing
 is refused: degenerate sub-blocks (NaN, infinities, huge ratios) store the clamped values C stores.
 The functions are pure; every buffer is local to a call.
 
@@ -253,7 +253,7 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q2_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 84]``."""
     nb = xb.shape[0]
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     if k is None:
         xs = _transpose_sub_blocks(xb)
         scales, mins, lq = _make_qkx2_quants(xs)
@@ -399,7 +399,7 @@ def _make_q3_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     """quantize_row_q3_K_ref over ``xb`` ``[nb, 256]`` into ``out`` ``[nb, 110]``."""
     nb = xb.shape[0]
-    k = jit.kernels()
+    k = jit.kquant_kernels()
     if k is None:
         xs = _transpose_sub_blocks(xb)
         scales, lq = _make_q3_quants(xs)

@@ -2,7 +2,7 @@
 
 Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
 input, which is what ``llama-quantize`` writes for these types without an importance matrix. With
-numba installed one compiled kernel (``_kernels.legacy_quantize``) does the work; the numpy code
+numba installed one compiled kernel (``_legacy_kernels.legacy_quantize``) does the work; the numpy code
 here is the fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are
 reproduced as C computes them. The functions are pure and can run on a thread pool.
 
@@ -179,7 +179,7 @@ def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | Non
     tile, which saves a whole-tensor float32 copy and the numpy pass that makes it. The kernel
     writes the blocks whole, fp16 scales included.
     """
-    k = jit.kernels()
+    k = jit.legacy_kernels()
     if k is None:
         return None
     if x.dtype == np.float16:

@@ -89,8 +89,6 @@ CONV_BASE_TYPE = "F32"
 # DFlash2: upstream writes all four (when dflash_config has conv_kernel_size) or none; the loader
 # needs all four (and dflash.block_size) > 0 once selector_hidden.weight exists
 CONV_SELECTOR_KEYS: tuple[str, ...] = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# DSpark: read by the speculative driver as strings
-DSPARK_KEYS: tuple[str, ...] = ("sample_from_anchor", "has_confidence_head")
 # Gemma-4 DSpark: upstream writes the generic text-model keys from the config, then sets the Gemma-4
 # values of these, in this order; a key the config did not give lands at the end instead (Drafter.late_keys)
 GEMMA4_OVERRIDDEN_KEYS: tuple[str, ...] = ("head_count_kv", "key_length", "value_length", "rope_dimension_count",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ggml import GGMLType
+from .ggml import FLOAT_TYPES, GGMLType
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class FileType:
     @property
     def quantized(self) -> bool:
         """Not a plain float type: llama-quantize's mixes and fallbacks apply."""
-        return self.matrix_type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+        return self.matrix_type not in FLOAT_TYPES
 
 
 # in the order commands list them

@@ -45,6 +45,11 @@ class GGMLType(IntEnum):
     Q2_0 = 42
 
 
+# the plain float types (ggml_is_quantized is false): what convert writes, what quantize reads without
+# --allow-requantize, what a file type with no mixes and no fallback stores its matrices in
+FLOAT_TYPES: tuple[GGMLType, ...] = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+FLOAT_TYPE_NAMES: tuple[str, ...] = tuple(t.name for t in FLOAT_TYPES)  # as ggml and safetensors spell them
+
 # type ids llama.cpp 0c1e57098 knows: everything below GGML_TYPE_COUNT (ggml.h)
 GGML_TYPE_COUNT = 43
 

@@ -65,8 +65,7 @@ VALUE_TYPES: dict[ValueType, ValueTypeInfo] = {
     ValueType.STRING: ValueTypeInfo(TEXT), ValueType.ARRAY: ValueTypeInfo(LIST),
 }
 INT_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == INT)
-FLOAT_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == FLOAT)
-SCALAR_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.fmt is not None)
+FLOAT_VALUE_TYPES: frozenset[ValueType] = frozenset(t for t, i in VALUE_TYPES.items() if i.kind == FLOAT)
 U32_MAX = VALUE_TYPES[ValueType.UINT32].highest
 I32_MAX = VALUE_TYPES[ValueType.INT32].highest
 
@@ -251,9 +250,6 @@ ADD_SPECIAL_TOKEN_KEYS: dict[str, str] = {
     "eos": "tokenizer.ggml.add_eos_token",
     "sep": "tokenizer.ggml.add_sep_token",
 }
-
-# rope scaling type names as written to {arch}.rope.scaling.type
-ROPE_SCALING_NAMES = {"linear": "linear", "yarn": "yarn", "longrope": "longrope"}
 
 # token types (llama.h llama_token_type)
 TOKEN_TYPE_NORMAL = 1

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .file_types import FILE_TYPES, FTYPE_ALIASES
-from .ggml import BLOCK_GEOMETRY, GGMLType
+from .ggml import BLOCK_GEOMETRY, FLOAT_TYPES, GGMLType
 from .rules import QUANTIZE_FALLBACK as FALLBACK
 from .rules import QUANTIZE_LAST_RESORT as LAST_RESORT_TYPE
 from .tensor_patterns import compile_pattern
@@ -26,14 +26,6 @@ from .tensor_patterns import compile_pattern
 
 # name -> (general.file_type, default ggml type of the quantizable tensors): a view of file_types.FILE_TYPES
 FTYPES: dict[str, tuple[int, GGMLType]] = {name: (ft.value, ft.matrix_type) for name, ft in FILE_TYPES.items()}
-
-# default types that are plain floats (ggml_is_quantized is false): no mixes, no fallback
-FLOAT_TYPES: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
-
-# input types llama-quantize can convert from when the target differs (llama_tensor_dequantize_impl
-# takes F16/BF16 or a quantized type, and reads F32 directly); anything else (I64, I32, ...) it
-# refuses -- it never needs to for our files, since such tensors are never quantizable
-CONVERTIBLE_FLOATS: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
 # --- which tensors are quantized (tensor_allows_quantization)
 
@@ -340,7 +332,7 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
         elif overrides.output_tensor_type is not None and cat == "output":
             new = given = overrides.output_tensor_type
             note = "--output-tensor-type"
-        elif default not in FLOAT_TYPES:
+        elif default not in FLOAT_TYPES:  # a plain float file type: no mixes, no fallback
             manual = next(((p.pattern, t) for p, t in patterns if p.search(name)), None)
             if manual is not None:
                 new, note = manual[1], f"{NOTE_MANUAL} {manual[0]}"
@@ -368,9 +360,11 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
             raise ValueError(f"{name}: {note} {given.name} needs rows of whole {_block(given)}-value blocks, ne[0] is {ne[0]}")
         if src is not None and src != new.name:
             cur = GGMLType[src]
-            if cur not in CONVERTIBLE_FLOATS and _block(cur) > 1:
+            # llama_tensor_dequantize_impl takes F16/BF16 or a quantized type and reads F32 directly;
+            # anything else (I64, I32, ...) it refuses: such tensors are never quantizable in our files
+            if cur not in FLOAT_TYPES and _block(cur) > 1:
                 raise ValueError(f"{name}: llama-quantize refuses to requantize {src} to {new.name} (no --allow-requantize)")
-            if cur not in CONVERTIBLE_FLOATS:
+            if cur not in FLOAT_TYPES:
                 raise ValueError(f"{name}: llama-quantize cannot convert a {src} tensor to {new.name}")
         out[idx] = (new.name, note)
     return file_type, out

@@ -1,8 +1,22 @@
-"""llama-speculative-simple's counts, without torch: what ``accept``, ``sweep`` and the search report."""
+"""llama-speculative-simple's counts, without torch: what ``accept``, ``sweep`` and the search report,
+and how their drafts are computed (``--numerics``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from ..errors import DFlashError
+
+# how the drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
+# activations rounded to the weight type's vec_dot type), "exact" the graph in float32
+NUMERICS = ("cpu", "exact")
+
+
+def like_cpu(numerics: str) -> bool:
+    """``--numerics`` checked once: True for ``cpu``, False for ``exact``; one error line for anything else."""
+    if numerics not in NUMERICS:
+        raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+    return numerics == "cpu"
 
 
 @dataclass
@@ -34,4 +48,4 @@ class LoopCount:
         self.accepted_per_step += other.accepted_per_step
 
 
-__all__ = ["LoopCount"]
+__all__ = ["NUMERICS", "LoopCount", "like_cpu"]

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..drafter import Drafter
 from ..errors import InputFileError
 from ..files import check_regular_file, parse_json
 from ..format.features import SCHEMA, SEQUENCE, SEQUENCE_TENSORS
+from ..format.ggml import FLOAT_TYPE_NAMES
 from ..target import Target
 from .hub import TARGET_WEIGHTS, resolve_source
 from .safetensors import TensorRef, read_header
 from .target import read_target
-
-FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,12 @@ class FeaturesFile:
 
     def slot(self, layer: int) -> int | None:
         return self.layers.index(layer) if layer in self.layers else None
+
+    def check_fits(self, d: Drafter, where: str | Path | None = None) -> None:
+        """The features must come from the drafter's target: one error line, not a shape error later."""
+        if d.hidden_size != self.hidden_size:
+            raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {self.hidden_size}: "
+                                 f"{self.path} holds features of another target", where or d.source)
 
     def slots_for(self, target_layers: list[int], who: str) -> list[int]:
         """The file positions of a drafter's taps; one error line naming the first layer the file lacks."""
@@ -114,9 +120,9 @@ def read_features(path: str | Path) -> FeaturesFile:
             raise InputFileError(f"{tok.name} must be I64 [L] with L >= 1, got {tok.dtype} {list(tok.shape)}", path)
         if plen.dtype != "I64" or plen.shape != (1,):
             raise InputFileError(f"{plen.name} must be I64 [1], got {plen.dtype} {list(plen.shape)}", path)
-        if inp.dtype not in FLOAT_DTYPES or len(inp.shape) != 3 or inp.shape[:2] != (len(layers), tok.shape[0]):
+        if inp.dtype not in FLOAT_TYPE_NAMES or len(inp.shape) != 3 or inp.shape[:2] != (len(layers), tok.shape[0]):
             raise InputFileError(f"{inp.name} must be [{len(layers)} layers, {tok.shape[0]} positions, hidden] of "
-                                 f"{'/'.join(FLOAT_DTYPES)}, got {inp.dtype} {list(inp.shape)}", path)
+                                 f"{'/'.join(FLOAT_TYPE_NAMES)}, got {inp.dtype} {list(inp.shape)}", path)
         if E is not None and (inp.shape[2], inp.dtype) != (E, dtype):
             raise InputFileError(f"{inp.name} is {inp.dtype} of width {inp.shape[2]}, other sequences {dtype} of {E}", path)
         E, dtype = inp.shape[2], inp.dtype

@@ -23,7 +23,7 @@ from typing import Any
 from ..drafter import ConvPart, Drafter, DrafterTensor, MarkovPart, Origin, RopeScaling, SelectorPart
 from ..errors import InputFileError
 from ..format.family import CONF_PROJ, GEMMA4_OVERRIDDEN_KEYS, MARKOV_W1
-from ..format.keys import ARCH, FLOAT_TYPES, INT_TYPES, KEYS, TOKENIZER_PREFIX, ValueType, key
+from ..format.keys import ARCH, FLOAT_VALUE_TYPES, INT_TYPES, KEYS, TOKENIZER_PREFIX, ValueType, key
 from ..format.rules import D2T_TENSOR, DEFAULT_BLOCK_SIZE, DRAFTER_KEYS, PER_LAYER_KEYS, REQUIRED
 from ..format.tensors import gguf_to_hf
 from ..metadata import Metadata
@@ -37,7 +37,7 @@ def as_int(v: GGUFValue | None) -> int | None:
 
 def as_float(v: GGUFValue | None) -> float | None:
     """A float value, or None when absent or not a float type."""
-    return float(v.value) if v is not None and v.vtype in FLOAT_TYPES else None
+    return float(v.value) if v is not None and v.vtype in FLOAT_VALUE_TYPES else None
 
 
 # the longest integer array turned into a list of Python ints (up to 36 bytes an entry, against 1 to
@@ -48,17 +48,12 @@ MAX_INT_LIST = 1 << 16
 
 def as_ints(v: GGUFValue | None) -> list[int] | None:
     """An integer or bool array as a list of ints; None for anything else, or for an array longer
-    than MAX_INT_LIST (``too_long`` tells the two apart)."""
+    than MAX_INT_LIST."""
     if v is None:
         return None
     if v.vtype == ValueType.ARRAY and v.sub in INT_TYPES | {ValueType.BOOL} and len(v.value) <= MAX_INT_LIST:
         return [int(x) for x in v.value.tolist()]  # bools as 0/1
     return None
-
-
-def too_long(v: GGUFValue | None) -> bool:
-    """An array as_ints will not expand: longer than MAX_INT_LIST."""
-    return v is not None and v.vtype == ValueType.ARRAY and len(v.value) > MAX_INT_LIST
 
 
 def as_text(v: GGUFValue | None) -> str | None:

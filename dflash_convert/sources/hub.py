@@ -17,8 +17,8 @@ else is one line naming the repo and revision, exit 2: a provenance key never na
 files came from elsewhere.
 
 huggingface_hub reads its environment once, at import; this module reads ``HF_HUB_CACHE``,
-``HF_HOME`` and ``HF_HUB_OFFLINE`` itself on every call and passes the cache folder and
-``local_files_only`` explicitly, so what the user (or a test) set is what counts.
+``HF_HOME`` (through ``files.hub_cache_dir``) and ``HF_HUB_OFFLINE`` itself on every call and passes
+the cache folder and ``local_files_only`` explicitly, so what the user (or a test) set is what counts.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputFileError, RepoError
-from ..files import read_regular_bytes
+from ..files import hub_cache_dir, read_regular_bytes
 from .checkpoint import INDEX_NAME, read_json
 
 DRAFTER, TARGET, TARGET_WEIGHTS = "drafter", "target", "target_weights"
@@ -83,23 +83,6 @@ def hub_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now."""
     flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     return flag.upper() in _TRUE
-
-
-def hub_cache_dir() -> Path:
-    """The shared cache folder as the environment names it now (huggingface_hub's order)."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(os.path.expandvars(os.path.expanduser(explicit)))
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                     "huggingface")
-    return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
-
-
-def inside_hub_cache(path: str | os.PathLike) -> bool:
-    """Does ``path`` (resolved) lie in the Hugging Face cache? Nothing of ours is written there."""
-    cache = Path(os.path.realpath(hub_cache_dir()))
-    where = Path(os.path.realpath(path))
-    return where == cache or cache in where.parents
 
 
 def parse_repo_spec(spec: str) -> tuple[str, str] | None:
@@ -337,5 +320,5 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-__all__ = ["ALLOW_PATTERNS", "DRAFTER", "TARGET", "TARGET_WEIGHTS", "ResolvedRepo", "check_revision", "hub_cache_dir",
-           "hub_offline", "inside_hub_cache", "parse_repo_spec", "resolve_source"]
+__all__ = ["ALLOW_PATTERNS", "DRAFTER", "TARGET", "TARGET_WEIGHTS", "ResolvedRepo", "check_revision", "hub_offline",
+           "parse_repo_spec", "resolve_source"]

@@ -35,7 +35,7 @@ from ..format.keys import (
     BASE_MODEL_FIELD,
     CARD_ENTRY_FIELDS,
     DATASET_FIELD,
-    FLOAT_TYPES,
+    FLOAT_VALUE_TYPES,
     INT_TYPES,
     KEYS,
     OVERRIDE_BASE_MODELS,
@@ -301,7 +301,7 @@ def _typed(k: str, vtype: ValueType, value: Any, path: Path) -> Any:
         ok = isinstance(value, str)
     elif vtype in INT_TYPES:
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif vtype in FLOAT_TYPES:
+    elif vtype in FLOAT_VALUE_TYPES:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     else:  # pragma: no cover - every card field is a string or a number
         raise DFlashError(f"{k}: no rule for {vtype.name}")

@@ -11,7 +11,6 @@ indices, so ``dflash.target_layers`` = aux ids. Internally we express them as z-
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ..drafter import Drafter
 from ..format.family import SPECULATORS_DFLASH, SPECULATORS_DSPARK
@@ -20,11 +19,6 @@ from .checkpoint import Checkpoint
 from .zlab import MAX_VOCAB, ConfigView, build_drafter
 
 log = logging.getLogger("dflash_convert")
-
-
-def is_speculators(cfg: dict[str, Any]) -> bool:
-    """Whether a config is a speculators wrapper (its kind is read, typed, by the reader)."""
-    return "speculators_model_type" in cfg
 
 
 def read_speculators(ckpt: Checkpoint, target: Target | None) -> Drafter:

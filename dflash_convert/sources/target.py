@@ -26,6 +26,7 @@ from ..tensor_source import TensorSource
 from .checkpoint import INDEX_NAME, merged_text_config, read_config, read_weights, weight_files
 from .config import ConfigView
 from .gguf import GGUFFile, read_gguf
+from .gguf_drafter import as_int
 from .safetensors import TensorRef, read_header
 from .zlab import rope_view
 
@@ -41,7 +42,7 @@ def read_target_dir(target_dir: str | Path) -> Target:
     inner = top.sub("text_config") if top.has("text_config") else top
     rope = rope_view(inner)
 
-    def as_int(k: str) -> int | None:
+    def positive(k: str) -> int | None:
         v = text.get(k)
         if v is not None and v <= 0:
             raise ConfigError(f"target {k} must be a positive integer, got {v!r}", path)
@@ -51,9 +52,9 @@ def read_target_dir(target_dir: str | Path) -> Target:
         source=target_dir,
         kind=DIRECTORY,
         architecture=arch,
-        hidden_size=as_int("hidden_size"),
-        n_layers=decoder_layers(as_int("num_hidden_layers"), 0),
-        vocab_size=as_int("vocab_size"),
+        hidden_size=positive("hidden_size"),
+        n_layers=decoder_layers(positive("num_hidden_layers"), 0),
+        vocab_size=positive("vocab_size"),
         uses_mrope=rope.has("mrope_section"),
         config=cfg,
         text_config=text.cfg,
@@ -112,11 +113,9 @@ def target_from_gguf(g: GGUFFile) -> Target:
     arch = g.architecture
     hidden = blocks = nextn = None
     if arch:
-        hidden, blocks, nextn = (g.get(key(s, arch)) for s in ("embedding_length", "block_count", "nextn_predict_layers"))
+        hidden, blocks, nextn = (as_int(g.metadata.get(key(s, arch)))
+                                 for s in ("embedding_length", "block_count", "nextn_predict_layers"))
     tokens = g.metadata.get(key("tok_tokens"))  # counted, never decoded
-
-    def as_int(v: Any) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     tokenizer = Metadata()
     for name, v in g.metadata.items():
@@ -131,8 +130,8 @@ def target_from_gguf(g: GGUFFile) -> Target:
         source=g.path,
         kind=GGUF,
         architecture=arch,
-        hidden_size=as_int(hidden),
-        n_layers=decoder_layers(as_int(blocks), as_int(nextn)),
+        hidden_size=hidden,
+        n_layers=decoder_layers(blocks, nextn),
         vocab_size=len(tokens.value) if tokens is not None and tokens.vtype == ValueType.ARRAY else None,
         uses_mrope=False,  # as the converter always did for --target-gguf: the degenerate sections equal NeoX
         tokenizer=tokenizer,

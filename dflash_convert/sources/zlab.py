@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..drafter import Drafter, DrafterTensor, Origin, RopeScaling
+from ..encoders.floats import FLOAT_WORDS
 from ..errors import InputFileError
 from ..format.family import ZLAB_ARCHITECTURES
 from ..format.ggml import GGUF_MAX_ARRAY_ELEMENTS
@@ -40,7 +41,6 @@ __all__ = ["ConfigView", "as_f32", "build_drafter", "is_zlab", "map_tensors", "r
 
 log = logging.getLogger("dflash_convert")
 
-FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 CONTEXT_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
 ROPE_THETA_KEYS = ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base")
 LOCAL_ROPE_THETA_KEYS = ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta", "rope_local_base_freq")
@@ -267,7 +267,7 @@ def map_tensors(ckpt: Checkpoint, cv: ConfigView, d: Drafter, *, permute_rope: b
         bid = layer_of(gguf_name)
         if bid is not None and bid >= d.n_layers:
             raise InputFileError(f"tensor {ref.name!r} is for layer {bid}, but num_hidden_layers is {d.n_layers}", ref.path)
-        if ref.dtype not in FLOAT_DTYPES and gguf_name != D2T_TENSOR:
+        if ref.dtype not in FLOAT_WORDS and gguf_name != D2T_TENSOR:
             raise InputFileError(f"tensor {ref.name!r} has dtype {ref.dtype}; only F32, F16, BF16 and F64 convert", ref.path)
         seen.add(gguf_name)
         source = NeoxPermuted(ref, d.head_dim) if permute_rope and generic_name(gguf_name) in ROPE_PERMUTED else ref

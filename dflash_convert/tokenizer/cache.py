@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..arrays import StrArray
 from ..errors import DFlashError
 from ..files import parse_json
 from ..format.keys import BOOLEAN, FLOAT, INT, VALUE_TYPES, ValueType, key
 from ..metadata import Metadata
-from ..sources.gguf import StrArray
 from .pre_hashes import KNOWN_PRE_NAMES, PRE_TOKENIZER_HASHES, PROBE_TEXT
 
 log = logging.getLogger("dflash_convert")

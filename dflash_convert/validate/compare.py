@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..arrays import StrArray
 from ..files import FdCache
 from ..format.keys import GENERAL_PREFIX, is_provenance_key
-from ..sources.gguf import GGUFTensor, StrArray, read_gguf
+from ..sources.gguf import GGUFTensor, read_gguf
 
 CHUNK_BYTES = 16 << 20
 

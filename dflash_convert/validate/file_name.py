@@ -11,7 +11,6 @@ from pathlib import Path
 from ..drafter import Drafter
 from ..format.family import DSPARK, member_of
 from ..format.file_names import discovery_problem
-from ..format.file_types import FILE_TYPE_NAMES
 from .report import PASS, WARN, Check
 
 CHECK_ID = "file_name"
@@ -21,7 +20,7 @@ def name_problem(path: str | Path, drafter: Drafter) -> str | None:
     """The one-line warning for this drafter's file name, or None; the member (DSpark or not) comes from
     the tensors, the type tag from general.file_type when the file has one."""
     dspark = member_of({t.gguf_name for t in drafter.tensors}) == DSPARK
-    type_name = FILE_TYPE_NAMES.get(drafter.origin.file_type) if drafter.origin.file_type is not None else None
+    type_name = drafter.origin.file_type_name
     return discovery_problem(Path(path).name, dspark=dspark, type_name=type_name)
 
 

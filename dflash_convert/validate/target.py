@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import NumArray, StrArray
 from ..errors import DFlashError
 from ..format.keys import SPECIAL_TOKEN_ID_KEYS, TOKENIZER_PREFIX, ValueType, key
 from ..format.rules import D2T_TENSOR, DRAFTER_ARCHS, FIXED_TYPES, LAST_LAYER_OUTPUT_ARCHS, LAYER_INPUT_TARGET_ARCHS, TOKENIZER_IDENTITY_KEYS
 from ..metadata import Metadata
-from ..sources.gguf import NumArray, StrArray, read_gguf
+from ..sources.gguf import read_gguf
 from ..sources.target import read_target_dir, target_from_gguf
 from ..target import GGUF, Target
 from ..tokenizer.borrow import borrow_from_dir
