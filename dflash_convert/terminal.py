@@ -15,6 +15,9 @@ raw (DEL, C1 controls, lone surrogates, ...) as ``\\uXXXX`` escapes, which decod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -54,3 +57,25 @@ def json_safe(doc: str) -> str:
     if all(line.isprintable() for line in doc.split("\n")):
         return doc
     return "".join(ch if ch == "\n" or ch.isprintable() else _json_escape(ch) for ch in doc)
+
+
+def human_size(n: float) -> str:
+    """A byte count as people read it: 512 B, 1.5 KiB, 3.2 MiB, 1.1 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def short(value: Any, limit: int = 8) -> str:
+    """A value in a few characters; strings as repr (escaped: nothing a terminal acts on, one line)."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, tuple)):  # a list or a GGUF array
+        items = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value[:limit]]
+        head = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in items)
+        return f"[{head}{', ...' if len(value) > limit else ''}] ({len(value)})"
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and len(value) > 60:
+        return repr(value[:57] + "...")
+    return repr(value) if isinstance(value, str) else str(value)

@@ -1,4 +1,4 @@
-"""The command-line parser (command_line.py) in-process: every form a user types, every usage error in
+"""The command-line parser (cli/command_line.py) in-process: every form a user types, every usage error in
 its own words, and the help page the CI recipe check reads options from."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dflash_convert.cli import COMMANDS
-from dflash_convert.command_line import (
+from dflash_convert.cli.command_line import (
     Command,
     HelpRequested,
     UsageError,
