@@ -59,6 +59,7 @@ class Param:
     maximum: float | None = None
     min_open: bool = False  # the minimum itself is out of range (0<x<=1)
     choices: tuple[str, ...] = ()  # the only values accepted (empty: any value of the type)
+    unless: tuple[str, ...] = ()  # required, unless one of these dests is given
     needs: tuple[str, ...] = ()  # dests that must be given with this one
     excludes: tuple[str, ...] = ()  # dests that must not be given with this one
     why: str = ""  # said when ``excludes`` is broken
@@ -67,12 +68,12 @@ class Param:
 
     def range_text(self) -> str | None:
         """The accepted range in click's notation ('x>=1', '0<x<=1'), or None when unbounded."""
-        low = None if self.minimum is None else f"{self.minimum:g}{'<' if self.min_open else '<='}"
-        high = None if self.maximum is None else f"<={self.maximum:g}"
+        low = None if self.minimum is None else f"{self.minimum}{'<' if self.min_open else '<='}"
+        high = None if self.maximum is None else f"<={self.maximum}"
         if low is None and high is None:
             return None
         if high is None:
-            return f"x{'>' if self.min_open else '>='}{self.minimum:g}"
+            return f"x{'>' if self.min_open else '>='}{self.minimum}"
         return f"{low or ''}x{high}"
 
     def in_range(self, value: Any) -> bool:
@@ -102,7 +103,7 @@ def argument(dest: str, help: str, *, type: Callable[[str], Any] = Path, metavar
 
 def option(dest: str, *flags: str, help: str, type: Callable[[str], Any] = str, default: Any = None,
            required: bool = False, metavar: str | None = None, minimum: float | None = None, **rules: Any) -> Param:
-    """An option taking a value; ``rules``: maximum, min_open, choices, needs, excludes, why, in_order, group."""
+    """An option taking a value; ``rules``: maximum, min_open, choices, unless, needs, excludes, why, in_order, group."""
     return Param(dest, VALUE, flags, help, type, default, required, metavar, minimum, **rules)
 
 
@@ -139,9 +140,11 @@ _TYPE_WORDS = {int: "integer", float: "float", int_list: "comma-separated list o
 def _convert(p: Param, text: str, command: str) -> Any:
     try:
         value = p.type(text)
-    except (TypeError, ValueError):
-        word = _TYPE_WORDS.get(p.type, "value")
-        raise UsageError(f"Invalid value for '{p.label}': {text!r} is not a valid {word}.", command) from None
+    except (TypeError, ValueError) as e:
+        word = _TYPE_WORDS.get(p.type)
+        if word is None and str(e):  # a value type of the table's says what it takes
+            raise UsageError(f"Invalid value for '{p.label}': {e}.", command) from None
+        raise UsageError(f"Invalid value for '{p.label}': {text!r} is not a valid {word or 'value'}.", command) from None
     if p.choices and value not in p.choices:
         raise UsageError(f"Invalid value for '{p.label}': {text!r} is not one of {', '.join(map(repr, p.choices))}.", command)
     finite = not isinstance(value, float) or math.isfinite(value)
@@ -172,9 +175,12 @@ def find_command(commands: Sequence[Command], word: str) -> Command:
 
 
 def _check_together(command: Command, given: set[str]) -> None:
-    """Options given without the ones they need, or with ones they exclude."""
+    """Options missing where their alternatives are too, given without the ones they need, or with ones they exclude."""
     by_dest = {p.dest: p for p in command.params}
     for p in command.params:
+        if p.unless and p.dest not in given and not given.intersection(p.unless):
+            others = " or ".join(f"'{by_dest[d].label}'" for d in p.unless)
+            raise UsageError(f"Missing option '{p.label}' (or {others}).", command.name)
         if p.dest not in given:
             continue
         for other in p.needs:

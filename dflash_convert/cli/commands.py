@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..format.keys import U32_MAX
 from ..format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from ..format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from . import handlers
 from .command_line import Command, argument, flag, int_list, multi, option
+from .values import layer_numbers, layers_or_all, outtype, quant_type, type_list
 
 PROG = "dflash-convert"
 SUMMARY = "Convert, inspect and check DFlash drafter GGUF files for llama.cpp."
@@ -21,6 +23,7 @@ _DEVICE = option("device", "--device", default="auto", help="auto (CUDA when pre
 _JSON = flag("json_out", "--json", help="Print the report as JSON.")
 _THREADS = option("threads", "--threads", type=int, minimum=1, help="Encoder threads (default: every core).")
 _REPO = "org/name[@revision]"
+_NUMERICS = ("cpu", "exact")
 # what quantize --min-acceptance chooses itself: none of these go with it
 _PER_TENSOR = ("keep_types", "tensor_types", "tensor_type_file", "output_tensor_type", "token_embedding_type",
                "leave_output_tensor", "pure", "override_kv", "prune_layers", "allow_requantize", "skip_validation")
@@ -30,11 +33,12 @@ COMMANDS: tuple[Command, ...] = (
         argument("src_dir", "Drafter checkpoint directory (config.json + safetensors), or a Hugging Face repo id "
                  f"{_REPO} (from the cache first; downloaded unless HF_HUB_OFFLINE=1).", metavar="SRC_DIR"),
         option("target_model_dir", "--target-model-dir", type=Path, help="Target model dir: config.json + tokenizer files "
-               f"(no weights read). Required, unless --target-gguf is given. A repo id {_REPO} also works."),
+               f"(no weights read). Required, unless --target-gguf is given. A repo id {_REPO} also works.",
+               unless=("target_gguf",)),
         option("target_gguf", "--target-gguf", type=Path, help="Converted target GGUF: copy its tokenizer.* keys verbatim."),
         option("outfile", "-o", "--outfile", metavar="PATH", help="Output file or folder (default: SRC_DIR/dflash-<Name>-<TYPE>.gguf, "
                "dspark- for DSpark: the names llama.cpp's -hf finds as a draft; in the current folder for a repo id)."),
-        option("outtype", "--outtype", default="auto", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
+        option("outtype", "--outtype", type=outtype, default="auto", help="f32, f16, bf16, q8_0, auto (bf16 for bf16 checkpoints, else f16), "
                "or any quantize TYPE (Q4_K_M, Q6_K, IQ4_XS, ...: converted and quantized in one pass)."),
         _FORCE,
         flag("dry_run", "--dry-run", help="Print the plan (keys, tensors, sizes) and write nothing."),
@@ -60,12 +64,13 @@ COMMANDS: tuple[Command, ...] = (
             "then validate it.", (
         argument("src", "A DFlash GGUF written for another fork (dflash-draft, qwen35-dflash-draft, pre-merge dflash).", metavar="SRC"),
         argument("out", "The upstream dflash GGUF to write.", type=str, metavar="OUT"),
-        option("target_layers_offset", "--target-layers-offset", type=int,
+        option("target_layers_offset", "--target-layers-offset", type=int, minimum=0, maximum=1,
                help="0 or 1, added to the file's layer ids when its dialect cannot tell."),
         option("target_layers", "--target-layers", type=int_list, metavar="L1,L2,...",
                help="llama.cpp target_layers, when the file holds none."),
         option("target_gguf", "--target-gguf", type=Path, help="Copy every tokenizer.* key from this converted target GGUF."),
-        option("mask_token_id", "--mask-token-id", type=int, help="The mask token id, when the file holds none."),
+        option("mask_token_id", "--mask-token-id", type=int, minimum=0, maximum=U32_MAX,
+               help="The mask token id, when the file holds none."),
         _FORCE,
     )),
     Command("quantize", handlers.quantize, "Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed.\n\n"
@@ -74,7 +79,7 @@ COMMANDS: tuple[Command, ...] = (
         argument("out", "The GGUF to write, or a folder: dflash-<Name>-<TYPE>.gguf in it (the input's name with its type "
                  "tag replaced).", type=str, metavar="OUT"),
         argument("qtype", "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, "
-                 "Q5_K_M, Q6_K, IQ4_NL or IQ4_XS.", type=str, metavar="TYPE"),
+                 "Q5_K_M, Q6_K, IQ4_NL or IQ4_XS.", type=quant_type, metavar="TYPE"),
         _THREADS,
         flag("dry_run", "--dry-run", help="Print the per-tensor plan and write nothing."),
         multi("keep_types", "--keep-type", metavar="PATTERN=TYPE", help="Our glob shorthand: quantized tensors matching the "
@@ -89,7 +94,7 @@ COMMANDS: tuple[Command, ...] = (
         flag("pure", "--pure", help="No mix rules: every quantized tensor takes the type's default."),
         multi("override_kv", "--override-kv", metavar="KEY=TYPE:VALUE",
               help="Set a key in the output (int, float, bool, str), as llama-quantize does."),
-        option("prune_layers", "--prune-layers", metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
+        option("prune_layers", "--prune-layers", type=layer_numbers, metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
         flag("allow_requantize", "--allow-requantize", help="Accept an already quantized input (quality suffers)."),
         option("features", "--features", type=Path, help="With --min-acceptance: the features file capture wrote.",
                needs=("min_acceptance",)),
@@ -109,12 +114,13 @@ COMMANDS: tuple[Command, ...] = (
     Command("sweep", handlers.sweep, "Quantize to each type (temporary files), measure each one's acceptance: size against accepted tokens.", (
         argument("src", "A dflash drafter GGUF in F32, F16 or BF16.", metavar="SRC"),
         option("features", "--features", type=Path, required=True, help="The features file capture wrote."),
-        option("types", "--types", default=",".join(DEFAULT_SWEEP_TYPES), metavar="T1,T2,...", help="The types to measure."),
+        option("types", "--types", type=type_list, default=",".join(DEFAULT_SWEEP_TYPES), metavar="T1,T2,...", help="The types to measure."),
         option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} for the shared "
                "embedding and head (default: the one the features were captured from)."),
         option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
         _DEVICE,
-        option("numerics", "--numerics", default="cpu", help="cpu: round as llama.cpp's CPU backend; exact: float32."),
+        option("numerics", "--numerics", default="cpu", choices=_NUMERICS,
+               help="cpu: round as llama.cpp's CPU backend; exact: float32."),
         flag("json_out", "--json", help="Print the table as JSON."),
         option("plot", "--plot", type=Path, metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
         _THREADS,
@@ -147,10 +153,10 @@ COMMANDS: tuple[Command, ...] = (
         option("out", "-o", "--output", required=True, metavar="PATH", help="The features file to write (.safetensors)."),
         option("new_tokens", "--new-tokens", type=int, default=64, minimum=1,
                help="N: each continuation is what llama-speculative-simple -n N decodes."),
-        option("layers", "--layers", default="all", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
+        option("layers", "--layers", type=layers_or_all, default="all", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
         option("for_draft", "--for", type=Path, help="Store only the layers this drafter GGUF taps."),
         _DEVICE,
-        option("dtype", "--dtype", default="f32", help="f32, f16 or bf16: how the layer inputs are stored."),
+        option("dtype", "--dtype", default="f32", choices=("f32", "f16", "bf16"), help="How the layer inputs are stored."),
         _FORCE,
         flag("quiet", "-q", "--quiet", help="No progress bar, no warnings."),
     )),
@@ -165,8 +171,8 @@ COMMANDS: tuple[Command, ...] = (
                "embedding and head (default: the one the features were captured from)."),
         option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
         _DEVICE,
-        option("numerics", "--numerics", default="cpu", help="cpu: round as llama.cpp's CPU backend (F16 KV cache, "
-               "quantized activations); exact: the graph in float32."),
+        option("numerics", "--numerics", default="cpu", choices=_NUMERICS, help="cpu: round as llama.cpp's CPU backend "
+               "(F16 KV cache, quantized activations); exact: the graph in float32."),
         _JSON,
     )),
     Command("publish", handlers.publish, "Convert once, quantize each type, validate every file against the target; write the files, "
@@ -177,7 +183,7 @@ COMMANDS: tuple[Command, ...] = (
         option("target_model_dir", "--target-model-dir", type=Path, required=True, help=f"The target model dir (or {_REPO}) "
                "every file is converted for and validated against (with --check: its embedding safetensors too)."),
         option("out_dir", "-o", "--output", required=True, metavar="RELEASE_DIR", help="The release directory to create."),
-        option("types", "--types", default=",".join(DEFAULT_RELEASE_TYPES), metavar="T1,T2,...", help="The files: float types "
+        option("types", "--types", type=type_list, default=",".join(DEFAULT_RELEASE_TYPES), metavar="T1,T2,...", help="The files: float types "
                "are converted from the checkpoint, the others quantized from the first float type (else from a scratch "
                "auto conversion)."),
         flag("check", "--check", help="Also run check against the checkpoint; its fidelity goes in the card, and a file "
