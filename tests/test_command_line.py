@@ -211,7 +211,10 @@ def test_min_acceptance_without_features_or_with_per_tensor_flags_is_a_usage_err
     (["accept", "in.gguf", "--features", "f", "--numerics", "fast"], "'fast' is not one of 'cpu', 'exact'."),
     (["capture", "--target-model-dir", "t", "--prompts", "p", "-o", "o", "--dtype", "f64"], "'f64' is not one of"),
     (["capture", "--target-model-dir", "t", "--prompts", "p", "-o", "o", "--layers", "x"], "'x' is neither all nor"),
+    (["sweep", "in.gguf", "--features", "f", "--types", "F32"], "'F32' is not a quantization type"),
     (["publish", "ckpt", "--target-model-dir", "t", "-o", "rel", "--types", "Q9"], "'Q9' is not a quantization type"),
+    (["publish", "ckpt", "--target-model-dir", "t", "-o", "rel", "--types", "Q4_K,q4_k_m"], "names Q4_K_M twice"),
+    (["publish", "ckpt", "--target-model-dir", "t", "-o", "rel", "--types", ","], "',' names no type"),
 ])
 def test_every_wrong_value_is_one_usage_line_exit_64(tmp_path, args, says):
     r = run_cli(*args)

@@ -13,7 +13,7 @@ from ..format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from ..format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from . import handlers
 from .command_line import Command, argument, flag, int_list, multi, option
-from .values import layer_numbers, layers_or_all, outtype, quant_type, type_list
+from .values import layer_numbers, layers_or_all, outtype, quant_type, release_types, sweep_types
 
 PROG = "dflash-convert"
 SUMMARY = "Convert, inspect and check DFlash drafter GGUF files for llama.cpp."
@@ -114,7 +114,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("sweep", handlers.sweep, "Quantize to each type (temporary files), measure each one's acceptance: size against accepted tokens.", (
         argument("src", "A dflash drafter GGUF in F32, F16 or BF16.", metavar="SRC"),
         option("features", "--features", type=Path, required=True, help="The features file capture wrote."),
-        option("types", "--types", type=type_list, default=",".join(DEFAULT_SWEEP_TYPES), metavar="T1,T2,...", help="The types to measure."),
+        option("types", "--types", type=sweep_types, default=",".join(DEFAULT_SWEEP_TYPES), metavar="T1,T2,...", help="The types to measure."),
         option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} for the shared "
                "embedding and head (default: the one the features were captured from)."),
         option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
@@ -183,7 +183,7 @@ COMMANDS: tuple[Command, ...] = (
         option("target_model_dir", "--target-model-dir", type=Path, required=True, help=f"The target model dir (or {_REPO}) "
                "every file is converted for and validated against (with --check: its embedding safetensors too)."),
         option("out_dir", "-o", "--output", required=True, metavar="RELEASE_DIR", help="The release directory to create."),
-        option("types", "--types", type=type_list, default=",".join(DEFAULT_RELEASE_TYPES), metavar="T1,T2,...", help="The files: float types "
+        option("types", "--types", type=release_types, default=",".join(DEFAULT_RELEASE_TYPES), metavar="T1,T2,...", help="The files: float types "
                "are converted from the checkpoint, the others quantized from the first float type (else from a scratch "
                "auto conversion)."),
         flag("check", "--check", help="Also run check against the checkpoint; its fidelity goes in the card, and a file "

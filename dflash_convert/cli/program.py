@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import DFlashError, InputFileError
 from ..files import os_reason
@@ -36,9 +37,26 @@ def main(argv: list[str] | None = None) -> None:
     guard(lambda: run(sys.argv[1:] if argv is None else argv))
 
 
-def exit_code(e: DFlashError) -> int:
-    """The one exit-code rule of every command."""
-    return EXIT_UNREADABLE if isinstance(e, InputFileError) else EXIT_REFUSED
+def _internal(e: BaseException) -> str:
+    """A bug of ours: still one line, and the way to see more."""
+    return (f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]} "
+            "(DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")
+
+
+# what a command raised -> its error line and exit code, first match wins
+ERRORS: tuple[tuple[type[BaseException], Callable[[Any], str], int], ...] = (
+    (InputFileError, str, EXIT_UNREADABLE),
+    (DFlashError, str, EXIT_REFUSED),
+    (MemoryError, lambda e: "out of memory; free memory or raise the limit and run again", EXIT_REFUSED),
+    (OSError, lambda e: f"{e.filename}: {os_reason(e)}" if e.filename else os_reason(e), EXIT_REFUSED),
+    (Exception, _internal, EXIT_REFUSED),
+)
+_FORESEEN = (DFlashError, MemoryError, OSError)
+
+
+def exit_code(e: BaseException) -> int:
+    """The one exit-code rule of every command (ERRORS)."""
+    return next(code for kind, _, code in ERRORS if isinstance(e, kind))
 
 
 def run(args: list[str]) -> int:
@@ -181,22 +199,11 @@ def guard(command: Callable[[], int]) -> None:
         received.append(signal.SIGINT)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except DFlashError as e:
-        error(e)
-        code = exit_code(e)
-    except MemoryError:
-        err("dflash-convert: error: out of memory; free memory or raise the limit and run again")
-        code = EXIT_REFUSED
-    except OSError as e:
-        err(f"dflash-convert: error: {e.filename}: {os_reason(e)}" if e.filename else f"dflash-convert: error: {os_reason(e)}")
-        code = EXIT_REFUSED
-    except Exception as e:  # a bug of ours: still one line, and the way to see more
-        if os.environ.get("DFLASH_CONVERT_TRACEBACK"):
+    except Exception as e:
+        if os.environ.get("DFLASH_CONVERT_TRACEBACK") and not isinstance(e, _FORESEEN):
             raise
-        text = " ".join(str(e).split())[:300]
-        err(f"dflash-convert: error: internal error: {type(e).__name__}: {text} "
-             "(DFLASH_CONVERT_TRACEBACK=1 shows where; please report it)")
-        code = EXIT_REFUSED
+        line, code = next((line_of(e), c) for kind, line_of, c in ERRORS if isinstance(e, kind))
+        error(line)
     if received:
         name = signal.Signals(received[0]).name
         err(f"dflash-convert: interrupted by {name}; no partial output was left")

@@ -35,12 +35,27 @@ def outtype(text: str) -> str:
                          f"type: {', '.join(QUANT_TYPES)})") from None
 
 
-def type_list(text: str) -> str:
-    """--types: comma-separated quantize TYPEs (F32 too, where a release converts to it)."""
-    for item in (i.strip() for i in text.split(",")):
-        if item and item.upper() != "F32":
-            quant_type(item)
+def _types(text: str, floats: tuple[str, ...], once: bool) -> str:
+    """Comma-separated quantize TYPEs (and these float types), at least one; with ``once``, none twice."""
+    seen: list[str] = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name = item.upper() if item.upper() in floats else resolve_ftype(quant_type(item))
+        if once and name in seen:
+            raise ValueError(f"{text!r} names {name} twice")
+        seen.append(name)
+    if not seen:
+        raise ValueError(f"{text!r} names no type")
     return text
+
+
+def sweep_types(text: str) -> str:
+    """sweep's --types: quantize TYPEs."""
+    return _types(text, (), once=False)
+
+
+def release_types(text: str) -> str:
+    """publish's --types: quantize TYPEs and F32, each once."""
+    return _types(text, ("F32",), once=True)
 
 
 def layer_numbers(text: str) -> str:
