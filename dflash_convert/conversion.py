@@ -30,6 +30,7 @@ from .sources.model_card import parameter_count, read_model_card
 from .sources.target import read_target_dir, read_target_gguf
 from .target import Target
 from .tensor_source import source_path
+from .terminal import human_size, short, visible
 from .tokenizer.borrow import borrow_from_dir, borrow_from_gguf
 from .tokenizer.cache import TokenizerCache, open_cache
 from .tokenizer.pre_hashes import KNOWN_PRE_NAMES
@@ -101,6 +102,30 @@ class ConversionPlan:
     def total_bytes(self) -> int:
         """Bytes of tensor data the output will hold."""
         return sum(t.nbytes for t in self.tensors)
+
+    def dry_run_lines(self) -> list[str]:
+        """convert --dry-run: the output, every key with its value, every tensor with its size and source."""
+        late = key("source_files_sha256")
+        out = [f"output: {self.output}", f"file type: {self.type_name}; vocabulary: {self.n_tokens} tokens",
+               f"keys ({len(self.metadata)}):"]
+        for kv in self.metadata:
+            value = kv.value
+            if isinstance(value, list):
+                value = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+            elif isinstance(value, bytes):
+                value = value.decode("utf-8", "replace")
+            shown = "(computed when written)" if kv.key == late else short(value)
+            out.append(f"  {visible(kv.key):<48} {kv.vtype.name:<8} {shown}")
+        out.append(f"tensors ({len(self.tensors)}, {human_size(self.total_bytes)}):")
+        for t in self.tensors:
+            out.append(f"  {t.tensor.gguf_name:<32} {t.ggml_type.name:<5} {{{', '.join(map(str, t.ne))}}}  "
+                       f"{human_size(t.nbytes)}  <- {t.tensor.hf_name} {t.tensor.dtype}")
+        return [*out, "dry run: nothing written"]
+
+    def written(self) -> str:
+        """The line convert prints once the file is in place."""
+        return (f"wrote {self.output} ({len(self.tensors)} tensors, {human_size(self.total_bytes)} of data, "
+                f"file type {self.type_name})")
 
 
 def default_output(src: Path, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:

@@ -7,24 +7,50 @@ reading validate judges.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .arrays import NumArray, StrArray
 from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
-from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, ValueType
+from .format.keys import ARCH, CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, ValueType
 from .format.rules import DEFAULT_BLOCK_SIZE
 from .sources.gguf import GGUFFile, GGUFValue, read_gguf
 from .sources.gguf_drafter import read_lenient
-from .terminal import visible
+from .terminal import human_size, short, visible
 from .validate.file_name import name_problem
 
 
-def read_summary(path: str | Path) -> tuple[GGUFFile, Drafter]:
+@dataclass
+class Summary:
+    """What inspect shows: the file as stored, and the Drafter its lenient reading gives."""
+
+    gguf: GGUFFile
+    drafter: Drafter
+
+    def lines(self) -> list[str]:
+        """The keys and tensors as stored; for a dflash file, its member, how it was chosen and its pairing line."""
+        g, d = self.gguf, self.drafter
+        out = [f"file: {g.path}", f"architecture: {g.architecture}", f"keys ({len(g.metadata)}):"]
+        out += [f"  {visible(k):<48} {type_name(v):<14} {short(v.value)}" for k, v in g.metadata.items()]
+        out.append(f"tensors ({len(g.tensors)}, {human_size(sum(t.nbytes for t in g.tensors))}):")
+        out += [f"  {visible(t.name):<32} {t.ggml_type.name:<6} {{{', '.join(map(str, t.ne))}}}  {human_size(t.nbytes)}"
+                for t in g.tensors]
+        if g.architecture != ARCH:
+            return out
+        out += [f"target layers (llama.cpp layer inputs): {d.target_layers}; block size: {block_size(d)}", member_line(d)]
+        if (problem := file_name_warning(d)) is not None:  # with the summary, as validate reports it: not on stderr
+            out.append(f"warning: {problem}")
+        if (how := chosen_line(g)) is not None:
+            out.append(how)
+        return [*out, "pair with the target in llama.cpp:", f"  {pairing_hint(d)}"]
+
+
+def read_summary(path: str | Path) -> Summary:
     """The parsed file and the Drafter its lenient reading gives."""
     g = read_gguf(path)
-    return g, read_lenient(g)[0]
+    return Summary(g, read_lenient(g)[0])
 
 
 def type_name(v: GGUFValue) -> str:
@@ -83,16 +109,3 @@ def pairing_hint(d: Drafter) -> str:
     m, spec = member(d)
     n_max = max(1, draft_tokens_per_block(m, block_size(d), d.sample_from_anchor))
     return f"llama-server -m TARGET.gguf -md {visible(d.origin.path)} --spec-type {spec} --spec-draft-n-max {n_max} -fa on"
-
-
-def short(value: Any, limit: int = 8) -> str:
-    """A value in a few characters; strings as repr (escaped: nothing a terminal acts on, one line)."""
-    if isinstance(value, (list, NumArray, StrArray)):
-        items = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value[:limit]]
-        head = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in items)
-        return f"[{head}{', ...' if len(value) > limit else ''}] ({len(value)})"
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, str) and len(value) > 60:
-        return repr(value[:57] + "...")
-    return repr(value) if isinstance(value, str) else str(value)

@@ -26,10 +26,11 @@ from .pipeline import ChunkPipeline
 from .plan import plan_tensor
 from .sources.gguf import ALIGNMENT_KEY, GGUFFile, GGUFTensor, GGUFValue, read_gguf
 from .sources.target import read_target_gguf
+from .terminal import human_size
 from .tokenizer.from_gguf import copy_tokenizer_keys
 from .validate.dialects import detect, layer_ids_key
 from .validate.gate import ValidationGate
-from .validate.report import Report
+from .validate.report import Report, render_text
 from .validate.semantics import required_tensor_names, tensor_role
 from .write import write_gguf
 
@@ -58,6 +59,17 @@ class MigrationResult:
     plan: MigrationPlan
     output: Path
     report: Report
+
+    def lines(self) -> list[str]:
+        """The file written, its notes, and validate's verdict on it (every finding when it fails)."""
+        plan = self.plan
+        out = [f"wrote {self.output}: {plan.dialect.name} -> dflash, {len(plan.tensors)} tensors "
+               f"({human_size(sum(t.nbytes for t, _ in plan.tensors))}) copied byte for byte",
+               *(f"  {note}" for note in plan.notes)]
+        if self.report.exit_code:
+            return [*out, *render_text(self.report).splitlines()]
+        n = self.report.counts()
+        return [*out, f"validate: PASS ({n['warn']} warn, {n['pass']} pass)"]
 
 
 def _refuse(msg: str, path: Path) -> DFlashError:

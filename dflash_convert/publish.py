@@ -76,6 +76,21 @@ class Release:
         """Every file the release directory holds."""
         return sorted([*(f.name for f in self.files), *(f.report_name for f in self.files), SUMS_NAME, CARD_NAME])
 
+    def dry_run_lines(self, upload: str | None = None) -> list[str]:
+        """publish --dry-run: every file with its type and report, the rest of the directory, the upload."""
+        listed = {f.name for f in self.files} | {f.report_name for f in self.files}
+        return [f"release: {self.out_dir}; every quantized type from {self.base_type}",
+                *(f"  {f.type_name:<8} {f.name} (+ {f.report_name})" for f in self.files),
+                f"  and {', '.join(n for n in self.names if n not in listed)}",
+                *([f"then upload to {upload}"] if upload is not None else []), "dry run: nothing written"]
+
+    def lines(self, upload: str | None = None) -> list[str]:
+        """The summary table, the directory written and, with ``upload``, the commit the upload made."""
+        n = len(self.files)
+        return [*summary_rows(self), f"wrote {self.out_dir}: {n} GGUF file{'s' if n != 1 else ''}, "
+                f"{'their' if n != 1 else 'its'} validate report, SHA256SUMS and README.md",
+                *([f"uploaded to {upload}: {self.uploaded}"] if self.uploaded is not None else [])]
+
 
 # --- what to make ------------------------------------------------------------------------------
 

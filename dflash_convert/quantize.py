@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import struct
 import tempfile
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from .format.family import DSPARK, member_of
 from .format.file_names import quantized_file_name
 from .format.file_types import FILE_TYPES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
-from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
+from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, key
 from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
 from .metadata import Metadata
 from .outputs import TemporaryOutput, check_output_path
@@ -53,6 +54,7 @@ from .runtime.counts import LoopCount, like_cpu
 from .sources.features import read_features, target_for
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
+from .terminal import human_size
 from .validate.gate import ValidationGate, require_valid_input
 from .write import write_gguf
 
@@ -78,6 +80,21 @@ class QuantizePlan:
     def total_bytes(self) -> int:
         """Bytes of tensor data the output will hold."""
         return sum(t.nbytes for t in self.tensors)
+
+    def dry_run_lines(self) -> list[str]:
+        """quantize --dry-run: every tensor's shape, type before and after, and size; the notes; the total."""
+        out = [f"{self.source} -> {self.output}: {self.ftype} ({key('file_type')} {self.file_type})"]
+        by_name = {t.gguf_name: t for t in self.drafter.tensors}
+        for p in self.tensors:
+            why = f"  ({p.note})" if p.note and p.note.startswith(("fallback", "--")) else ""
+            out.append(f"  {p.tensor.gguf_name:<32} {'x'.join(map(str, p.ne)):<14} {by_name[p.tensor.gguf_name].dtype:<5} "
+                       f"-> {p.ggml_type.name:<6} {human_size(p.nbytes):>10}{why}")
+        return [*out, *(f"  {note}" for note in self.notes), f"total {human_size(self.total_bytes)}; dry run: nothing written"]
+
+    def written_lines(self) -> list[str]:
+        """What quantize prints once the file is in place: its notes, then the file."""
+        return [*(f"note: {note}" for note in self.notes),
+                f"wrote {self.output} ({len(self.tensors)} tensors, {human_size(self.total_bytes)} of data, {self.ftype})"]
 
 
 def quantize_options(*, keep_types: list[str] | None = None, allow_requantize: bool = False,
@@ -368,6 +385,23 @@ class ChosenQuantize:
         for item in self.overrides:
             args += ["--override-kv", item]
         return [*args, str(self.plan.source), str(self.plan.output), self.plan.ftype]
+
+    def lines(self) -> list[str]:
+        """The chosen mix: its size and acceptance beside the plain mix's and the input's, the search, the recipe."""
+        res, plan = self.search, self.plan
+        recipe = " ".join(f"--tensor-type {shlex.quote(i)}" for i in self.tensor_types) or "(the plain mix)"
+        return [f"chosen: {plan.ftype} mix raised in {len(res.steps)} step(s): {res.result_bytes} tensor bytes "
+                f"(plain {plan.ftype} {res.plain_bytes}, input {res.baseline_bytes}); held-out accept "
+                f"{res.result.accept:.4f} = {res.relative:.4f} of the input's {res.baseline.accept:.4f} "
+                f"(plain {res.plain.accept:.4f})",
+                f"search: {res.evaluations} measurements, {res.quantized} tensors quantized, {res.seconds:.1f} s",
+                f"recipe: {recipe}",
+                "llama-quantize writes the same file with: llama-quantize "
+                + " ".join(shlex.quote(a) for a in self.llama_quantize_args())]
+
+    def written(self) -> str:
+        """The line quantize --min-acceptance prints once the file is in place."""
+        return f"wrote {self.plan.output} ({len(self.plan.tensors)} tensors, {human_size(self.plan.total_bytes)} of data)"
 
 
 def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtype: str, features: str | os.PathLike,

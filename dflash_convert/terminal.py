@@ -14,6 +14,9 @@ Specification: docs/validate.md, "Hostile files".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -62,3 +65,17 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+
+def short(value: Any, limit: int = 8) -> str:
+    """A value in a few characters; strings as repr (escaped: nothing a terminal acts on, one line)."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, tuple)):  # a list or a GGUF array
+        items = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value[:limit]]
+        head = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in items)
+        return f"[{head}{', ...' if len(value) > limit else ''}] ({len(value)})"
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and len(value) > 60:
+        return repr(value[:57] + "...")
+    return repr(value) if isinstance(value, str) else str(value)

@@ -1,19 +1,20 @@
 """A small command-line parser: commands and their parameters as data, parsed into keyword arguments.
 
-The command layer (cli.py) declares each command as a ``Command`` (its function, summary and
-``Param`` list); ``parse`` turns argv into the function's keyword arguments or raises ``UsageError``
-with the one line the user sees; ``render_help`` writes the help page. Standard library only, and
-nothing is imported or built for the commands that are not run: the parser typer provided (with
-click and pydantic behind it) cost about a third of a second on every start, more than most
-commands' own work on a small file.
+The command table (cli/commands.py) declares each command as a ``Command`` (its handler, summary and
+``Param`` list); ``parse`` turns argv into the handler's keyword arguments or raises ``UsageError``
+with the one line the user sees; ``render_help`` writes the help page. Standard library only.
 
-What is accepted is what users of click-style tools expect: ``--name value``, ``--name=value``,
-``-o value`` and ``-ovalue``, flags, repeatable options, ``--`` to end the options, ``-h``/``--help``
-anywhere, and messages in click's words ("No such option: --x", "Missing argument 'OUT'.").
+Accepted: ``--name value``, ``--name=value``, ``-o value``, ``-ovalue``, flags, repeatable options,
+``--`` to end the options, ``-h``/``--help`` anywhere. Refused, in click's words: an unknown option
+or command (with the nearest names), a missing argument or option, a value of the wrong type, out of
+its range, not finite or not one of its choices, and options given without the ones they need or
+with ones they exclude. Options that share ``in_order`` also reach the handler in command-line order.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import shutil
 import textwrap
 from collections.abc import Callable, Sequence
@@ -53,8 +54,33 @@ class Param:
     default: Any = None
     required: bool = False
     metavar: str | None = None
-    minimum: int | None = None
+    minimum: float | None = None
     variadic: bool = False  # an ARGUMENT taking every remaining positional value (one at least)
+    maximum: float | None = None
+    min_open: bool = False  # the minimum itself is out of range (0<x<=1)
+    choices: tuple[str, ...] = ()  # the only values accepted (empty: any value of the type)
+    unless: tuple[str, ...] = ()  # required, unless one of these dests is given
+    needs: tuple[str, ...] = ()  # dests that must be given with this one
+    excludes: tuple[str, ...] = ()  # dests that must not be given with this one
+    why: str = ""  # said when ``excludes`` is broken
+    in_order: str | None = None  # also append (dest, value) to this list, in command-line order
+    group: str | None = None  # the handler gets this value in a dict of that name, beside the group's others
+
+    def range_text(self) -> str | None:
+        """The accepted range in click's notation ('x>=1', '0<x<=1'), or None when unbounded."""
+        low = None if self.minimum is None else f"{self.minimum}{'<' if self.min_open else '<='}"
+        high = None if self.maximum is None else f"<={self.maximum}"
+        if low is None and high is None:
+            return None
+        if high is None:
+            return f"x{'>' if self.min_open else '>='}{self.minimum}"
+        return f"{low or ''}x{high}"
+
+    def in_range(self, value: Any) -> bool:
+        """Inside the bounds (a NaN is inside none)."""
+        if self.minimum is not None and not (value > self.minimum if self.min_open else value >= self.minimum):
+            return False
+        return self.maximum is None or value <= self.maximum
 
     @property
     def label(self) -> str:
@@ -66,25 +92,29 @@ class Param:
     def shown_metavar(self) -> str:
         if self.metavar is not None:
             return self.metavar
-        return {int: "INTEGER", float: "FLOAT", Path: "PATH"}.get(self.type, "TEXT")
+        return {int: "INTEGER", float: "FLOAT", Path: "PATH", int_list: "N1,N2,..."}.get(self.type, "TEXT")
 
 
 def argument(dest: str, help: str, *, type: Callable[[str], Any] = Path, metavar: str | None = None,
              variadic: bool = False) -> Param:
+    """A positional argument (required; ``variadic``: every remaining one)."""
     return Param(dest, ARGUMENT, help=help, type=type, required=True, metavar=metavar, variadic=variadic)
 
 
 def option(dest: str, *flags: str, help: str, type: Callable[[str], Any] = str, default: Any = None,
-           required: bool = False, metavar: str | None = None, minimum: int | None = None) -> Param:
-    return Param(dest, VALUE, flags, help, type, default, required, metavar, minimum)
+           required: bool = False, metavar: str | None = None, minimum: float | None = None, **rules: Any) -> Param:
+    """An option taking a value; ``rules``: maximum, min_open, choices, unless, needs, excludes, why, in_order, group."""
+    return Param(dest, VALUE, flags, help, type, default, required, metavar, minimum, **rules)
 
 
 def flag(dest: str, *flags: str, help: str) -> Param:
+    """An option without a value: True when given."""
     return Param(dest, FLAG, flags, help, bool, False)
 
 
-def multi(dest: str, *flags: str, help: str, metavar: str | None = None) -> Param:
-    return Param(dest, MULTI, flags, help, str, (), metavar=metavar)
+def multi(dest: str, *flags: str, help: str, metavar: str | None = None, in_order: str | None = None) -> Param:
+    """A repeatable option: every value, in order."""
+    return Param(dest, MULTI, flags, help, str, (), metavar=metavar, in_order=in_order)
 
 
 @dataclass(frozen=True)
@@ -99,18 +129,69 @@ class Command:
         return " ".join(self.doc.split("\n\n", 1)[0].split())
 
 
-_TYPE_WORDS = {int: "integer", float: "float"}
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of integers: '1,2,3' -> [1, 2, 3]."""
+    return [int(x) for x in text.split(",")]
+
+
+_TYPE_WORDS = {int: "integer", float: "float", int_list: "comma-separated list of integers"}
 
 
 def _convert(p: Param, text: str, command: str) -> Any:
     try:
         value = p.type(text)
-    except (TypeError, ValueError):
-        word = _TYPE_WORDS.get(p.type, "value")
-        raise UsageError(f"Invalid value for '{p.label}': {text!r} is not a valid {word}.", command) from None
-    if p.minimum is not None and value < p.minimum:
-        raise UsageError(f"Invalid value for '{p.label}': {value} is not in the range x>={p.minimum}.", command)
+    except (TypeError, ValueError) as e:
+        word = _TYPE_WORDS.get(p.type)
+        if word is None and str(e):  # a value type of the table's says what it takes
+            raise UsageError(f"Invalid value for '{p.label}': {e}.", command) from None
+        raise UsageError(f"Invalid value for '{p.label}': {text!r} is not a valid {word or 'value'}.", command) from None
+    if p.choices and value not in p.choices:
+        raise UsageError(f"Invalid value for '{p.label}': {text!r} is not one of {', '.join(map(repr, p.choices))}.", command)
+    finite = not isinstance(value, float) or math.isfinite(value)
+    if (bounds := p.range_text()) is not None and not (finite and p.in_range(value)):
+        raise UsageError(f"Invalid value for '{p.label}': {value} is not in the range {bounds}.", command)
+    if not finite:
+        raise UsageError(f"Invalid value for '{p.label}': {value} is not a finite number.", command)
     return value
+
+
+def _nearest(word: str, names: Sequence[str], kind: str = "options", show: Callable[[str], str] = str) -> str:
+    """Click's hint for a mistyped name: ' Did you mean X?' for one close name, ' (Possible options: X, Y)' for several."""
+    bare = {n.lstrip("-"): n for n in names}  # '--' alike in every option: not a likeness
+    close = [show(bare[n]) for n in sorted(difflib.get_close_matches(word.lstrip("-"), bare))]
+    if not close:
+        return ""
+    return f" Did you mean {close[0]}?" if len(close) == 1 else f" (Possible {kind}: {', '.join(close)})"
+
+
+def find_command(commands: Sequence[Command], word: str) -> Command:
+    """The command named ``word``; a UsageError naming the nearest commands otherwise."""
+    for command in commands:
+        if command.name == word:
+            return command
+    if word.startswith("-"):
+        raise UsageError(f"No such option: {word}" + _nearest(word, ["--help", "--version"]))
+    raise UsageError(f"No such command {word!r}." + _nearest(word, [c.name for c in commands], "commands", repr))
+
+
+def _check_together(command: Command, given: set[str]) -> None:
+    """Options missing where their alternatives are too, given without the ones they need, or with ones they exclude."""
+    by_dest = {p.dest: p for p in command.params}
+    for p in command.params:
+        if p.unless and p.dest not in given and not given.intersection(p.unless):
+            others = " or ".join(f"'{by_dest[d].label}'" for d in p.unless)
+            raise UsageError(f"Missing option '{p.label}' (or {others}).", command.name)
+        if p.dest not in given:
+            continue
+        for other in p.needs:
+            if other not in given:
+                mutual = p.dest in by_dest[other].needs
+                raise UsageError(f"{p.label} and {by_dest[other].label} go together (each needs the other)" if mutual
+                                 else f"{p.label} needs {by_dest[other].label}", command.name)
+        for other in p.excludes:
+            if other in given:
+                raise UsageError(f"{p.label} does not go with {by_dest[other].label}" + (f" ({p.why})" if p.why else ""),
+                                 command.name)
 
 
 def parse(command: Command, args: Sequence[str]) -> dict[str, Any]:
@@ -119,6 +200,7 @@ def parse(command: Command, args: Sequence[str]) -> dict[str, Any]:
     by_flag = {f: p for p in command.params for f in p.flags}
     positionals = [p for p in command.params if p.kind == ARGUMENT]
     values: dict[str, Any] = {p.dest: (list(p.default) if p.kind == MULTI else p.default) for p in command.params}
+    values.update({p.in_order: [] for p in command.params if p.in_order})
     given: set[str] = set()
     loose: list[str] = []
     i, options_end = 0, False
@@ -140,7 +222,8 @@ def parse(command: Command, args: Sequence[str]) -> dict[str, Any]:
             word, inline = word[:2], word[2:]
         p = by_flag.get(word)
         if p is None:
-            raise UsageError(f"No such option: {word}", name)
+            raise UsageError(f"No such option: {word}" + _nearest(word, [f for f in by_flag if f.startswith("--")]), name)
+        given.add(p.dest)
         if p.kind == FLAG:
             if inline is not None:
                 raise UsageError(f"Option '{word}' does not take a value.", name)
@@ -156,7 +239,8 @@ def parse(command: Command, args: Sequence[str]) -> dict[str, Any]:
             values[p.dest].append(value)
         else:
             values[p.dest] = value
-        given.add(p.dest)
+        if p.in_order:
+            values[p.in_order].append((p.dest, value))
     for p in positionals:
         if not loose:
             raise UsageError(f"Missing argument '{p.label}'.", name)
@@ -170,6 +254,10 @@ def parse(command: Command, args: Sequence[str]) -> dict[str, Any]:
     for p in command.params:
         if p.required and p.kind != ARGUMENT and p.dest not in given:
             raise UsageError(f"Missing option '{p.label}'.", name)
+    _check_together(command, given)
+    for p in command.params:
+        if p.group:
+            values.setdefault(p.group, {})[p.dest] = values.pop(p.dest)
     return values
 
 
@@ -217,8 +305,10 @@ def render_help(prog: str, command: Command) -> str:
         extra = []
         if p.kind == VALUE and p.default not in (None, "", ()) and not p.required:
             extra.append(f"default: {p.default}")
-        if p.minimum is not None:
-            extra.append(f"x>={p.minimum}")
+        if p.choices:
+            extra.append("|".join(p.choices))
+        if (bounds := p.range_text()) is not None:
+            extra.append(bounds)
         if p.required:
             extra.append("required")
         rows.append((name, p.help + (f"  [{'; '.join(extra)}]" if extra else "")))
@@ -228,6 +318,7 @@ def render_help(prog: str, command: Command) -> str:
 
 
 def render_program_help(prog: str, summary: str, commands: Sequence[Command]) -> str:
+    """The program's help page: usage, summary, its own options, every command's summary."""
     width = _width()
     lines = [f"Usage: {prog} [OPTIONS] COMMAND [ARGS]...", *_paragraphs(summary, width), "", "Options:",
              *_rows([("--version", "Print the version and exit."), ("-h, --help", "Show this message and exit.")], width),
@@ -235,5 +326,5 @@ def render_program_help(prog: str, summary: str, commands: Sequence[Command]) ->
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ARGUMENT", "FLAG", "MULTI", "VALUE", "Command", "HelpRequested", "Param", "UsageError", "argument", "flag",
-           "multi", "option", "parse", "render_help", "render_program_help"]
+__all__ = ["ARGUMENT", "FLAG", "MULTI", "VALUE", "Command", "HelpRequested", "Param", "UsageError", "argument",
+           "find_command", "flag", "int_list", "multi", "option", "parse", "render_help", "render_program_help"]
