@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .arrays import NumArray, StrArray
 from .drafter import Drafter
 from .format.family import DFLASH2, DSPARK, MARKOV_W1, SELECTOR_HIDDEN, SPEC_TYPES, draft_tokens_per_block, member_of
 from .format.keys import ARCH, CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, ValueType
