@@ -266,7 +266,7 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
              tensor_type_file: Path | None, output_tensor_type: str | None, token_embedding_type: str | None,
              leave_output_tensor: bool, pure: bool, override_kv: list[str], prune_layers: str | None, allow_requantize: bool,
              features: Path | None, min_acceptance: float | None, target_model_dir: Path | None, target_gguf: Path | None,
-             device: str, skip_validation: bool, force: bool, quiet: bool) -> int:
+             device: str, skip_validation: bool, force: bool, quiet: bool, allow_other_target: bool) -> int:
     _quiet(quiet)
     if min_acceptance is not None or features is not None:
         per_tensor = {"--keep-type": keep_type, "--tensor-type": tensor_type, "--tensor-type-file": tensor_type_file,
@@ -279,7 +279,7 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
             why = f"it chooses the per-tensor types itself, not with {given[0]}" if given else "each needs the other"
             _fail(DFlashError(f"--min-acceptance and --features go together ({why})"))
         _quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir, target_gguf, device, force,
-                                 dry_run, quiet, threads)
+                                 dry_run, quiet, threads, allow_other_target)
         return 0
     from .format.keys import key  # start-up: as above
     from .quantize import plan_quantize, quantize_options, write_quantize  # the encoders, gguf-py: only when quantizing
@@ -313,13 +313,14 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
 
 def _quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, min_acceptance: float,
                              target_model_dir: Path | None, target_gguf: Path | None, device: str, force: bool,
-                             dry_run: bool, quiet: bool, threads: int | None) -> None:
+                             dry_run: bool, quiet: bool, threads: int | None, allow_other_target: bool) -> None:
     from .quantize import quantize_for_acceptance  # torch and the encoders: only this command pays for them
 
     try:
         chosen = quantize_for_acceptance(src, out, qtype, features, min_acceptance, target_model_dir=target_model_dir,
                                          target_gguf=target_gguf, device=device, force=force, dry_run=dry_run,
-                                         progress=not quiet, threads=threads, log=None if quiet else _say)
+                                         progress=not quiet, threads=threads, log=None if quiet else _say,
+                                         allow_other_target=allow_other_target)
     except DFlashError as e:
         _fail(e)
     res, plan = chosen.search, chosen.plan
@@ -335,7 +336,7 @@ def _quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, mi
 
 
 def sweep(src: Path, features: Path, types: str, target_model_dir: Path | None, target_gguf: Path | None, device: str,
-          numerics: str, json_out: bool, plot: Path | None, threads: int | None, force: bool) -> int:
+          numerics: str, json_out: bool, plot: Path | None, threads: int | None, force: bool, allow_other_target: bool) -> int:
     # torch and the encoders: only this command pays for them
     from .outputs import check_output_path
     from .quantize import plot_sweep, plot_sweep_ready
@@ -346,7 +347,8 @@ def sweep(src: Path, features: Path, types: str, target_model_dir: Path | None, 
             check_output_path(plot, [src, features], force=force)  # before minutes of measuring
             plot_sweep_ready()
         report = run_sweep(src, features, [t for t in types.split(",") if t.strip()], target_model_dir=target_model_dir,
-                           target_gguf=target_gguf, device=device, numerics=numerics, threads=threads)
+                           target_gguf=target_gguf, device=device, numerics=numerics, threads=threads,
+                           allow_other_target=allow_other_target)
         if plot is not None:
             plot_sweep(report, plot, force=force)
     except DFlashError as e:
@@ -362,13 +364,14 @@ def sweep(src: Path, features: Path, types: str, target_model_dir: Path | None, 
 
 
 def check(draft: Path, checkpoint: Path, target_model_dir: Path | None, target_gguf: Path | None, device: str, context: int,
-          seed: int, features: str, json_out: bool, save_io: str | None, reference_gguf: Path | None) -> int:
+          seed: int, features: str, json_out: bool, save_io: str | None, reference_gguf: Path | None,
+          allow_other_target: bool) -> int:
     from .check import check as run_check  # imports torch: only this command pays for it
 
     try:
         report = run_check(draft, checkpoint, target_model_dir=target_model_dir, target_gguf=target_gguf, device=device,
                            context=context, seed=seed, save_io=save_io, reference_gguf=reference_gguf,
-                           features=features)
+                           features=features, allow_other_target=allow_other_target)
     except DFlashError as e:
         _fail(e)
     _echo(report.to_json() if json_out else report.render_text())
@@ -391,12 +394,13 @@ def capture(target_model_dir: Path, prompts: Path, out: str, new_tokens: int, la
 
 
 def accept(drafts: list[Path], features: Path, checkpoint: Path | None, n_max: int | None, target_model_dir: Path | None,
-           target_gguf: Path | None, device: str, numerics: str, json_out: bool) -> int:
+           target_gguf: Path | None, device: str, numerics: str, json_out: bool, allow_other_target: bool) -> int:
     from .accept import accept as run_accept  # imports torch: only this command pays for it
 
     try:
         report = run_accept(drafts, features, checkpoint=checkpoint, n_max=n_max, target_model_dir=target_model_dir,
-                            target_gguf=target_gguf, device=device, numerics=numerics)
+                            target_gguf=target_gguf, device=device, numerics=numerics,
+                            allow_other_target=allow_other_target)
     except DFlashError as e:
         _fail(e)
     _echo(report.to_json() if json_out else report.render_text())
@@ -445,6 +449,8 @@ _FORCE = flag("force", "--force", help="Replace an existing output file.")
 _DEVICE = option("device", "--device", default="auto", help="auto (CUDA when present), cpu or cuda.")
 _JSON = flag("json_out", "--json", help="Print the report as JSON.")
 _THREADS = option("threads", "--threads", type=int, minimum=1, help="Encoder threads (default: every core).")
+_ALLOW_OTHER_TARGET = flag("allow_other_target", "--allow-other-target", help="Measure with a target whose config.json is "
+                           "not the one the features were captured from.")
 _REPO = "org/name[@revision]"
 
 COMMANDS: tuple[Command, ...] = (
@@ -522,6 +528,7 @@ COMMANDS: tuple[Command, ...] = (
              "unvalidated (a warning says so; llama.cpp may refuse or mis-run the file)."),
         _FORCE,
         flag("quiet", "-q", "--quiet", help="No progress bar, no notes, no warnings."),
+        _ALLOW_OTHER_TARGET,
     )),
     Command("sweep", sweep, "Quantize to each type (temporary files), measure each one's acceptance: size against accepted tokens.", (
         argument("src", "A dflash drafter GGUF in F32, F16 or BF16.", metavar="SRC"),
@@ -536,6 +543,7 @@ COMMANDS: tuple[Command, ...] = (
         option("plot", "--plot", type=Path, metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
         _THREADS,
         flag("force", "--force", help="Replace an existing plot file."),
+        _ALLOW_OTHER_TARGET,
     )),
     Command("check", check, "Run the GGUF in-process and the checkpoint's reference forward on the same inputs: "
             "0 pass, 1 fail, 2 unreadable.", (
@@ -554,6 +562,7 @@ COMMANDS: tuple[Command, ...] = (
         _JSON,
         option("save_io", "--save-io", metavar="PATH", help="Write inputs and outputs of both forwards to this .npz."),
         option("reference_gguf", "--reference-gguf", type=Path, help="A full-precision sibling: also report agreement with it."),
+        _ALLOW_OTHER_TARGET,
     )),
     Command("capture", capture, "Run the target once over the prompts; keep its greedy continuations and the layer inputs "
             "drafters read.", (
@@ -585,6 +594,7 @@ COMMANDS: tuple[Command, ...] = (
         option("numerics", "--numerics", default="cpu", help="cpu: round as llama.cpp's CPU backend (F16 KV cache, "
                "quantized activations); exact: the graph in float32."),
         _JSON,
+        _ALLOW_OTHER_TARGET,
     )),
     Command("publish", publish, "Convert once, quantize each type, validate every file against the target; write the files, "
             "their validate reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is "

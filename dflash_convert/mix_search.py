@@ -35,7 +35,7 @@ import torch
 
 from .drafter import Drafter
 from .encoders import encoder
-from .errors import DFlashError, InputFileError
+from .errors import DFlashError
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
@@ -132,9 +132,8 @@ class MixEvaluator:
             if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in ("F32", "F16", "BF16"):
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
-        check_fits(d, feats)
+        self.slots = feats.check_drafter(d, d.source, n_max)
         self.d, self.feats, self.n_max, self.like_cpu = d, feats, n_max, like_cpu
-        self.slots = feats.slots_for(d.target_layers, str(d.source))
         base = load_weights(d, target, device=device)
         base.decoded.clear()
         self.by = {t.gguf_name: t for t in d.tensors}
@@ -266,21 +265,14 @@ class MixEvaluator:
         return score
 
 
-def check_fits(d: Drafter, feats: FeaturesFile, where: str | Path | None = None) -> None:
-    """The features must come from the drafter's target: one error line, not a shape error later."""
-    if d.hidden_size != feats.hidden_size:
-        raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {feats.hidden_size}: "
-                             f"{feats.path} holds features of another target", where or d.source)
-
-
 def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile, n_max: int, *,
                     device: torch.device | str = "cpu", like_cpu: bool = True,
                     indices: list[int] | None = None) -> LoopCount:
     """A written drafter file's live-loop count (what ``accept`` prints as n_drafted, n_accept, accept)."""
     d = read_drafter(path)
-    check_fits(d, feats, path)
+    slots = feats.check_drafter(d, path, n_max)
     w = load_weights(d, target, device=device)
-    return live_loop(d, w, feats, feats.slots_for(d.target_layers, str(path)), n_max, like_cpu=like_cpu, indices=indices)
+    return live_loop(d, w, feats, slots, n_max, like_cpu=like_cpu, indices=indices)
 
 
 # --- the search -----------------------------------------------------------------------------------------
@@ -377,6 +369,10 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
     nbytes_of: Callable[[Types], int] = lambda s: fixed_bytes + sum(tensor_nbytes(t, ne[n]) for n, t in s.items())  # noqa: E731
     base_types = ev.source_types(list(state))
     baseline = ev.accept(base_types, held)
+    if baseline.n_accept == 0:
+        raise DFlashError(f"--min-acceptance {min_acceptance:g}: the input accepts no drafted token on the held-out "
+                          f"sequences ({baseline.n_drafted} drafted): nothing can be chosen by acceptance when the "
+                          "reference accepts nothing", d.source)
     goal = min_acceptance * baseline.accept
     plain = current = ev.accept(state, held)
     say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}; calibration "
