@@ -62,8 +62,8 @@ def read_prompts(path: str | Path) -> list[str]:
             if isinstance(v, dict):
                 v = v.get("prompt", v.get("text"))
             if not isinstance(v, str) or not v:
-                raise InputFileError(f"line {n}: expected a JSON string, or an object with a \"prompt\" string "
-                                     "(the file is JSONL)", path)
+                raise InputFileError(f"line {n}: expected a string, or an object with a \"prompt\" string (the file "
+                                     "is JSONL)", path)
             prompts.append(v)
     if not prompts:
         raise InputFileError("prompts file holds no prompt", path)
