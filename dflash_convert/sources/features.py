@@ -220,10 +220,16 @@ def read_features(path: str | Path) -> FeaturesFile:
 
 
 def recorded_target(feats: FeaturesFile) -> Target | None:
-    """The target directory the features record, when it is an absolute path still there (a relative one
-    names nothing certain: it was relative to where capture ran); an unreadable one names the features file."""
+    """The target directory the features record, when it is an absolute path still there (None when it is
+    gone); one that is not absolute (relative to wherever capture ran, or a repo id) or cannot be read is
+    an error naming the features file: the target is then named with --target-model-dir."""
     rec = feats.target
-    if rec is None or not os.path.isabs(rec) or not os.path.isdir(rec):
+    if rec is None:
+        return None
+    if not os.path.isabs(rec):
+        raise InputFileError(f"the target it was captured from is recorded as {rec!r}, not an absolute path: name the "
+                             "target with --target-model-dir (or --target-gguf)", feats.path)
+    if not os.path.isdir(rec):
         return None
     try:
         return read_target_dir(rec)
