@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import DFlashError, InputFileError
-from .runtime.counts import like_cpu
+from .errors import DFlashError
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
-from .sources.features import FeaturesFile, read_features, target_for
+from .sources.features import FeaturesFile, open_measurement
 from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, resolve_source
 from .target import Target
@@ -103,42 +102,40 @@ class AcceptReport:
 
 def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | Path | None = None, n_max: int | None = None,
            target_model_dir: str | Path | None = None, target_gguf: str | Path | None = None, device: str = "auto",
-           batch: int = 16, numerics: str = "cpu") -> AcceptReport:
+           batch: int = 16, numerics: str = "cpu", allow_other_target: bool = False) -> AcceptReport:
     """Measure each drafter file's acceptance on the captured sequences of ``features``.
 
     ``numerics``: ``cpu`` (default) rounds as llama.cpp's CPU backend does, so the rare slot whose two
     best tokens are nearly tied flips as it does there; ``exact`` computes the graph in float32.
+    ``allow_other_target``: measure with a target whose config is not the one the features record.
     """
     if not drafts:
         raise DFlashError("name at least one drafter GGUF")
-    cpu = like_cpu(numerics)
     if checkpoint is not None:  # a directory or a repo id (org/name[@revision]), resolved before any measuring
         checkpoint = resolve_source(checkpoint, DRAFTER).path
-    feats = read_features(features)
-    target = target_for(feats, target_model_dir, target_gguf)
+    m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
+                         allow_other_target=allow_other_target)
+    feats = m.features
     files = [read_drafter(p) for p in drafts]
+    block = {d.block_size for d in files}
+    n = n_max if n_max is not None else min(block) - 1
+    if not 1 <= n <= min(block) - 1:
+        raise DFlashError(f"--n-max {n} must be in 1..{min(block) - 1} (the block size minus the anchor slot)")
+    slots = [feats.check_drafter(d, path, n) for path, d in zip(drafts, files, strict=True)]
     # torch (seconds to import) only once every input has been read: a bad file is one line at once
     from .runtime.accept import gguf_drafts, measure
     from .runtime.device import resolve_device
     from .runtime.weights import load_weights
 
     dev = resolve_device(device)
-    block = {d.block_size for d in files}
-    n = n_max if n_max is not None else min(block) - 1
-    if not 1 <= n <= min(block) - 1:
-        raise DFlashError(f"--n-max {n} must be in 1..{min(block) - 1} (the block size minus the anchor slot)")
-    if int(feats.metadata.get("new_tokens", "0")) < 1:
-        raise InputFileError("metadata 'new_tokens' must be a positive integer", feats.path)
-    report = AcceptReport(str(features), n, int(feats.metadata["new_tokens"]), len(feats.sequences), str(dev), numerics)
-    for path, d in zip(drafts, files, strict=True):
-        feats.check_fits(d, path)
-        slots = feats.slots_for(d.target_layers, f"{path}")
-        w = load_weights(d, target, device=dev)
-        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=cpu, batch=batch), feats, slots, n)
+    report = AcceptReport(str(features), n, feats.new_tokens, len(feats.sequences), str(dev), numerics)
+    for path, d, s in zip(drafts, files, slots, strict=True):
+        w = load_weights(d, m.target, device=dev)
+        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=m.like_cpu, batch=batch), feats, s, n)
         report.results.append(FileAcceptance(str(path), d.type_name, Path(path).stat().st_size, loop, stats))
         del w
     if checkpoint is not None:
-        report.baseline = _checkpoint_acceptance(checkpoint, target, feats, n, dev)
+        report.baseline = _checkpoint_acceptance(checkpoint, m.target, feats, n, dev)
     return report
 
 
@@ -151,7 +148,7 @@ def _checkpoint_acceptance(checkpoint: str | Path, target: Target | None, feats:
     ckpt = read_checkpoint(checkpoint)
     drafter = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)
     model = load_reference(ckpt, target, drafter=drafter, device=dev)
-    slots = feats.slots_for(drafter.target_layers, f"the checkpoint {checkpoint}")
+    slots = feats.check_drafter(drafter, f"the checkpoint {checkpoint}", n_max)
     loop, stats = measure(reference_drafts(model, n_max), feats, slots, n_max)
     return FileAcceptance(f"checkpoint {checkpoint}", "ckpt", 0, loop, stats)
 

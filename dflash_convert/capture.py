@@ -23,23 +23,20 @@ import numpy as np
 import torch
 
 from .errors import InputFileError, OptionValueError
-from .files import parse_json, read_regular_bytes
-from .format.features import FEATURE_DTYPES, SCHEMA
+from .files import read_regular_bytes
+from .format.features import FEATURE_DTYPES, LOOKAHEAD, SCHEMA
 from .outputs import Inputs, check_output_path
 from .runtime.capture import greedy_continuation, load_target_model, run_target
 from .runtime.device import resolve_device
 from .sources.config import ConfigView
 from .sources.gguf_drafter import read_drafter
+from .sources.prompts import MAX_PROMPTS_BYTES, read_prompts
 from .sources.target import read_target_dir, read_target_weights
 from .target import Target
 from .tokenizer.text import load_text_tokenizer
 from .write_features import FeatureWriter
 
-MAX_PROMPTS_BYTES = 64 << 20
 ALL = "all"
-# tokens captured past --new-tokens N: llama-speculative-simple -n N decodes N + 1, and once its budget
-# is spent its last step still drafts a full block (up to 16 tokens) that the target verifies
-LOOKAHEAD = 1 + 32
 # --new-tokens past any target's use (a continuation is decoded one token at a time); the target's own
 # context (max_position_embeddings) bounds each sequence further
 MAX_NEW_TOKENS = 1 << 16
@@ -52,31 +49,6 @@ class CaptureResult:
     tokens: int
     layers: list[int]
     notes: list[str]
-
-
-def read_prompts(path: Path) -> list[str]:
-    """One prompt per line, or JSONL (a string, or an object with "prompt" or "text", per line); blank lines skipped."""
-    raw = read_regular_bytes(path, "prompts file", MAX_PROMPTS_BYTES)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputFileError("prompts file is not UTF-8 text", path) from None
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    jsonl = bool(lines) and all(ln.lstrip().startswith(("{", '"')) for ln in lines)
-    prompts = []
-    for n, ln in enumerate(lines, 1):
-        if not jsonl:
-            prompts.append(ln)
-            continue
-        v = parse_json(ln, f"line {n}", path)
-        if isinstance(v, dict):
-            v = v.get("prompt", v.get("text"))
-        if not isinstance(v, str) or not v:
-            raise InputFileError(f"line {n}: expected a string, or an object with a \"prompt\" string", path)
-        prompts.append(v)
-    if not prompts:
-        raise InputFileError("prompts file holds no prompt", path)
-    return prompts
 
 
 def parse_layers(spec: str | None, n_layers: int, for_draft: str | Path | None) -> list[int]:
@@ -138,7 +110,8 @@ def capture(target_model_dir: str | Path, prompts_file: str | Path, out: str | P
         sequences.append(greedy_continuation(model, e, new_tokens + LOOKAHEAD, eos))
         if bar is not None:
             bar.update(0.5)
-    meta = {"schema": SCHEMA, "target": str(target_dir), "target_config_sha256": _sha256(target_dir / "config.json"),
+    # the target recorded absolute: accept run from another directory must not find another ./target
+    meta = {"schema": SCHEMA, "target": str(target_dir.resolve()), "target_config_sha256": _sha256(target_dir / "config.json"),
             "target_architecture": target.architecture or "", "layers": json.dumps(stored), "dtype": FEATURE_DTYPES[dtype],
             "prompts_sha256": _sha256(prompts_path), "sequences": str(len(sequences)), "new_tokens": str(new_tokens),
             "eos_ids": json.dumps(sorted(eos))}

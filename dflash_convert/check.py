@@ -636,7 +636,7 @@ def compare_acceptance(d: Drafter, weights, model, captured: FeaturesFile, cls: 
 
     return {"file": side(file_loop, file_anchors), "checkpoint": side(ck_loop, ck_anchors),
             "lost": ck_loop.accept - file_loop.accept, "allowance": ACCEPT_ALLOWANCE[cls], "sequences": len(captured.sequences),
-            "n_max": n_max, "new_tokens": int(captured.metadata.get("new_tokens", "0"))}
+            "n_max": n_max, "new_tokens": captured.new_tokens}
 
 
 def _run_file(path: str | Path, target: Target | None, device: torch.device, feats: torch.Tensor,
@@ -654,7 +654,7 @@ def _run_file(path: str | Path, target: Target | None, device: torch.device, fea
 def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_dir: str | Path | None = None,
           target_gguf: str | Path | None = None, device: str = "auto", context: int = 64, seed: int = 0,
           save_io: str | Path | None = None, reference_gguf: str | Path | None = None,
-          features: str = "synthetic") -> CheckReport:
+          features: str = "synthetic", allow_other_target: bool = False) -> CheckReport:
     """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference.
 
     ``target_model_dir`` / ``target_gguf`` supply the embedding and head a drafter does not carry
@@ -676,9 +676,9 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         target_model_dir = resolve_source(target_model_dir, TARGET_WEIGHTS).path
     captured = None
     if features not in FEATURES:
-        if not Path(features).is_file():
-            raise DFlashError(f"unknown features {features!r}: expected one of {', '.join(FEATURES)}, or a features file "
-                              "(dflash-convert capture)")
+        if not os.path.lexists(features):
+            raise InputFileError(f"no such features file (--features takes {', '.join(FEATURES)}, or a file dflash-convert "
+                                 "capture wrote)", features)
         captured = read_features(features)
     if features == "target" and target_model_dir is None:
         raise DFlashError("features from the target need --target-model-dir (a directory with the target's weights)")
@@ -695,6 +695,11 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
         raise DFlashError(f"context {context} + block {d.block_size} exceeds the drafter's context length {d.context_length}")
     target = (read_target_dir(target_model_dir) if target_model_dir is not None
               else read_target_gguf(target_gguf) if target_gguf is not None else None)
+    if captured is not None:  # the features fit the file and its target, before any number is computed
+        captured.check_drafter(d, draft_gguf, draft_tokens_per_block(member_of({t.gguf_name for t in d.tensors}),
+                                                                     d.block_size, d.sample_from_anchor))
+        if target is not None:
+            captured.check_target(target, allow_other_target)
     ckpt = read_checkpoint(checkpoint_dir)
     written = read_checkpoint_drafter(ckpt, target, keep_embeddings=True)  # the checkpoint as convert writes it
     # torch (seconds to import) only now: every input above is read and checked, so a bad one is one line at once

@@ -132,9 +132,8 @@ class MixEvaluator:
             if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in FLOAT_TYPE_NAMES:
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
-        feats.check_fits(d)
+        self.slots = feats.check_drafter(d, d.source, n_max)
         self.d, self.feats, self.n_max, self.like_cpu = d, feats, n_max, like_cpu
-        self.slots = feats.slots_for(d.target_layers, str(d.source))
         base = load_weights(d, target, device=device)
         base.decoded.clear()
         self.by = {t.gguf_name: t for t in d.tensors}
@@ -271,9 +270,9 @@ def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile
                     indices: list[int] | None = None) -> LoopCount:
     """A written drafter file's live-loop count (what ``accept`` prints as n_drafted, n_accept, accept)."""
     d = read_drafter(path)
-    feats.check_fits(d, path)
+    slots = feats.check_drafter(d, path, n_max)
     w = load_weights(d, target, device=device)
-    return live_loop(d, w, feats, feats.slots_for(d.target_layers, str(path)), n_max, like_cpu=like_cpu, indices=indices)
+    return live_loop(d, w, feats, slots, n_max, like_cpu=like_cpu, indices=indices)
 
 
 # --- the search -----------------------------------------------------------------------------------------
@@ -370,6 +369,10 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
     nbytes_of: Callable[[Types], int] = lambda s: fixed_bytes + sum(tensor_nbytes(t, ne[n]) for n, t in s.items())  # noqa: E731
     base_types = ev.source_types(list(state))
     baseline = ev.accept(base_types, held)
+    if baseline.n_accept == 0:
+        raise DFlashError(f"--min-acceptance {min_acceptance:g}: the input accepts no drafted token on the held-out "
+                          f"sequences ({baseline.n_drafted} drafted): nothing can be chosen by acceptance when the "
+                          "reference accepts nothing", d.source)
     goal = min_acceptance * baseline.accept
     plain = current = ev.accept(state, held)
     say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}; calibration "

@@ -50,8 +50,8 @@ from .plan import (
     quantized_metadata,
     read_tensor_type_file,
 )
-from .runtime.counts import LoopCount, like_cpu
-from .sources.features import read_features, target_for
+from .runtime.counts import LoopCount
+from .sources.features import open_measurement
 from .sources.gguf import read_gguf
 from .sources.gguf_drafter import drafter_from_gguf
 from .terminal import human_size
@@ -269,27 +269,27 @@ def mark_pareto(rows: list[SweepRow]) -> None:
 def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] | tuple[str, ...] = DEFAULT_SWEEP_TYPES, *,
           target_model_dir: str | os.PathLike | None = None, target_gguf: str | os.PathLike | None = None,
           device: str = "auto", numerics: str = "cpu", threads: int | None = None,
-          log: Callable[[str], None] | None = None) -> SweepReport:
+          log: Callable[[str], None] | None = None, allow_other_target: bool = False) -> SweepReport:
     """Quantize ``src`` to each type (temporary files, removed), measure each file's live-loop acceptance
     on the captured sequences, and the input's; the Pareto front marked."""
-    # torch, only for the commands that run a drafter
-    from .mix_search import file_acceptance
-    from .runtime.device import resolve_device
-
-    cpu = like_cpu(numerics)
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
-    feats = read_features(features)
-    target = target_for(feats, target_model_dir, target_gguf)
-    dev = resolve_device(device)
-    say = log or (lambda line: None)
+    m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
+                         allow_other_target=allow_other_target)
+    feats, target, like_cpu = m.features, m.target, m.like_cpu
     d = plan_quantize(src, Path(tempfile.gettempdir()) / "sweep.gguf", ftypes[0]).drafter  # reads and checks the input
     n_max = d.block_size - 1
-    report = SweepReport(Path(src), str(features), n_max, int(feats.metadata.get("new_tokens", "0")), len(feats.sequences),
-                         numerics)
+    feats.check_drafter(d, src, n_max)
+    # torch, only for the commands that run a drafter, once every input is read
+    from .mix_search import file_acceptance
+    from .runtime.device import resolve_device
+
+    dev = resolve_device(device)
+    say = log or (lambda line: None)
+    report = SweepReport(Path(src), str(features), n_max, feats.new_tokens, len(feats.sequences), numerics)
     elements = sum(math.prod(t.shape) for t in d.tensors)
-    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=cpu)
+    loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=like_cpu)
     in_bytes = sum(tensor_nbytes(GGMLType[t.dtype], tuple(reversed(t.shape)) or (1,)) for t in d.tensors)
     report.rows.append(SweepRow(d.type_name, Path(src).stat().st_size, in_bytes, 8 * in_bytes / elements,
                                 loop, baseline=True))
@@ -299,7 +299,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
             out = Path(tmp) / f"{ftype}.gguf"
             plan = plan_quantize(src, out, ftype)
             write_quantize(plan, progress=False, threads=threads)
-            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=cpu)
+            loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=like_cpu)
             report.rows.append(SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements,
                                         loop))
             out.unlink()
@@ -408,24 +408,25 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                             min_acceptance: float, *, target_model_dir: str | os.PathLike | None = None,
                             target_gguf: str | os.PathLike | None = None, device: str = "auto", numerics: str = "cpu",
                             force: bool = False, dry_run: bool = False, progress: bool = False, threads: int | None = None,
-                            max_steps: int | None = None, log: Callable[[str], None] | None = None) -> ChosenQuantize:
+                            max_steps: int | None = None, log: Callable[[str], None] | None = None,
+                            allow_other_target: bool = False) -> ChosenQuantize:
     """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the input's held-out
     live-loop acceptance (mix_search.search_mix); written as llama-quantize would write it given the
     recipe, with the recipe and the measured acceptance in our keys. Refused (nothing written) when no
     mix within the candidate types reaches it."""
-    # torch, only for the commands that run a drafter
-    from .mix_search import MixEvaluator, search_mix
-    from .runtime.device import resolve_device
-
-    cpu = like_cpu(numerics)
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
     check_output_path(plain.output, [src, features], force=force)
-    feats = read_features(features)
-    target = target_for(feats, target_model_dir, target_gguf)
+    m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
+                         allow_other_target=allow_other_target)
     d = plain.drafter
-    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=resolve_device(device), like_cpu=cpu)
+    m.features.check_drafter(d, src, d.block_size - 1)
+    # torch, only for the commands that run a drafter, once every input is read
+    from .mix_search import MixEvaluator, search_mix
+    from .runtime.device import resolve_device
+
+    ev = MixEvaluator(d, m.target, m.features, d.block_size - 1, device=resolve_device(device), like_cpu=m.like_cpu)
     res = search_mix(ev, plain.ftype, min_acceptance, max_steps=max_steps, log=log)
     res.n_max = d.block_size - 1
     if not res.reached:

@@ -36,7 +36,7 @@ from dflash_convert.runtime.accept import AnchorStats, anchor_drafts, anchor_len
 from dflash_convert.runtime.capture import load_target_model, run_target
 from dflash_convert.runtime.forward import block_tokens, contiguous_positions, gather_features, run_gguf
 from dflash_convert.runtime.weights import load_weights
-from dflash_convert.sources.features import read_features
+from dflash_convert.sources.features import config_sha256, read_features
 from dflash_convert.sources.gguf_drafter import read_drafter
 from dflash_convert.sources.target import read_target
 from fixtures.drafters import make_zlab_drafter
@@ -82,14 +82,15 @@ def synthetic_features(base, out: Path, layers: list[int]) -> Path:
 
     root, target, _, _ = base
     rng = np.random.default_rng(9)
-    lengths = [9, 11, 7]
+    new_tokens, prompts = 4, [5, 7, 3]
+    lengths = [p + new_tokens + LOOKAHEAD for p in prompts]  # what capture writes: N + LOOKAHEAD after each prompt
     hidden = json.loads((target / "config.json").read_text())["hidden_size"]
-    meta = {"schema": SCHEMA, "target": str(target), "target_config_sha256": "0" * 64, "target_architecture": "Qwen3ForCausalLM",
-            "layers": json.dumps(layers), "dtype": FEATURE_DTYPES["f32"], "prompts_sha256": "0" * 64,
-            "sequences": str(len(lengths)), "new_tokens": "4", "eos_ids": "[]"}
+    meta = {"schema": SCHEMA, "target": str(target.resolve()), "target_config_sha256": config_sha256(target),
+            "target_architecture": "Qwen3ForCausalLM", "layers": json.dumps(layers), "dtype": FEATURE_DTYPES["f32"],
+            "prompts_sha256": "0" * 64, "sequences": str(len(lengths)), "new_tokens": str(new_tokens), "eos_ids": "[]"}
     w = FeatureWriter(out, lengths, len(layers), hidden, FEATURE_DTYPES["f32"], meta)
-    for i, n in enumerate(lengths):
-        w.write(i, rng.integers(0, 1000, n), n - 4, rng.standard_normal((len(layers), n, hidden)).astype(np.float32))
+    for i, (n, p) in enumerate(zip(lengths, prompts, strict=True)):
+        w.write(i, rng.integers(0, 1000, n), p, rng.standard_normal((len(layers), n, hidden)).astype(np.float32))
     return w.commit()
 
 
@@ -332,7 +333,7 @@ def test_check_with_a_features_file_reports_acceptance(world):
     assert "acceptance" in rep.render_text() and rep.to_dict()["metrics"]["acceptance"]["file"]["n_accept"] >= 0
     r = run_cli("check", ggufs["full"], "--checkpoint", drafters["full"], "--target-model-dir", target, "--features",
                 root / "missing.safetensors", "--device", "cpu")
-    assert r.returncode == 1 and "or a features file (dflash-convert capture)" in r.stderr
+    assert r.returncode == 2 and "no such features file (--features takes synthetic, target, or a file" in r.stderr
 
 
 @pytest.mark.slow  # runs a model (or a whole release) end to end

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..format.features import NUMERICS
 from ..format.keys import U32_MAX
 from ..format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from ..format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
@@ -19,11 +20,12 @@ PROG = "dflash-convert"
 SUMMARY = "Convert, inspect and check DFlash drafter GGUF files for llama.cpp."
 
 _FORCE = flag("force", "--force", help="Replace an existing output file.")
+_OTHER_TARGET_HELP = "Measure with a target whose config.json is not the one the features were captured from."
+_ALLOW_OTHER_TARGET = flag("allow_other_target", "--allow-other-target", help=_OTHER_TARGET_HELP)
 _DEVICE = option("device", "--device", default="auto", help="auto (CUDA when present), cpu or cuda.")
 _JSON = flag("json_out", "--json", help="Print the report as JSON.")
 _THREADS = option("threads", "--threads", type=int, minimum=1, help="Encoder threads (default: every core).")
 _REPO = "org/name[@revision]"
-_NUMERICS = ("cpu", "exact")
 # what quantize --min-acceptance chooses itself: none of these go with it
 _PER_TENSOR = ("keep_types", "tensor_types", "tensor_type_file", "output_tensor_type", "token_embedding_type",
                "leave_output_tensor", "pure", "override_kv", "prune_layers", "allow_requantize", "skip_validation")
@@ -106,6 +108,8 @@ COMMANDS: tuple[Command, ...] = (
         option("target_gguf", "--target-gguf", type=Path, help="With --min-acceptance: the target GGUF.", group="target"),
         option("device", "--device", default="auto", help="With --min-acceptance: auto (CUDA when present), cpu or cuda.",
                group="target"),
+        flag("allow_other_target", "--allow-other-target", help=f"With --min-acceptance: {_OTHER_TARGET_HELP[0].lower()}"
+             f"{_OTHER_TARGET_HELP[1:]}", group="target"),
         flag("skip_validation", "--skip-validation", help="Quantize an input that fails validate, and write the output "
              "unvalidated (a warning says so; llama.cpp may refuse or mis-run the file)."),
         _FORCE,
@@ -119,12 +123,13 @@ COMMANDS: tuple[Command, ...] = (
                "embedding and head (default: the one the features were captured from)."),
         option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
         _DEVICE,
-        option("numerics", "--numerics", default="cpu", choices=_NUMERICS,
+        option("numerics", "--numerics", default="cpu", choices=NUMERICS,
                help="cpu: round as llama.cpp's CPU backend; exact: float32."),
         flag("json_out", "--json", help="Print the table as JSON."),
         option("plot", "--plot", type=Path, metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
         _THREADS,
         flag("force", "--force", help="Replace an existing plot file."),
+        _ALLOW_OTHER_TARGET,
     )),
     Command("check", handlers.check, "Run the GGUF in-process and the checkpoint's reference forward on the same inputs: "
             "0 pass, 1 fail, 2 unreadable.", (
@@ -143,6 +148,7 @@ COMMANDS: tuple[Command, ...] = (
         _JSON,
         option("save_io", "--save-io", metavar="PATH", help="Write inputs and outputs of both forwards to this .npz."),
         option("reference_gguf", "--reference-gguf", type=Path, help="A full-precision sibling: also report agreement with it."),
+        _ALLOW_OTHER_TARGET,
     )),
     Command("capture", handlers.capture, "Run the target once over the prompts; keep its greedy continuations and the layer inputs "
             "drafters read.", (
@@ -172,9 +178,10 @@ COMMANDS: tuple[Command, ...] = (
                "embedding and head (default: the one the features were captured from)."),
         option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
         _DEVICE,
-        option("numerics", "--numerics", default="cpu", choices=_NUMERICS, help="cpu: round as llama.cpp's CPU backend "
+        option("numerics", "--numerics", default="cpu", choices=NUMERICS, help="cpu: round as llama.cpp's CPU backend "
                "(F16 KV cache, quantized activations); exact: the graph in float32."),
         _JSON,
+        _ALLOW_OTHER_TARGET,
     )),
     Command("publish", handlers.publish, "Convert once, quantize each type, validate every file against the target; write the files, "
             "their validate reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is "

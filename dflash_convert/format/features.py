@@ -34,5 +34,16 @@ METADATA: dict[str, str] = {
     "eos_ids": "JSON list: the token ids that end a generation",
 }
 
+# tokens captured past ``new_tokens`` N: llama-speculative-simple -n N decodes N + 1, and once its budget
+# is spent its last step still drafts a full block (up to 32 tokens) that the target verifies
+LOOKAHEAD = 1 + 32
+# metadata keys whose value is a plain decimal integer (ASCII digits), with the least value each may take
+COUNTS: dict[str, int] = {"sequences": 1, "new_tokens": 1}
+MAX_COUNT_DIGITS = 9
+
 # --dtype name -> safetensors dtype of layer_inputs
 FEATURE_DTYPES: dict[str, str] = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+
+# how drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
+# activations rounded to the weight type's vec_dot type), "exact" the graph in float32
+NUMERICS = ("cpu", "exact")

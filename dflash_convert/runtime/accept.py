@@ -210,6 +210,9 @@ def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: i
     c = prompt_length - 1
     while True:
         budget = n_predict - count.n_predict - 1
+        if c + 1 >= len(tokens):  # no continuation token left to verify a draft against
+            raise DFlashError(f"the captured continuation ends at position {len(tokens)}, before the loop's last step "
+                              f"(position {c + 1}); capture with --new-tokens >= {n_predict}")
         draft = draft_at(c)[:n_max]
         if budget > 0:
             draft = draft[:budget]
@@ -283,7 +286,7 @@ def sequence_inputs(feats: FeaturesFile, i: int, slots: list[int]) -> tuple[torc
 
 def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int) -> tuple[LoopCount, AnchorStats]:
     """The live loop (``-n`` the file's ``new_tokens``) and every anchor's acceptance, over every sequence."""
-    n_predict = int(feats.metadata.get("new_tokens", "0"))
+    n_predict = feats.new_tokens
     loop, stats = LoopCount(), AnchorStats(n_max=n_max)
     eos = set(feats.eos_ids)
     for i in range(len(feats.sequences)):
@@ -305,7 +308,7 @@ def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[in
     just where the loop anchors, about one position in (accepted per step + 1), instead of at every
     anchor, so this costs a fraction of ``measure``. ``context_of`` supplies each sequence's
     ``context_kv`` (a caller that keeps them across weight changes), else it is computed here."""
-    n_predict = int(feats.metadata.get("new_tokens", "0"))
+    n_predict = feats.new_tokens
     eos = set(feats.eos_ids)
     cache_dtype = torch.float16 if like_cpu else None
     total = LoopCount()

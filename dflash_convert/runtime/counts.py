@@ -5,20 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import DFlashError
 
 # how the drafts are computed: "cpu" as llama.cpp's CPU backend (its default F16 KV cache, each matmul's
 # activations rounded to the weight type's vec_dot type), "exact" the graph in float32
-NUMERICS = ("cpu", "exact")
-
-
-def like_cpu(numerics: str) -> bool:
-    """``--numerics`` checked once: True for ``cpu``, False for ``exact``; one error line for anything else."""
-    if numerics not in NUMERICS:
-        raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
-    return numerics == "cpu"
-
-
 @dataclass
 class LoopCount:
     """llama-speculative-simple's statistics for one sequence (or summed over several)."""
@@ -48,4 +37,4 @@ class LoopCount:
         self.accepted_per_step += other.accepted_per_step
 
 
-__all__ = ["NUMERICS", "LoopCount", "like_cpu"]
+__all__ = ["LoopCount"]

@@ -1,61 +1,77 @@
-"""Read a features file (``capture``'s output, format/features.py): every check of that input here.
+"""Read a features file (``capture``'s output, format/features.py): every check of that untrusted input here.
 
-The container is the hardened safetensors reader's; on top of it every sequence must have its
-three tensors with consistent shapes (tokens [L], prompt_length [1] in 1..L, layer_inputs [S, L, E]
-with S the stored layer count and one E for all), the metadata must name the schema and list the
-stored layers, and nothing else may be in the file. Tensor data is read one sequence at a time.
+The container is the hardened safetensors reader's. On top of it: every sequence has its three
+tensors with consistent shapes, token ids non-negative, ``prompt_length`` in 1..L-1, a continuation
+no longer than ``new_tokens`` + LOOKAHEAD (the file's sizes agree with its metadata); ``sequences``
+and ``new_tokens`` are plain decimal integers; nothing else is in the file. Layer inputs are read
+one layer of one sequence at a time and refused when not finite. ``check_drafter`` matches a
+drafter (hidden size, vocabulary, taps, how far its loop reads); ``target_for`` matches the
+target in use with the recorded one (config SHA-256) unless ``--allow-other-target``. accept,
+sweep, ``check --features`` and ``--min-acceptance`` read features only through here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..drafter import Drafter
-from ..errors import InputFileError
-from ..files import check_regular_file, parse_json
-from ..format.features import SCHEMA, SEQUENCE, SEQUENCE_TENSORS
+from ..errors import DFlashError, InputFileError
+from ..files import check_regular_file, parse_json, read_regular_bytes
+from ..format.features import COUNTS, LOOKAHEAD, MAX_COUNT_DIGITS, NUMERICS, SCHEMA, SEQUENCE, SEQUENCE_TENSORS
 from ..format.ggml import FLOAT_TYPE_NAMES
-from ..target import Target
+from ..target import DIRECTORY, Target
 from .hub import TARGET_WEIGHTS, resolve_source
 from .safetensors import TensorRef, read_header
-from .target import read_target
+from .target import read_target, read_target_dir
+
+MAX_CONFIG_BYTES = 16 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+ALLOW_OTHER = "pass --allow-other-target to measure with it anyway"
 
 
 @dataclass(frozen=True)
 class FeatureSequence:
-    """One captured sequence: where its tensors are."""
+    """One captured sequence: where its tensors are, and its checked prompt length."""
 
     index: int
     tokens: TensorRef
-    prompt_length: TensorRef
+    prompt_length: int
     layer_inputs: TensorRef
+    ends_at_eos: bool  # the continuation stops at an end-of-generation token
 
     @property
     def length(self) -> int:
+        """Tokens in the sequence, prompt and continuation."""
         return self.tokens.shape[0]
 
     def read_tokens(self) -> tuple[np.ndarray, int]:
         """(token ids int64 [L], prompt length)."""
-        tokens = self.tokens.read().astype(np.int64)
-        n = int(self.prompt_length.read()[0])
-        if not 1 <= n <= len(tokens):
-            raise InputFileError(f"sequence {self.index}: prompt_length {n} is not in 1..{len(tokens)}", self.tokens.path)
-        return tokens, n
+        return self.tokens.read().astype(np.int64), self.prompt_length
 
     def read_layer(self, slot: int) -> np.ndarray:
-        """The stored layer at ``slot`` (its position in the file's ``layers``) as float32 [L, E]."""
+        """The stored layer at ``slot`` (its position in the file's ``layers``) as float32 [L, E], refused if not finite."""
         _, L, E = self.layer_inputs.shape
         raw = self.layer_inputs.read(slot * L * E, L * E)
         if self.layer_inputs.dtype == "BF16":
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        return raw.astype(np.float32, copy=False).reshape(L, E)
+        out = raw.astype(np.float32, copy=False).reshape(L, E)
+        if not np.isfinite(out).all():
+            pos = int(np.argwhere(~np.isfinite(out))[0][0])
+            raise InputFileError(f"sequence {self.index}: layer_inputs slot {slot} holds a non-finite value "
+                                 f"({out[pos][~np.isfinite(out[pos])][0]}) at position {pos}", self.tokens.path)
+        return out
 
 
 @dataclass(frozen=True)
 class FeaturesFile:
+    """A checked features file; tensor data stays on disk."""
+
     path: Path
     metadata: dict[str, str]
     layers: list[int]  # stored layer-input indices, in file order
@@ -63,15 +79,14 @@ class FeaturesFile:
     dtype: str
     sequences: list[FeatureSequence]
     eos_ids: list[int]
+    new_tokens: int  # the -n N the continuations were captured for
+    max_token: int  # the largest token id of any sequence
+    target: str | None  # the recorded target (a path or a repo id), as stored
+    target_config_sha256: str | None
 
     def slot(self, layer: int) -> int | None:
+        """The file position of stored layer ``layer``, or None."""
         return self.layers.index(layer) if layer in self.layers else None
-
-    def check_fits(self, d: Drafter, where: str | Path | None = None) -> None:
-        """The features must come from the drafter's target: one error line, not a shape error later."""
-        if d.hidden_size != self.hidden_size:
-            raise InputFileError(f"the drafter's hidden size is {d.hidden_size}, the captured features' {self.hidden_size}: "
-                                 f"{self.path} holds features of another target", where or d.source)
 
     def slots_for(self, target_layers: list[int], who: str) -> list[int]:
         """The file positions of a drafter's taps; one error line naming the first layer the file lacks."""
@@ -81,6 +96,52 @@ class FeaturesFile:
                                  f"(it stores {self.layers}); capture again with --layers all or --for that drafter",
                                  self.path)
         return [self.layers.index(t) for t in target_layers]
+
+    def check_drafter(self, d: Drafter, where: str | Path, n_max: int | None = None) -> list[int]:
+        """A drafter these features fit (hidden size, vocabulary, taps; with ``n_max`` the continuation its
+        loop can read): its slots, or one error line naming the features file."""
+        if d.hidden_size != self.hidden_size:
+            raise InputFileError(f"the captured features are {self.hidden_size} wide, the drafter {where} is "
+                                 f"{d.hidden_size}: features of another target", self.path)
+        if d.vocab_size and self.max_token >= d.vocab_size:
+            raise InputFileError(f"token id {self.max_token} is outside the vocabulary of {d.vocab_size} tokens of the "
+                                 f"drafter {where}: features of another target", self.path)
+        if n_max is not None:
+            self.check_covers(n_max)
+        return self.slots_for(d.target_layers, str(where))
+
+    def check_covers(self, n_max: int) -> None:
+        """Every continuation holds what llama-speculative-simple -n new_tokens verifies with drafts of ``n_max``
+        (unless it stops at an end-of-generation token)."""
+        need = self.new_tokens + n_max + 1
+        for s in self.sequences:
+            if not s.ends_at_eos and s.length - s.prompt_length < need:
+                raise InputFileError(f"sequence {s.index}: the continuation holds {s.length - s.prompt_length} tokens, "
+                                     f"fewer than the {need} that -n {self.new_tokens} (metadata 'new_tokens') verifies "
+                                     f"with drafts of {n_max}", self.path)
+
+    def check_target(self, target: Target, allow_other_target: bool = False) -> None:
+        """The target in use is the one the features were captured from: the config's SHA-256 (a directory),
+        the hidden size and the vocabulary. A different config is refused unless ``allow_other_target``."""
+        if target.hidden_size is not None and target.hidden_size != self.hidden_size:
+            raise InputFileError(f"the captured features are {self.hidden_size} wide, the target {target.source} is "
+                                 f"{target.hidden_size}: features of another target", self.path)
+        if target.vocab_size is not None and self.max_token >= target.vocab_size:
+            raise InputFileError(f"token id {self.max_token} is outside the vocabulary of {target.vocab_size} tokens of "
+                                 f"the target {target.source}: features of another target", self.path)
+        if allow_other_target or target.kind != DIRECTORY or self.target_config_sha256 is None:
+            return
+        got = config_sha256(target.source)
+        if got != self.target_config_sha256:
+            raise InputFileError(f"captured from another target (recorded {self.target!r}, config.json SHA-256 "
+                                 f"{self.target_config_sha256[:12]}...), not {target.source} (SHA-256 {got[:12]}...); "
+                                 f"{ALLOW_OTHER}", self.path)
+
+
+def config_sha256(target_dir: str | Path) -> str:
+    """SHA-256 of a target directory's config.json, as capture records it."""
+    path = Path(target_dir) / "config.json"
+    return hashlib.sha256(read_regular_bytes(path, "target config.json", MAX_CONFIG_BYTES)).hexdigest()
 
 
 def _int_list(meta: dict[str, str], key: str, path: Path) -> list[int]:
@@ -93,8 +154,18 @@ def _int_list(meta: dict[str, str], key: str, path: Path) -> list[int]:
     return v
 
 
+def _count(meta: dict[str, str], key: str, path: Path) -> int:
+    """A metadata count: plain ASCII decimal digits (no sign, no other script's digits), at least COUNTS[key]."""
+    text = meta.get(key)
+    if (not isinstance(text, str) or re.fullmatch(f"[0-9]{{1,{MAX_COUNT_DIGITS}}}", text, re.ASCII) is None
+            or int(text) < COUNTS[key]):
+        raise InputFileError(f"metadata {key!r} must be a decimal integer of at least {COUNTS[key]} "
+                             f"(at most {MAX_COUNT_DIGITS} digits), got {text!r}", path)
+    return int(text)
+
+
 def read_features(path: str | Path) -> FeaturesFile:
-    """Parse and check a features file; tensor data stays on disk."""
+    """Parse and check a features file: header, metadata, every sequence's shapes, tokens and prompt length."""
     path = Path(path)
     check_regular_file(path, "features file")
     refs, meta = read_header(path)
@@ -105,19 +176,20 @@ def read_features(path: str | Path) -> FeaturesFile:
     if not layers or len(set(layers)) != len(layers):
         raise InputFileError(f"metadata 'layers' must list distinct layer indices, got {layers}", path)
     eos = _int_list(meta, "eos_ids", path) if "eos_ids" in meta else []
+    n_seq, new_tokens = _count(meta, "sequences", path), _count(meta, "new_tokens", path)
+    sha = meta.get("target_config_sha256") or None
+    if sha is not None and _SHA256.fullmatch(sha) is None:
+        raise InputFileError(f"metadata 'target_config_sha256' must be 64 lowercase hex digits, got {sha[:80]!r}", path)
     by = {r.name: r for r in refs}
-    n_seq = meta.get("sequences", "")
-    if not n_seq.isdigit() or int(n_seq) < 1:
-        raise InputFileError(f"metadata 'sequences' must be a positive integer, got {n_seq!r}", path)
-    sequences, E, dtype = [], None, None
-    for i in range(int(n_seq)):
+    sequences, E, dtype, max_token, eos_set = [], None, None, -1, set(eos)
+    for i in range(n_seq):  # each pops its tensors: a count past the file's stops at the first missing one
         prefix = SEQUENCE.format(i=i)
         missing = [n for n in SEQUENCE_TENSORS if prefix + n not in by]
         if missing:
             raise InputFileError(f"sequence {i} has no {prefix + missing[0]} tensor", path)
         tok, plen, inp = (by.pop(prefix + n) for n in SEQUENCE_TENSORS)
-        if tok.dtype != "I64" or len(tok.shape) != 1 or tok.shape[0] < 1:
-            raise InputFileError(f"{tok.name} must be I64 [L] with L >= 1, got {tok.dtype} {list(tok.shape)}", path)
+        if tok.dtype != "I64" or len(tok.shape) != 1 or tok.shape[0] < 2:
+            raise InputFileError(f"{tok.name} must be I64 [L] with L >= 2, got {tok.dtype} {list(tok.shape)}", path)
         if plen.dtype != "I64" or plen.shape != (1,):
             raise InputFileError(f"{plen.name} must be I64 [1], got {plen.dtype} {list(plen.shape)}", path)
         if inp.dtype not in FLOAT_TYPE_NAMES or len(inp.shape) != 3 or inp.shape[:2] != (len(layers), tok.shape[0]):
@@ -126,21 +198,79 @@ def read_features(path: str | Path) -> FeaturesFile:
         if E is not None and (inp.shape[2], inp.dtype) != (E, dtype):
             raise InputFileError(f"{inp.name} is {inp.dtype} of width {inp.shape[2]}, other sequences {dtype} of {E}", path)
         E, dtype = inp.shape[2], inp.dtype
-        sequences.append(FeatureSequence(i, tok, plen, inp))
+        L, n = tok.shape[0], int(plen.read()[0])
+        if not 1 <= n < L:
+            raise InputFileError(f"sequence {i}: prompt_length {n} is not in 1..{L - 1} (the sequence holds {L} "
+                                 "tokens, the continuation at least one)", path)
+        if L - n > new_tokens + LOOKAHEAD:
+            raise InputFileError(f"sequence {i}: the continuation holds {L - n} tokens, more than the "
+                                 f"{new_tokens} + {LOOKAHEAD} capture writes for metadata 'new_tokens' {new_tokens}", path)
+        tokens = tok.read()
+        if int(tokens.min()) < 0:
+            raise InputFileError(f"sequence {i}: token id {int(tokens.min())} is negative", path)
+        max_token = max(max_token, int(tokens.max()))
+        sequences.append(FeatureSequence(i, tok, n, inp, int(tokens[-1]) in eos_set))
     if by:
         raise InputFileError(f"unexpected tensor {sorted(by)[0]!r} (the file holds {n_seq} sequences)", path)
-    return FeaturesFile(path, meta, layers, int(E), str(dtype), sequences, eos)  # type: ignore[arg-type]
+    return FeaturesFile(path, meta, layers, int(E), str(dtype), sequences, eos, new_tokens,  # type: ignore[arg-type]
+                        max_token, meta.get("target") or None, sha)
+
+
+def recorded_target(feats: FeaturesFile) -> Target | None:
+    """The target directory the features record, when it is an absolute path still there (None when it is
+    gone); one that is not absolute (relative to wherever capture ran, or a repo id) or cannot be read is
+    an error naming the features file: the target is then named with --target-model-dir."""
+    rec = feats.target
+    if rec is None:
+        return None
+    if not os.path.isabs(rec):
+        raise InputFileError(f"the target it was captured from is recorded as {rec!r}, not an absolute path: name the "
+                             "target with --target-model-dir (or --target-gguf)", feats.path)
+    if not os.path.isdir(rec):
+        return None
+    try:
+        return read_target_dir(rec)
+    except DFlashError as e:
+        raise InputFileError(f"the target it was captured from, {rec!r}, cannot be read ({e}); name the target with "
+                             "--target-model-dir", feats.path) from None
 
 
 def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
-               target_gguf: str | Path | None = None) -> Target | None:
+               target_gguf: str | Path | None = None, *, allow_other_target: bool = False) -> Target | None:
     """The target whose embedding and head the drafters share: given, or the directory the features
-    were captured from when it is still there (None: the drafters must carry their own)."""
+    were captured from when it is still there (None: the drafters must carry their own); checked to be
+    the target the features were captured from (``FeaturesFile.check_target``)."""
     if target_model_dir is not None:  # a directory, a GGUF, or a repo id (its embedding and head are read)
-        return read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
-    if target_gguf is not None:
-        return read_target(target_gguf)
-    recorded = feats.metadata.get("target")
-    if recorded and Path(recorded).is_dir():
-        return read_target(recorded)
-    return None
+        target = read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
+    elif target_gguf is not None:
+        target = read_target(target_gguf)
+    else:
+        target = recorded_target(feats)
+    if target is not None:
+        feats.check_target(target, allow_other_target)
+    return target
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What accept, sweep and --min-acceptance measure with: the checked features, their target, the numerics."""
+
+    features: FeaturesFile
+    target: Target | None
+    numerics: str
+
+    @property
+    def like_cpu(self) -> bool:
+        """Round as llama.cpp's CPU backend does."""
+        return self.numerics == "cpu"
+
+
+def open_measurement(features: str | Path, *, target_model_dir: str | Path | None = None,
+                     target_gguf: str | Path | None = None, numerics: str = "cpu",
+                     allow_other_target: bool = False) -> Measurement:
+    """The measuring commands' common start: numerics checked, features read and checked, the target matched."""
+    if numerics not in NUMERICS:
+        raise DFlashError(f"--numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
+    feats = read_features(features)
+    return Measurement(feats, target_for(feats, target_model_dir, target_gguf, allow_other_target=allow_other_target),
+                       numerics)
