@@ -322,7 +322,7 @@ def test_prune_layers_beyond_the_drafter_are_a_usage_error(drafters, tmp_path):
         f"dflash-convert: error: {src}: --prune-layers 5: the drafter has 3 layer(s), 0..2; there is no layer 5"]
     assert not (tmp_path / "p.gguf").exists()
     r = run_cli("quantize", src, tmp_path / "p.gguf", "Q8_0", "--prune-layers", "1,x")
-    assert r.returncode == 64 and "expected comma-separated layer numbers" in r.stderr
+    assert r.returncode == 64 and "is not a comma-separated list of layer numbers" in r.stderr
 
 
 def test_a_file_refused_before_its_rename_is_named_by_its_output_path(drafters, tmp_path):

@@ -107,9 +107,9 @@ def option(dest: str, *flags: str, help: str, type: Callable[[str], Any] = str, 
     return Param(dest, VALUE, flags, help, type, default, required, metavar, minimum, **rules)
 
 
-def flag(dest: str, *flags: str, help: str) -> Param:
-    """An option without a value: True when given."""
-    return Param(dest, FLAG, flags, help, bool, False)
+def flag(dest: str, *flags: str, help: str, group: str | None = None) -> Param:
+    """An option without a value: True when given (``group``: handed over in that dict, as ``option``'s)."""
+    return Param(dest, FLAG, flags, help, bool, False, group=group)
 
 
 def multi(dest: str, *flags: str, help: str, metavar: str | None = None, in_order: str | None = None) -> Param:

@@ -18,6 +18,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import DFlashError
 from ..files import os_reason
+from ..outputs import check_output_path
 from .echo import echo, err, error, say
 
 
@@ -136,7 +137,6 @@ def quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, min
 def sweep(src: Path, features: Path, types: str, json_out: bool, plot: Path | None, force: bool, **options: Any) -> int:
     """sweep: every type's size against its acceptance (a table, JSON, or a plot)."""
     # torch and the encoders: only this command pays for them
-    from ..outputs import check_output_path
     from ..quantize import plot_sweep, plot_sweep_ready
     from ..quantize import sweep as run_sweep
 
