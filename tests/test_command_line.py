@@ -167,7 +167,10 @@ def test_tensor_type_items_reach_quantize_in_command_line_order():
 def test_quantize_min_acceptance_options_travel_together():
     quantize = find_command(COMMANDS, "quantize")
     got = parse(quantize, ["s", "o", "Q4_K_M", "--features", "f", "--min-acceptance", "0.98", "--device", "cpu"])
-    assert got["min_acceptance"] == 0.98 and got["target"] == {"target_model_dir": None, "target_gguf": None, "device": "cpu"}
+    assert got["min_acceptance"] == 0.98 and got["target"] == {"target_model_dir": None, "target_gguf": None, "device": "cpu",
+                                                               "allow_other_target": False}
+    got = parse(quantize, ["s", "o", "Q4_K_M", "--features", "f", "--min-acceptance", "0.98", "--allow-other-target"])
+    assert got["target"]["allow_other_target"] is True
 
 
 def _usage_line(r, command: str) -> str:
