@@ -26,7 +26,7 @@ for _p in (str(REPO / "bench"), str(REPO)):
 
 from bench_convert import ensure_drafter, ensure_target, stamp_matches, write_synthetic_safetensors  # noqa: E402
 
-from fixtures.targets import cache_root  # noqa: E402
+from fixtures.cache import cache_root  # noqa: E402
 
 HEADS_VERSION = "1"
 EMBED = "model.language_model.embed_tokens.weight"  # Qwen3.5/3.6 names (untied, as the 27B ships)

@@ -46,8 +46,9 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (only to generate the synthetic weights)
 
+from fixtures.cache import cache_root  # noqa: E402
 from fixtures.drafters import zlab_config, zlab_tensors  # noqa: E402
-from fixtures.targets import cache_root, make_target_dir  # noqa: E402
+from fixtures.targets import make_target_dir  # noqa: E402
 from fixtures.upstream import llama_cpp_dir, upstream_env  # noqa: E402
 
 # Bump when the generated checkpoint changes, so a stale cache is rebuilt.

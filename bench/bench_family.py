@@ -65,8 +65,8 @@ from _common import ensure_target_with_heads  # noqa: E402
 from bench_convert import _header, _layout, _numel, stamp_matches, wait_for_idle, write_synthetic_safetensors  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
+from fixtures.cache import cache_root  # noqa: E402
 from fixtures.family import dflash2_config, dflash2_tensors, dspark_config, make_dspark_drafter  # noqa: E402
-from fixtures.targets import cache_root  # noqa: E402
 
 FAMILY_FIXTURE_VERSION = "1"
 TARGET_RATIO = 1.2

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_convert import _machine, _upstream_cmd, ensure_drafter, ensure_target, measure, wait_for_idle  # noqa: E402
 
-from fixtures.targets import cache_root  # noqa: E402
+from fixtures.cache import cache_root  # noqa: E402
 from fixtures.upstream import llama_tool, upstream_env  # noqa: E402
 
 # issue #20: at most 1.0x llama-quantize's wall time for every type, 0.8x for the types drafters are
