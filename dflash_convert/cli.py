@@ -375,14 +375,16 @@ def check(draft: Path, checkpoint: Path, target_model_dir: Path | None, target_g
     return report.exit_code
 
 
-def capture(target_model_dir: Path, prompts: Path, out: str, new_tokens: int, layers: str, for_draft: Path | None,
-            device: str, dtype: str, force: bool, quiet: bool) -> int:
-    from .capture import capture as run_capture  # imports torch and transformers: only this command pays for them
+def capture(target_model_dir: Path | None, target_gguf: Path | None, prompts: Path, out: str, new_tokens: int, layers: str,
+            for_draft: Path | None, device: str, dtype: str, libllama: Path | None, n_gpu_layers: int, threads: int | None,
+            ctx_size: int | None, force: bool, quiet: bool) -> int:
+    from .capture import capture as run_capture  # a target directory imports torch and transformers when it runs
 
     _quiet(quiet)
     with _command_errors(out):
         res = run_capture(target_model_dir, prompts, out, new_tokens=new_tokens, layers=layers, for_draft=for_draft,
-                          device=device, dtype=dtype, force=force, progress=not quiet)
+                          device=device, dtype=dtype, force=force, progress=not quiet, target_gguf=target_gguf,
+                          libllama=libllama, n_gpu_layers=n_gpu_layers, threads=threads, ctx_size=ctx_size)
     for note in res.notes:
         _err(f"note: {note}")
     if not quiet:
@@ -557,8 +559,10 @@ COMMANDS: tuple[Command, ...] = (
     )),
     Command("capture", capture, "Run the target once over the prompts; keep its greedy continuations and the layer inputs "
             "drafters read.", (
-        option("target_model_dir", "--target-model-dir", type=Path, required=True,
-               help="The target's Hugging Face directory, with its safetensors."),
+        option("target_gguf", "--target-gguf", type=Path, help="The target GGUF (any type, as you serve it): run by "
+               "llama.cpp's own library."),
+        option("target_model_dir", "--target-model-dir", type=Path,
+               help="Or the target's Hugging Face directory, with its safetensors: run by transformers in float32."),
         option("prompts", "--prompts", type=Path, required=True, help="One prompt per line, or JSONL (a string or "
                "{\"prompt\": ...} per line)."),
         option("out", "-o", "--output", required=True, metavar="PATH", help="The features file to write (.safetensors)."),
@@ -568,6 +572,13 @@ COMMANDS: tuple[Command, ...] = (
         option("for_draft", "--for", type=Path, help="Store only the layers this drafter GGUF taps."),
         _DEVICE,
         option("dtype", "--dtype", default="f32", help="f32, f16 or bf16: how the layer inputs are stored."),
+        option("libllama", "--libllama", type=Path, help="With --target-gguf: the libllama to run (default: "
+               "$DFLASH_CONVERT_LIBLLAMA, else llama-cpp-python's)."),
+        option("n_gpu_layers", "--n-gpu-layers", type=int, default=-1, help="With --target-gguf: layers to offload to "
+               "the GPU of a CUDA or Metal build (-1: all)."),
+        option("threads", "--threads", type=int, minimum=1, help="With --target-gguf: CPU threads (default: every core)."),
+        option("ctx_size", "--ctx-size", type=int, minimum=1, help="With --target-gguf: the context (default: the "
+               "longest prompt and its new tokens)."),
         _FORCE,
         flag("quiet", "-q", "--quiet", help="No progress bar, no warnings."),
     )),
