@@ -64,6 +64,7 @@ class SourceHasher:
             self.error = e
 
     def result(self) -> list[str]:
+        """The SHA-256 of every source file, once the hashing thread is done."""
         self.thread.join()
         if self.error is not None:
             raise InputFileError(f"cannot hash source file: {self.error}")
@@ -72,6 +73,7 @@ class SourceHasher:
 
 @dataclass
 class ConversionPlan:
+    """Everything ``convert`` will write, computed before writing: the drafter, its keys, its tensors and the output."""
     drafter: Drafter
     metadata: Metadata
     tensors: list[PlannedTensor]
@@ -96,6 +98,7 @@ class ConversionPlan:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of tensor data the output will hold."""
         return sum(t.nbytes for t in self.tensors)
 
 
@@ -149,13 +152,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                     cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
     """Read and check everything, decide every key and tensor type; writes nothing.
 
-    ``metadata`` is a JSON file of general.* keys over the model card's, as upstream's ``--metadata``.
-
-    With ``hash_sources`` the source files start being hashed in the background at once, for the
-    provenance keys write_plan fills in (pass False for a dry run). ``src_dir`` and
-    ``target_model_dir`` may be Hugging Face repo ids, ``org/name[@revision]`` (sources/hub.py).
-    ``cache``: where the borrowed tokenizer keys are cached (True: the user cache directory, False:
-    neither read nor written, or a directory).
+    ``src_dir`` and ``target_model_dir`` may be repo ids (``org/name[@revision]``); ``metadata`` is
+    ``--metadata``'s JSON file; ``hash_sources`` starts hashing the sources in the background (False
+    for a dry run); ``cache`` is True (the user cache), False (none) or a directory.
     """
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")

@@ -44,6 +44,7 @@ class DrafterTensor:
 
 @dataclass
 class RopeScaling:
+    """RoPE scaling as llama.cpp reads it: linear or YaRN, its factor and YaRN's extra values."""
     kind: str  # "linear" | "yarn"
     factor: float
     original_context_length: int | None = None
@@ -132,7 +133,7 @@ class Drafter:
     final_logit_softcapping: float | None = None  # > 0 when set
     hidden_act: str = "silu"
     draft_vocab_size: int | None = None  # own output vocabulary (d2t) when below vocab_size
-    # --- the other members of the dflash architecture (format/family.py); None: absent --------
+    # --- the other members of the dflash architecture (format/family.py); None: absent
     conv: ConvPart | None = None  # DFlash2 (its keys are written together with the selector's)
     selector: SelectorPart | None = None  # DFlash2
     markov: MarkovPart | None = None  # DSpark
@@ -146,20 +147,24 @@ class Drafter:
     # the tokenizer.* keys the file carries: borrowed from the target by convert, read back from a GGUF
     tokenizer: Metadata | None = field(default=None, repr=False)
 
-    # --- compatibility names for provenance --------------------------------------------------
+    # --- compatibility names for provenance
     @property
     def source(self) -> Path:
+        """The checkpoint directory or file the drafter was read from."""
         return self.origin.path
 
     @property
     def config_path(self) -> Path:
+        """The config.json the drafter was read from."""
         return self.origin.config_path
 
     @property
     def files(self) -> list[Path]:
+        """Every source file of the drafter, for the provenance hashes."""
         return self.origin.files
 
     def tensor(self, gguf_name: str) -> DrafterTensor | None:
+        """The tensor with this GGUF name, or None."""
         return next((t for t in self.tensors if t.gguf_name == gguf_name), None)
 
     def hparams(self) -> dict[str, Any]:

@@ -67,6 +67,7 @@ def check_regular_file(path: str | os.PathLike, what: str = "input") -> os.stat_
 
 
 def check_directory(path: str | os.PathLike, what: str = "directory") -> None:
+    """Refuse ``path`` unless it is a directory (missing, a file, a FIFO: one error naming it)."""
     st = _stat_input(path, what)
     if not stat.S_ISDIR(st.st_mode):
         raise InputFileError(f"{what} is {kind_of(st.st_mode)}, not a directory", path)
@@ -93,6 +94,7 @@ def open_regular(path: str | os.PathLike, what: str = "input") -> int:
 
 
 def read_regular_bytes(path: str | os.PathLike, what: str = "input", limit: int | None = None) -> bytes:
+    """The bytes of a regular file (no FIFO or device), refusing one larger than ``limit``."""
     fd = open_regular(path, what)
     try:
         size = os.fstat(fd).st_size
@@ -106,7 +108,7 @@ def read_regular_bytes(path: str | os.PathLike, what: str = "input", limit: int 
         os.close(fd)
 
 
-# --- JSON, parsed with bounded nesting ----------------------------------------------------------
+# --- JSON, parsed with bounded nesting
 
 MAX_JSON_DEPTH = 100  # configs and tokenizer files nest a handful of levels; a parser's stack is the limit otherwise
 _BRACKETS = bytes(set(range(256)) - set(b"[]{}"))  # every byte but the four brackets, for bytes.translate
@@ -157,6 +159,7 @@ class FdCache:
         self._lock = threading.Lock()  # chunks of one file are read from several encoder threads
 
     def get(self, path: os.PathLike | str) -> int:
+        """A read-only descriptor for ``path``, opened once and shared across threads."""
         key = os.fspath(path)
         fd = self._fds.get(key)
         if fd is None:
@@ -167,6 +170,7 @@ class FdCache:
         return fd
 
     def close(self) -> None:
+        """Close every cached descriptor."""
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

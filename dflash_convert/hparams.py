@@ -26,6 +26,7 @@ def write_base(md: Metadata, d: Drafter) -> None:
 
 
 def write_rope_scaling(md: Metadata, d: Drafter) -> None:
+    """Write the RoPE scaling keys (type, factor, original context, YaRN values) when the drafter has scaling."""
     s = d.rope_scaling
     if s is None:
         return
@@ -40,6 +41,7 @@ def write_rope_scaling(md: Metadata, d: Drafter) -> None:
 
 
 def write_rope_base(md: Metadata, d: Drafter) -> None:
+    """Write the RoPE base, and the sliding-window layers' base when the drafter has one."""
     if d.rope_theta is not None:
         md.set("rope_freq_base", d.rope_theta)
     if d.rope_theta_swa is not None:
@@ -47,6 +49,7 @@ def write_rope_base(md: Metadata, d: Drafter) -> None:
 
 
 def write_head_dims(md: Metadata, d: Drafter) -> None:
+    """Write the key and value head sizes."""
     md.set("key_length", d.head_dim)
     md.set("value_length", d.head_dim)
 
@@ -76,6 +79,7 @@ def write_scales(md: Metadata, d: Drafter) -> None:
 
 
 def write_block_size(md: Metadata, d: Drafter) -> None:
+    """Write the block size."""
     md.set("block_size", d.block_size)
 
 
@@ -95,6 +99,7 @@ def write_target_layers(md: Metadata, d: Drafter) -> None:
 
 
 def write_sliding_window(md: Metadata, d: Drafter) -> None:
+    """Write the sliding window and its per-layer pattern when the drafter has sliding layers."""
     if d.sliding_window and d.swa_pattern:
         md.set("sliding_window", d.sliding_window)
         md.set("sliding_window_pattern", d.swa_pattern)

@@ -27,10 +27,12 @@ def read_summary(path: str | Path) -> tuple[GGUFFile, Drafter]:
 
 
 def type_name(v: GGUFValue) -> str:
+    """A value's GGUF type as text, ``ARRAY[ELEMENT]`` for arrays."""
     return v.vtype.name if v.vtype != ValueType.ARRAY else f"ARRAY[{v.sub.name}]"  # type: ignore[union-attr]
 
 
 def block_size(d: Drafter) -> int:
+    """The drafter's block size, llama.cpp's default when the file has none."""
     return d.block_size if d.block_size is not None else DEFAULT_BLOCK_SIZE
 
 

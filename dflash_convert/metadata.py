@@ -18,6 +18,7 @@ from .format.keys import ARCH, BOOLEAN, FLOAT, INT, INT_TYPES, KEYS, VALUE_TYPES
 
 @dataclass(frozen=True)
 class KV:
+    """One GGUF key/value pair with its value type and an array's element type."""
     key: str
     vtype: ValueType
     value: Any
@@ -36,6 +37,7 @@ class Metadata:
         self.set_raw(template.format(arch=arch), vtype, value, sub)
 
     def set_raw(self, key: str, vtype: ValueType, value: Any, sub: ValueType | None = None) -> None:
+        """Set a key with an explicit value type; refuses an empty array and a value out of its type's range."""
         if vtype == ValueType.ARRAY and not len(value):
             raise ValueError(f"empty array for {key}")  # GGUF arrays may not be empty in llama.cpp's writer
         self._kv[key] = KV(key, vtype, _coerce(vtype, value, sub, key), sub)
@@ -46,12 +48,15 @@ class Metadata:
         self._kv[key] = KV(key, vtype, value, sub)
 
     def kv(self, key: str) -> KV | None:
+        """The key/value pair of ``key``, or None."""
         return self._kv.get(key)
 
     def remove(self, key: str) -> None:
+        """Remove ``key`` if present."""
         self._kv.pop(key, None)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key``, or ``default``."""
         kv = self._kv.get(key)
         return default if kv is None else kv.value
 
@@ -65,6 +70,7 @@ class Metadata:
         return len(self._kv)
 
     def keys(self) -> list[str]:
+        """The keys in write order."""
         return list(self._kv)
 
 

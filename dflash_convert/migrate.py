@@ -42,6 +42,7 @@ _ARCH_SUFFIXES = {t[len("{arch}."):]: short for short, (t, _, _) in KEYS.items()
 
 @dataclass
 class MigrationPlan:
+    """Everything ``migrate`` will write: the dialect found, the rewritten keys and the renamed tensors."""
     source: Path
     dialect: Dialect
     metadata: Metadata
@@ -53,6 +54,7 @@ class MigrationPlan:
 
 @dataclass
 class MigrationResult:
+    """What ``migrate`` wrote: the plan, the output and its validate report."""
     plan: MigrationPlan
     output: Path
     report: Report

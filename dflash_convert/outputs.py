@@ -1,16 +1,13 @@
 """Where a command may write, and how: never over an input, never over an existing file without --force.
 
-An output may never be a file the command reads (compared by resolved path *and* by device and
-inode, so hard links and symlinks count), nor a file inside a directory the command reads whose
-name that directory's reader would pick up (``config.json``, ``model*.safetensors``, tokenizer
-files, ...). Neither ``--force`` nor anything else lifts this. Nothing is written inside the
-Hugging Face cache either: a repo id's snapshot is links into blobs other snapshots share.
+An output may never be a file the command reads (by resolved path and by device and inode, so hard
+links and symlinks count), nor a name an input directory's reader would pick up, nor anything in
+the Hugging Face cache; ``--force`` lifts none of this. Every file is written as a
+``TemporaryOutput`` beside its destination (created exclusively under a random name, renamed into
+place without replacing a file that appeared meanwhile, unless ``--force``); temporary files a
+killed run left behind are reported, and removed with ``--force``.
 
-Every file is written as a ``TemporaryOutput`` beside its destination: created exclusively
-(O_CREAT | O_EXCL | O_NOFOLLOW) under a random name, so a symbolic link planted where a predictable
-name would be is never followed; written through its descriptor only; renamed into place at the end
-without replacing a file that appeared meanwhile (renameat2 RENAME_NOREPLACE, else link then unlink),
-unless --force. Temporary files a killed run left behind are reported, and removed with --force.
+Specification: docs/conversion.md, "How every output is written".
 """
 
 from __future__ import annotations
@@ -46,10 +43,12 @@ class Inputs:
     directories: list[Path] = field(default_factory=list)
 
     def add_file(self, path: str | os.PathLike | None) -> None:
+        """Record one file the command reads (None is skipped)."""
         if path is not None:
             self.files.append(Path(path))
 
     def add_files(self, paths: Iterable[str | os.PathLike]) -> None:
+        """Record files the command reads."""
         for p in paths:
             self.add_file(p)
 
@@ -250,11 +249,9 @@ def rename_no_replace(src: Path, dst: Path) -> None:
 class TemporaryOutput:
     """A new file beside ``out`` that becomes ``out`` only when complete.
 
-    Created with O_CREAT | O_EXCL | O_NOFOLLOW under a name with 64 random bits (so nobody can plant a
-    symbolic link or a file where it will be opened), mode 0o666 less the umask; written, patched and
-    verified through its descriptor, never reopened by name; ``commit`` renames it into place without
-    replacing anything that appeared at ``out`` meanwhile (unless ``replace``), after checking that the
-    name still holds this file. ``discard`` removes it. A context manager discards on any exception.
+    Created exclusively (O_EXCL | O_NOFOLLOW) under a random name, so nobody can plant a link where
+    it is opened; used through its descriptor only; ``commit`` renames it into place without replacing
+    what appeared at ``out`` meanwhile (unless ``replace``). A context manager discards on any exception.
     """
 
     def __init__(self, out: Path) -> None:
@@ -283,6 +280,7 @@ class TemporaryOutput:
         return proc if proc.exists() else self.path
 
     def commit(self, *, replace: bool = False) -> Path:
+        """Rename the finished temporary file onto the output (``replace``: swap out an existing one); returns the output."""
         try:
             st = os.lstat(self.path)
         except OSError:
@@ -307,9 +305,8 @@ class TemporaryOutput:
     def _replace(self) -> None:
         """Put this file at ``out`` over the regular file there (--force). An exchange, then the old file
         unlinked under the temporary name: ext4 answers a rename over an existing file by writing the
-        new file's data out first (auto_da_alloc), which made a --force run over a 3.5 GB output wait
-        seconds for the disk. Where the exchange is not available, or ``out`` is not a regular file
-        (a symbolic link is replaced, not followed), a plain rename."""
+        new file's data out first (auto_da_alloc). Where the exchange is not available, or ``out`` is
+        not a regular file (a symbolic link is replaced, not followed), a plain rename."""
         try:
             regular = stat.S_ISREG(os.lstat(self.out).st_mode)
         except OSError:
@@ -324,11 +321,13 @@ class TemporaryOutput:
             pass
 
     def close(self) -> None:
+        """Close the temporary file's descriptor."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
     def discard(self) -> None:
+        """Remove the temporary file, if it is still the one this object created."""
         if not self.done:
             try:
                 st = os.lstat(self.path)

@@ -60,6 +60,7 @@ log = logging.getLogger("dflash_convert")
 
 @dataclass
 class QuantizePlan:
+    """Everything ``quantize`` will write, computed before writing: the keys, the per-tensor types, the options."""
     source: Path
     output: Path
     ftype: str
@@ -74,6 +75,7 @@ class QuantizePlan:
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of tensor data the output will hold."""
         return sum(t.nbytes for t in self.tensors)
 
 
@@ -176,13 +178,14 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep
     return plan
 
 
-# --- choosing by acceptance: the sweep, and the smallest mix that keeps a fraction of it ---------------
+# --- choosing by acceptance: the sweep, and the smallest mix that keeps a fraction of it
 
 RAISE_TOP = RAISE_LADDER[-1].name
 
 
 @dataclass
 class SweepRow:
+    """One type of a sweep: its sizes and its acceptance."""
     file_type: str
     file_bytes: int
     tensor_bytes: int
@@ -194,6 +197,7 @@ class SweepRow:
 
 @dataclass
 class SweepReport:
+    """``sweep``'s result: one row per type, with the Pareto front, rendered as text or JSON."""
     source: Path
     features: str
     n_max: int
@@ -203,9 +207,11 @@ class SweepReport:
     rows: list[SweepRow] = field(default_factory=list)
 
     def to_json(self) -> str:
+        """The sweep as ``sweep --json`` prints it."""
         return json.dumps(self.to_dict(), indent=2)
 
     def to_dict(self) -> dict[str, Any]:
+        """The sweep as the JSON object of ``sweep --json``."""
         return {"schema": SWEEP_SCHEMA, "source": str(self.source), "features": self.features, "n_max": self.n_max,
                 "new_tokens": self.new_tokens, "sequences": self.sequences, "numerics": self.numerics,
                 "rows": [{"type": r.file_type, "file_bytes": r.file_bytes, "tensor_bytes": r.tensor_bytes,
@@ -215,6 +221,7 @@ class SweepReport:
                           "input": r.baseline} for r in self.rows]}
 
     def render_text(self) -> str:
+        """The sweep as a text table, the Pareto front marked with ``*``."""
         lines = [f"sweep: {self.source} on {self.sequences} sequences of {self.features}, llama-speculative-simple's "
                  f"greedy loop with --spec-draft-n-max {self.n_max} -n {self.new_tokens} ({self.numerics} numerics)",
                  f"  {'type':<8} {'file bytes':>12} {'tensor bytes':>13} {'bpw':>6} {'accept':>8} {'per step':>9}  pareto"]
@@ -282,6 +289,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
 
 
 def file_type_of(d: Drafter) -> str:
+    """The file type of a GGUF drafter: its ``general.file_type`` name, else its first matrix's type."""
     name = FILE_TYPE_NAMES.get(d.origin.file_type) if d.origin.file_type is not None else None
     return name or next((t.dtype for t in d.tensors if len(t.shape) >= 2), "?")
 
@@ -349,6 +357,7 @@ def chosen_overrides(res: Any) -> list[str]:
 
 @dataclass
 class ChosenQuantize:
+    """A file chosen by ``--min-acceptance``: its plan, the search, the recipe and the keys that record it."""
     plan: QuantizePlan
     search: Any  # mix_search.SearchResult
     tensor_types: list[str]  # the recipe, PATTERN=type each

@@ -32,6 +32,7 @@ def decoder_layers(block_count: int | None, nextn_layers: int | None) -> int | N
 
 @dataclass
 class Target:
+    """What a drafter needs from its target, read from a model directory or a converted GGUF."""
     source: Path
     kind: str  # DIRECTORY or GGUF
     architecture: str | None  # Hugging Face class (directory) or llama.cpp architecture (GGUF)

@@ -27,10 +27,12 @@ class TensorSource(Protocol):
     """Shape, element type, and rows [a, b) as numpy."""
 
     @property
-    def shape(self) -> tuple[int, ...]: ...
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape, outermost dimension first."""
 
     @property
-    def dtype(self) -> str: ...
+    def dtype(self) -> str:
+        """The tensor's element type name (``BF16``, ``F32``, ...)."""
 
     def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
         """Rows [a, b) as one 1-D array: raw words for element types, block bytes for quantized ones."""
@@ -46,6 +48,7 @@ def n_rows(shape: tuple[int, ...]) -> int:
 
 
 def row_length(shape: tuple[int, ...]) -> int:
+    """Values per row of a tensor of this shape."""
     return shape[-1] if shape else 1
 
 
@@ -58,13 +61,16 @@ class ArraySource:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
         return tuple(self.values.shape)
 
     @property
     def dtype(self) -> str:
+        """The element type the array stands for."""
         return self._dtype
 
     def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
+        """Rows [a, b) of the array."""
         r = row_length(self.shape)
         return self.values.reshape(-1)[a * r:b * r]
 
@@ -83,17 +89,21 @@ class NeoxPermuted:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The wrapped tensor's shape."""
         return self.inner.shape
 
     @property
     def dtype(self) -> str:
+        """The wrapped tensor's element type."""
         return self.inner.dtype
 
     @property
     def row_align(self) -> int:
+        """Row chunks must start on a multiple of this (one head), so each head permutes whole."""
         return self.head_dim
 
     def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
+        """Rows [a, b) with each head's interleaved pairs moved to NeoX order."""
         h = self.head_dim
         if len(self.shape) == 1:  # a q/k norm: one row of head_dim values, permuted element-wise
             return _interleaved_to_neox(self.inner.rows(0, 1, fds), h, 1) if b > a else self.inner.rows(0, 0, fds)
@@ -114,13 +124,16 @@ class RowOverride:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The wrapped tensor's shape."""
         return self.inner.shape
 
     @property
     def dtype(self) -> str:
+        """The wrapped tensor's element type."""
         return self.inner.dtype
 
     def rows(self, a: int, b: int, fds: FdCache | None = None) -> np.ndarray:
+        """Rows [a, b) with the overriding row written over its place."""
         raw = self.inner.rows(a, b, fds)
         if a <= self.row < b:
             r = row_length(self.shape)

@@ -1,16 +1,14 @@
 """Text from files made safe to print: no byte a terminal acts on reaches it raw.
 
-Key names, string values, tensor names and paths come from files (and from other people's file
-systems). Printed raw, an ESC or CSI sequence can recolour, hide or rewrite what a user reads,
-and a newline can forge a line of our own output (a ``result: PASS`` under a failing file). Every
-print site of file-derived text passes it through ``visible``, which writes each character that is
-not printable (C0 and C1 controls, DEL, newlines, carriage returns, format and separator
-characters such as bidirectional overrides) as a Python-style escape, and the undecodable bytes
-of a non-UTF-8 path name (kept by the file system encoding as lone surrogates) as ``\\xNN``.
-Printable text, non-ASCII letters included, is unchanged.
+Key names, string values, tensor names and paths come from files; printed raw, an escape sequence
+can rewrite what a user reads and a newline can forge a line of our output (a ``result: PASS``
+under a failing file). ``visible`` writes every character that is not printable (C0 and C1
+controls, DEL, line breaks, bidirectional overrides, ...) as a Python-style escape, and the
+undecodable bytes of a non-UTF-8 path as ``\\xNN``; printable text, non-ASCII letters included, is
+unchanged. ``json_safe`` writes the characters JSON leaves raw as ``\\uXXXX`` escapes, which decode
+to the same string.
 
-JSON output keeps the exact values: ``json_safe`` only writes the characters JSON itself leaves
-raw (DEL, C1 controls, lone surrogates, ...) as ``\\uXXXX`` escapes, which decode to the same string.
+Specification: docs/validate.md, "Hostile files".
 """
 
 from __future__ import annotations

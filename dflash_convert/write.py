@@ -45,9 +45,8 @@ class OutTensor:
     ggml_type: GGMLType
     nbytes: int
     chunks: Callable[[], Iterable[np.ndarray | bytes]] = field(repr=False, default=lambda: ())
-    # the tensor's bytes are these, unchanged, in a regular file: (path, offset). The writer may then
-    # copy them inside the kernel (copy_file_range) instead of through chunks; the chunks stay the
-    # fallback and must give the same bytes
+    # the tensor's bytes are these, unchanged, in a regular file: (path, offset), for copy_file_range;
+    # the chunks stay the fallback and must give the same bytes
     file_span: tuple[Path, int] | None = field(repr=False, default=None)
 
 
@@ -119,10 +118,9 @@ def dirty_limit_bytes() -> int | None:
 
 def prefer_direct_io(total_bytes: int) -> bool:
     """Write ``total_bytes`` past the page cache (O_DIRECT)? Only when they would not fit under the
-    kernel's dirty limit: below it a buffered write never waits for the disk (3.47 GB: 4.6 s buffered,
-    7.8 s direct on the bench machine, bench/results-quantize.md); above it the writer is throttled to
-    the disk's pace with the page-cache copy and reclaim on top (3.3 GB: 8 s buffered, 2.6 s direct on
-    a machine with less memory free). ``DFLASH_CONVERT_DIRECT_IO=1`` or ``0`` decides instead."""
+    kernel's dirty limit: below it a buffered write never waits for the disk; above it the writer is
+    throttled to the disk's pace with the page-cache copy on top. ``DFLASH_CONVERT_DIRECT_IO=1`` or
+    ``0`` decides instead."""
     forced = os.environ.get(DIRECT_IO_ENV, "")
     if forced in ("0", "1"):
         return forced == "1"
@@ -135,8 +133,7 @@ class _OutputFile:
 
     With ``direct``, data is staged in a page-aligned buffer and written in whole aligned blocks;
     the tail is padded to a block and the file truncated to its true length on close. Filesystems
-    without O_DIRECT (tmpfs) get ordinary buffered writes. Which is faster depends on the size
-    against the memory free for dirty pages (``prefer_direct_io``).
+    without O_DIRECT (tmpfs) get ordinary buffered writes; ``prefer_direct_io`` chooses.
     """
 
     STAGE = 8 << 20  # bytes per direct write; a multiple of any logical block size
@@ -240,10 +237,10 @@ def _set_direct(fd: int, on: bool) -> bool:
     return on
 
 
-# Fault injection for the signal tests: DFLASH_CONVERT_FAULT="<phase>:<signal>" makes the writer
-# send itself that signal when it reaches the phase, so a test drives the timing exactly instead
-# of sleeping and hoping. Phases, in order: open, header, data, finish, verify, renamed.
+# Fault injection for the signal tests, so a test hits a phase exactly: DFLASH_CONVERT_FAULT="<phase>:<signal>".
+# Phases, in order: open, header, data, finish, verify, renamed.
 def fault_point(phase: str) -> None:
+    """Send this process the signal ``DFLASH_CONVERT_FAULT`` names when the writer reaches ``phase`` (tests only)."""
     spec = os.environ.get(FAULT_ENV)
     if spec and spec.partition(":")[0] == phase:
         os.kill(os.getpid(), getattr(signal, spec.partition(":")[2] or "SIGINT"))

@@ -71,6 +71,7 @@ class FeatureWriter:
         self.next += 1
 
     def commit(self) -> Path:
+        """Rename the finished features file into place; refuses a file with sequences missing."""
         if self.next != len(self.lengths):
             raise DFlashError(f"internal error: {self.next} of {len(self.lengths)} sequences written")
         try:
@@ -80,6 +81,7 @@ class FeatureWriter:
         return self.tmp.commit(replace=self.replace)
 
     def discard(self) -> None:
+        """Close and remove the unfinished features file."""
         try:
             self._fd_file.close()
         except OSError:

@@ -116,6 +116,7 @@ def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encode
 
 
 def can_encode(src: str, dst: GGMLType) -> bool:
+    """Whether a tensor of element type ``src`` can be written as ``dst``."""
     try:
         encoder(src, dst)
     except ValueError:

@@ -27,7 +27,7 @@ def widen_to_f32(raw: np.ndarray, src_dtype: str) -> np.ndarray:
         return raw
     if src_dtype == "F16":
         k = kernels()
-        if k is not None:  # numpy's cast converts one value at a time (2-4 ms per 1M values); the kernel ~0.5 ms
+        if k is not None:  # numpy's cast converts one value at a time; the kernel is vectorised
             words = np.ascontiguousarray(raw).view(np.uint16).reshape(-1)
             out = np.empty(words.shape[0], dtype=np.float32)
             k.widen_f16(words, out)
@@ -58,14 +58,15 @@ def quiet_bf16_nans(words: np.ndarray) -> np.ndarray:
 
 
 def to_f16(x: np.ndarray) -> np.ndarray:
+    """Float values as F16, overflowing to inf as ggml does."""
     with np.errstate(over="ignore"):  # overflow to inf is the defined result, as upstream
         return x.astype(np.float16)
 
 
 def f16_to_bf16(words: np.ndarray) -> np.ndarray:
     """float16 words -> bfloat16 words, equal to widening to float32 and rounding to bf16 as ggml does
-    (round to nearest even, NaN forced quiet): one pass in the numba kernel where it is available
-    (about 8x faster than the two numpy passes), else those passes."""
+    (round to nearest even, NaN forced quiet): one pass in the numba kernel where it is available,
+    else two numpy passes."""
     k = float_kernels()
     if k is None:
         return f32_to_bf16(widen_to_f32(words, "F16"))
@@ -80,9 +81,8 @@ def bf16_to_f16(words: np.ndarray) -> np.ndarray:
     """bfloat16 words -> float16 words, equal to widening to float32 and rounding to f16 (RNE).
 
     Where the value is a normal f16 number the conversion is exact (bf16 has 7 mantissa bits,
-    f16 has 10): only the exponent is rebiased and the mantissa shifted, in integer ops, 3x
-    faster than numpy's float cast. The rest (f16 subnormals and zero, overflow, inf, NaN: about
-    0.2% of typical weights) goes through the float cast.
+    f16 has 10): only the exponent is rebiased and the mantissa shifted, in integer ops. The rest
+    (f16 subnormals and zero, overflow, inf, NaN: rare in weights) goes through numpy's float cast.
     """
     e = (words >> 7) & np.uint16(0xFF)
     out = (words & np.uint16(0x8000)) | ((e - np.uint16(112)) << 10) | ((words & np.uint16(0x7F)) << 3)

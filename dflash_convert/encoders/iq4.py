@@ -1,47 +1,13 @@
-"""Bit-exact numpy ports of ggml's 4-bit non-linear quantizers: IQ4_NL and IQ4_XS.
+"""Bit-exact ports of ggml's 4-bit non-linear quantizers: IQ4_NL and IQ4_XS.
 
-What ``ggml_quantize_chunk`` (so ``llama-quantize``) runs for these types without an importance
-matrix is ``quantize_iq4_nl`` / ``quantize_iq4_xs`` with ``quant_weights == NULL``, which call
-``quantize_row_iq4_nl_impl`` with ``ntry = 7``. Note this is *not* ``quantize_row_iq4_nl_ref``
-(that one passes ``ntry = -1`` and skips the scale search), so the search is reproduced here.
+What ``llama-quantize`` runs for these types without an importance matrix is
+``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not ``quantize_row_iq4_nl_ref``, which skips the
+scale search), so the 15-trial scale search is reproduced here. Nothing is refused: a tile holding
+inf or NaN takes the general path (table lookup with clamping in every trial). The functions are
+pure: scratch is allocated per call.
 
-Per 32-value block the C code:
-
-1. takes the first element of largest magnitude, ``max``; a block with ``amax < 1e-15f`` gets
-   scale 0;
-2. quantizes with ``d = -max/-127`` to the nearest of the 16 ``kvalues_iq4nl`` (``best_index_int8``)
-   and fits ``d = sumqx/sumq2`` by least squares with weights ``x*x``;
-3. tries the 15 scales ``id = (itry - 127)/max``, ``itry = -7..7`` (the mirrored grid), keeping a
-   fit only if ``sumqx*sumqx > best*sumq2``;
-4. IQ4_NL stores ``d`` as fp16 and requantizes with ``1/d``; IQ4_XS quantizes the 8 block scales
-   of a 256-value super-block to 6-bit multiples of ``-max_scale/32`` and requantizes each block
-   with ``1/(d*l)``.
-
-Bit-exactness, step by step:
-
-* float32 throughout, one rounding per C operation (gnu11 for baseline x86-64: no FMA), in C's
-  order: ``w*q*x`` is ``(w*q)*x``; int operands (``values[0]``, ``itry + values[0]``, ``32``) are
-  converted to float first, as C does.
-* The sums are sequential in C. Values are laid out position-major (``[32, blocks]``) and each sum
-  adds one position after the other across all blocks at once: one ``np.add.reduce`` over the
-  leading axis, which numpy evaluates row after row; that is checked at import (``_SEQUENTIAL``) and
-  an explicit loop is used if it ever is not.
-* ``best_index_int8`` (binary search, then ``x - val[mu-1] < val[mu] - x``) equals, for every float32
-  (checked exhaustively over [-128, 114]; outside it both saturate), "the number of midpoints
-  ``(val[k-1] + val[k])/2`` that are <= x", NaN giving 15 like the C search. The midpoints are
-  multiples of 0.5, so the index is a table lookup on ``floor(2*x)``; doubling is exact.
-* Within the 15 trials the index of an element moves monotonically with ``itry`` (``id`` is monotone,
-  rounding is monotone) and, because the trial scales span only 134/120 while neighbouring midpoints
-  are further apart than that ratio, it takes at most two adjacent values: the ones at ``itry = -7``
-  and ``+7``, found by table lookup once. Their sum terms are computed once too, and each trial
-  only decides per element which pair to add: the upper one where ``al >= mid`` (the sign bit of
-  ``al - mid``, exact), selected bitwise. The same terms as C's, several times cheaper than a lookup
-  per trial.
-* ``nearest_int`` (IQ4_XS scale quantization) is the magic-number trick, reproduced on the bits.
-* fp16 as in ``legacy.fp16_bits`` (numpy's cast, NaN patched to ggml's ``sign | 0x7E00``).
-
-A tile holding inf or NaN takes the general path (table lookup with clamping in every trial), so
-such input is reproduced too. The functions are pure: scratch is allocated per call.
+Specification (the C algorithm per block, why two table lookups replace the 15 trials, fp16):
+docs/quantizers.md, "IQ4_NL and IQ4_XS".
 """
 
 from __future__ import annotations
@@ -70,7 +36,7 @@ _VALUES = KVALUES_IQ4NL.astype(_F32)
 
 # best_index_int8(x) == #{k : x >= (val[k-1] + val[k]) / 2} == _LUT_INDEX[floor(2x) + 512] for
 # floor(2x) in [-512, 511] (all 2*midpoints lie in [-231, 202]); larger |x| is clamped into it first.
-# Indices are kept non-negative: np.take is several times slower when it has to wrap negative ones.
+# Indices are kept non-negative: np.take's wrapping of negative ones is its slow path.
 _LUT_SIZE = 1024
 _LUT_OFFSET = _F32(_LUT_SIZE // 2)
 _T_MIN, _T_MAX = _F32(-_LUT_SIZE // 2), _F32(_LUT_SIZE // 2 - 1)
@@ -121,13 +87,10 @@ def _sums(p: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# per-call scratch
-# --------------------------------------------------------------------------------------------
+# --- per-call scratch
 
-# Blocks (of 32) per tile: the scratch arrays of [32, tile] float32 then stay around L2's size, and
-# one tile's ~100 ufunc calls are spread over 32K values. A multiple of 8, so IQ4_XS tiles hold
-# whole super-blocks.
+# Blocks (of 32) per tile: the [32, tile] scratch stays around L2's size; a multiple of 8, so IQ4_XS
+# tiles hold whole super-blocks.
 _TILE = 1024
 _PAGE = 4096
 

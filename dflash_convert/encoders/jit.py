@@ -1,15 +1,13 @@
 """Which quantizer backend runs: numba-compiled kernels when numba is installed, else pure numpy.
 
-The numpy quantizers make hundreds of whole-array passes per value in the K-quant scale searches,
-so they are bound by memory traffic and numpy's per-call cost; the same C loops compiled by numba
-run in registers. Both backends are bit-identical with ggml (the tests run both), so the choice is
-only about speed: numba when it imports, unless ``DFLASH_CONVERT_NO_JIT`` is set (to compare the
-two, or to skip the one-off compile). numba is a dependency (it ships wheels, so nothing needs a
-compiler), but the package works without it, where numba has no wheel or fails to import.
+The numpy quantizers are bound by memory traffic and numpy's per-call cost in the K-quant scale
+searches; the same C loops compiled by numba run in registers. Both backends are bit-identical with
+ggml (the tests run both), so the choice is only about speed: numba when it imports, unless
+``DFLASH_CONVERT_NO_JIT`` is set. The package works without numba, where it has no wheel or fails
+to import. The kernels compile on first use and are cached on disk (numba's ``cache=True``: beside
+the module, or under ``NUMBA_CACHE_DIR``), so later processes only load them.
 
-The kernels compile on first use (tens of seconds for all types on a busy machine) and are cached
-on disk (numba's ``cache=True``: beside the module, or under ``NUMBA_CACHE_DIR``), so later
-processes only load them.
+Specification: docs/quantizers.md.
 """
 
 from __future__ import annotations

@@ -1,44 +1,14 @@
-"""Bit-exact numpy ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
+"""Bit-exact ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
-When numba is installed (see ``jit``) the per-group searches and the final rounding run as
-compiled kernels (``_kernels``) and only the super-block scales and the packing stay here; the
-numpy tiles below are the fallback, and both give the same bytes.
+Each function returns the bytes ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same float32
+input, which is what ``llama-quantize`` writes without an importance matrix. With numba installed
+the per-group searches and the final rounding run as compiled kernels (``_kernels``) and only the
+super-block scales and the packing stay here; the numpy tiles are the fallback, with the same
+bytes. Nothing is refused: a tile holding inf or NaN takes loops that mirror C's scans. The
+functions are pure (scratch per call) and can run on a thread pool.
 
-Each function returns the bytes that ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same
-float32 input, i.e. what ``ggml_quantize_chunk`` (and so ``llama-quantize``) produces without an
-importance matrix. Being byte-identical with llama.cpp is the point, so every floating-point step
-follows the C source operation by operation:
-
-* All arithmetic is float32 and evaluated in C's order. ``libggml-base`` (where the reference
-  quantizers live) is compiled for baseline x86-64 (native flags only go to the CPU backend), so
-  there is no FMA to contract ``a*b + c`` into: one rounding per operation, i.e. one numpy ufunc
-  per operation. C's double literals don't occur in these three quantizers (all are ``f``).
-* Sums over a block are sequential in C (``sum += ...`` in index order) and float addition is not
-  associative, so numpy's pairwise ``.sum()`` would round differently. Work is vectorised *across*
-  blocks instead: values are laid out position-major (``[position, group]``) and each per-group sum
-  adds one position after the other (see ``_Sums``).
-* ``nearest_int`` is the magic-number trick (``fval + 12582912.f``, keep the low mantissa bits). In
-  range that is round-half-to-even, which ``np.rint`` matches; out of range (or for inf/NaN) it
-  wraps, so such cases take an exact integer re-implementation (``_nearest_int``). Each search step
-  bounds its inputs first to know which applies.
-* Maxima/minima keep C's strict comparisons where ties can pick a different element (Q6_K's signed
-  max, the super-block maxima), so the same element wins.
-* fp16 conversion: ggml's ``GGML_FP32_TO_FP16`` (the bit-twiddling version in ggml-impl.h) rounds to
-  nearest-even and saturates to inf, exactly as numpy's ``astype(np.float16)`` does.
-
-Finite input is the fast path. A tile holding inf or NaN switches to loops that mirror C's scans
-(NaN skipped by the comparisons) and to exact rounding everywhere, so it is still reproduced.
-
-Speed (the searches make some 300 numpy passes over every value, so per-call cost matters):
-super-blocks are independent, so the input is cut into tiles of 512 super-blocks, each pass writes
-into preallocated scratch, per-group sums take one ``np.add.reduce`` call (checked to add in C's
-order, see ``_reduce_is_sequential``), and the ufunc buffer size is set to one row, so that a
-per-group vector broadcast over ``[position, group]`` runs straight through instead of being copied
-into buffers first. Scratch arrays are page-aligned and the broadcast vectors sit half a page
-further, which keeps a ufunc's loads from 4K-aliasing its stores (a several-fold slowdown,
-otherwise at the mercy of malloc). The functions are pure: scratch is allocated per call and the
-buffer size is set inside an ``np.errstate`` context, which restores it and is local to the thread,
-so they can run on a thread pool.
+Specification (C's summation order, ``nearest_int``, strict maxima, fp16, the tiles' layout):
+docs/quantizers.md, "K-quants: Q4_K, Q5_K, Q6_K".
 """
 
 from __future__ import annotations
@@ -63,17 +33,14 @@ _MAGIC = _F32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low m
 _NI_LIMIT = 4194303.0  # nearest_int is round-half-even only for |x| <= 2**22 - 1
 _GROUP_MAX_EPS = _F32(1e-15)  # GROUP_MAX_EPS is the float literal 1e-15f
 
-# Groups per tile (512 super-blocks, 128K values, either way): measured as the best trade between
-# numpy's per-call overhead and the scratch falling out of L2. Multiples of 1024 make every row of
-# the [position, group] scratch a whole number of pages (see _page_aligned).
+# Groups per tile (512 super-blocks either way): numpy's per-call overhead against scratch falling
+# out of L2; multiples of 1024 make every scratch row whole pages (see _page_aligned).
 _QKX_TILE_GROUPS = 4096
 _QX_TILE_GROUPS = 8192
 _PAGE = 4096
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
+# --- helpers
 
 def _page_aligned(shape: tuple[int, ...], dtype: type = _F32, offset: int = 0) -> np.ndarray:
     """Uninitialised scratch starting ``offset`` bytes into a page.
@@ -233,9 +200,7 @@ def _pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# Q4_K / Q5_K: make_qkx2_quants per 32 values, then 6-bit scales and mins per super-block
-# --------------------------------------------------------------------------------------------
+# --- Q4_K / Q5_K: make_qkx2_quants per 32 values, then 6-bit scales and mins per super-block
 
 _PROD_A = np.array([0, 2, 0, 1, 3, 2])  # rows of [sum_w, sum_x, sum_l, sum_l2, sum_xl] ...
 _PROD_B = np.array([3, 2, 4, 2, 1, 4])  # ... multiplied pairwise: D = p0 - p1, num_scale = p2 - p3, num_min = p4 - p5
@@ -297,7 +262,7 @@ class _QkxTile:
         self.msk = np.empty(B, dtype=bool)
         self.sums = _Sums((self.S, 1), (self.T, 0))
 
-    # -- make_qkx2_quants -------------------------------------------------------------------
+    # -- make_qkx2_quants
 
     def _levels(self, exact: bool) -> None:
         """T = MAX(0, MIN(nmax, nearest_int(iscale*(x - min)))) with the running min and iscale."""
@@ -398,7 +363,7 @@ class _QkxTile:
         np.putmask(scale, flat, _ZERO)
         return flat
 
-    # -- quantize_row_q4_K_ref / q5_K_ref -----------------------------------------------------
+    # -- quantize_row_q4_K_ref / q5_K_ref
 
     def quantize(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One tile: x holds at most B/8 super-blocks. Returns (d bits, dmin bits, packed scales,
@@ -520,9 +485,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return _quantize_qkx(x, "quantize_q5_k", Q5_K_BYTES, 31, -0.5, 0.1, 15, _pack_q5)
 
 
-# --------------------------------------------------------------------------------------------
-# Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
-# --------------------------------------------------------------------------------------------
+# --- Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
 
 def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
     """The super-block half of quantize_row_q6_K_ref from the groups' scales [nb, 16]: (empty

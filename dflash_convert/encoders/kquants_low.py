@@ -1,39 +1,13 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
-With numba installed (see ``jit``) the sub-block searches, the requantization and the packing
-run as compiled kernels (``_kernels``); the numpy code below is the fallback, with the same bytes.
+This is what llama-quantize runs for these types without an importance matrix, so the bytes must be
+its bytes. With numba installed the sub-block searches, the requantization and the packing run as
+compiled kernels (``_kernels``); the numpy code here is the fallback, with the same bytes. Nothing
+is refused: degenerate sub-blocks (NaN, infinities, huge ratios) store the clamped values C stores.
+The functions are pure; every buffer is local to a call.
 
-This is what llama-quantize runs for these types when it has no importance matrix, so a GGUF we
-write must hold exactly the bytes it would. The reference C code is a pile of small sequential
-searches per 16-value sub-block; every float step in it is float32 (ggml-base is built without
-FMA, so nothing is contracted) and every sum runs in index order. We reproduce that by:
-
-* keeping the data as ``[16, n_sub]``: row ``i`` holds the i-th value of every sub-block, so a
-  C loop ``for (i = 0; i < 16; ++i) s += t[i]`` is a reduction over axis 0, which numpy performs
-  row after row (sequentially, not pairwise; ``_seqsum`` documents this and a test pins it), and
-  every per-sub-block scalar of the C code is an ``[n_sub]`` array that broadcasts over rows;
-* doing each float operation as one float32 ufunc call in C's evaluation order (IEEE ``*`` and
-  ``+`` commute exactly, but do not associate, so ``w*l*x`` is ``(w*l)*x`` and so on);
-* rounding with ggml's own ``nearest_int`` trick (add 1.5*2**23, keep the mantissa bits) wherever
-  the argument is not provably small: the C code feeds it NaN, infinities and huge ratios on
-  degenerate sub-blocks, and the clamped garbage it returns then is what gets stored. Where the
-  argument is provably below 2**22 the trick equals ``np.rint`` (round half to even), which is
-  cheaper;
-* turning data-dependent ``if``s into masks, computing both sides and selecting (hence the
-  ``errstate`` guards: the discarded side may divide by zero). Selections on dense, random masks
-  are done with bit operations (``_blend``), because ``np.where`` and ``copyto(where=)`` cost
-  several ns per element there, more than the arithmetic they select from.
-
-Signed zeros: a few reductions here (min/max, ``this_min`` clipping) may produce ``-0.0`` where C
-has ``+0.0`` or the reverse. Every such value only ever reaches a comparison, an ``fabsf``, a
-product rounded by ``nearest_int`` or a sum with a nonzero term, none of which sees the sign.
-
-fp16 scales: ``astype(np.float16)`` rounds to nearest-even with ggml's overflow-to-inf and
-subnormal behaviour; it was compared with ``ggml_fp32_to_fp16_row`` over every float32 of
-magnitude 2**-30..2**17.
-
-Super-blocks are independent, so work is split into chunks to keep temporaries cache-resident
-while amortising numpy's per-call cost. The functions are pure; every buffer is local to a call.
+Specification (the ``[16, n_sub]`` layout, sequential sums, masks for C's branches, signed zeros,
+fp16 scales): docs/quantizers.md, "Q2_K and Q3_K".
 """
 
 from __future__ import annotations
@@ -46,9 +20,8 @@ QK_K = 256
 Q2_K_BLOCK_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
 Q3_K_BLOCK_BYTES = 110  # hmask[32] | qs[64] | scales[12] | d f16
 
-# super-blocks per chunk. Q2_K: 512 x 256 values -> [16, 8192] temporaries of 512 KiB; its work
-# is ~20 whole-array ops per search step. Q3_K's sweep works on [n_sub] rows (16 x ~25 small
-# calls per sweep), so it wants wider chunks: 1024 -> rows of 16384 values, 64 KiB.
+# super-blocks per chunk, sized to keep temporaries in cache; Q3_K's sweep works on [n_sub] rows
+# of many small calls, so it wants wider chunks
 _Q2_CHUNK_BLOCKS = 512
 _Q3_CHUNK_BLOCKS = 1024
 

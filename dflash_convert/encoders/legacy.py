@@ -1,33 +1,13 @@
-"""Bit-exact numpy ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
-
-With numba installed (see ``jit``) one compiled kernel (``_kernels.legacy_quantize``) does the
-work and only the fp16 conversion stays here; the numpy code below is the fallback.
+"""Bit-exact ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
 Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
-input. That is what ``ggml_quantize_chunk`` (so ``llama-quantize``) runs for these types without an
-importance matrix: ``quantize_q4_0`` and friends call the ``_ref`` row function when
-``quant_weights`` is NULL. Being byte-identical with llama.cpp is the point, so every step follows
-the C source operation by operation:
+input, which is what ``llama-quantize`` writes for these types without an importance matrix. With
+numba installed one compiled kernel (``_kernels.legacy_quantize``) does the work; the numpy code
+here is the fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are
+reproduced as C computes them. The functions are pure and can run on a thread pool.
 
-* Arithmetic is float32, one rounding per C operation (``libggml-base`` is built as gnu11 for
-  baseline x86-64: there is no FMA to contract into), and the int literals C mixes in (``max / -8``,
-  ``(1 << 4) - 1``) are converted to float first, as C does.
-* The scale comes from one extreme element, found with C's strict comparisons: the *first* element
-  of largest magnitude for the symmetric types (its sign matters: ``d = max / -8``), the first
-  minimum/maximum for the affine ones (the sign of a zero minimum is stored in ``m``). numpy's
-  ``argmax``/``argmin`` return first occurrences too; blocks holding inf or NaN, where C's scan
-  skips NaN and starts from ``FLT_MAX`` / ``0``, are redone with a loop that mirrors the C scan.
-* ``(int8_t)(x0 + 8.5f)`` truncates toward zero through a 32-bit integer (``cvttss2si``): values out
-  of int32 range (inf/NaN, reached when the scale is a denormal whose reciprocal overflows) become
-  ``INT32_MIN``, whose low byte is 0. numpy's float -> int32 cast does the same on x86, and int32 ->
-  int8 keeps the low byte, so the ``MIN(15, ...)`` clamp then sees what C sees.
-* fp16: ``GGML_FP32_TO_FP16`` rounds to nearest even and overflows to inf, like numpy's
-  ``astype(np.float16)`` (checked on all 2**32 float32 bit patterns); only NaN differs, which ggml
-  writes as ``sign | 0x7E00`` (``fp16_bits``).
-
-Blocks are independent, so work is vectorised across blocks; within a block there is no sum, so no
-order to preserve. The functions are pure (no state beyond read-only constants) and can run on a
-thread pool.
+Specification (float32 order, the extreme element, the int8 truncation, fp16 and NaN):
+docs/quantizers.md, "Legacy types".
 """
 
 from __future__ import annotations
@@ -53,9 +33,7 @@ BLOCK_Q5_1 = np.dtype([("d", "<u2"), ("m", "<u2"), ("qh", "u1", (4,)), ("qs", "u
 assert (BLOCK_Q4_0.itemsize, BLOCK_Q4_1.itemsize, BLOCK_Q5_0.itemsize, BLOCK_Q5_1.itemsize) == (18, 20, 22, 24)
 
 
-# --------------------------------------------------------------------------------------------
-# helpers shared with iq4.py
-# --------------------------------------------------------------------------------------------
+# --- helpers shared with iq4.py
 
 def as_blocks(x: np.ndarray, block: int) -> np.ndarray:
     """The float32 input as a C-contiguous ``[n_blocks, block]`` array, with the contract checked.
@@ -159,9 +137,7 @@ def _truncate_to_byte(t: np.ndarray) -> np.ndarray:
     return i.astype(np.int8)  # wraps: the low byte, as a signed char
 
 
-# --------------------------------------------------------------------------------------------
-# the quantizers
-# --------------------------------------------------------------------------------------------
+# --- the quantizers
 
 def _quant_symmetric(xb: np.ndarray, div: int, bias: float, top: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_0/Q5_0: ``d = max / -div``, ``q = MIN(top, (int8_t)(x*id + bias))``. Returns (d, q as uint8)."""

@@ -22,6 +22,7 @@ UPSTREAM_ARCH = "dflash"
 
 @dataclass(frozen=True)
 class Dialect:
+    """One foreign DFlash dialect: how to recognise it, its key and tensor maps, and whether and how it migrates."""
     name: str
     title: str
     architectures: tuple[str, ...]  # general.architecture values that identify the dialect

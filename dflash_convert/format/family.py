@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .tensors import FAMILY_GLOBAL_TENSORS, FAMILY_LAYER_TENSORS
 
-# --- architecture names (config.json "architectures") -------------------------------------------
+# --- architecture names (config.json "architectures")
 
 ZLAB_ARCHITECTURES: tuple[str, ...] = ("DFlashDraftModel",)  # classic DFlash, z-lab's layout
 DFLASH2_ARCHITECTURES: tuple[str, ...] = ("DFlash2DraftModel",)
@@ -37,7 +37,7 @@ SPECULATORS_DSPARK = "dspark"
 # the only Markov head llama.cpp 0c1e57098 runs (speculators also trains "gated" and "rnn")
 MARKOV_HEAD_TYPES: tuple[str, ...] = ("vanilla",)
 
-# --- GGUF tensor names ----------------------------------------------------------------------------
+# --- GGUF tensor names
 
 _G = FAMILY_GLOBAL_TENSORS
 _L = FAMILY_LAYER_TENSORS
@@ -84,7 +84,7 @@ FAMILY_HF_SHAPES: dict[str, tuple[str, ...]] = {
 # the base kernels are read as F32 by the graph; upstream writes them F32 and llama-quantize keeps them
 CONV_BASE_TYPE = "F32"
 
-# --- keys -------------------------------------------------------------------------------------------
+# --- keys
 
 # DFlash2: upstream writes all four (when dflash_config has conv_kernel_size) or none; the loader
 # needs all four (and dflash.block_size) > 0 once selector_hidden.weight exists
@@ -98,7 +98,7 @@ GEMMA4_OVERRIDDEN_KEYS: tuple[str, ...] = ("head_count_kv", "key_length", "value
 # the generated RoPE factors of Gemma-4 DSpark's proportional RoPE: 1 for rotated pairs, this for the rest
 ROPE_FREQS_UNROTATED = 1e30
 
-# --- members and the speculative type llama.cpp uses ------------------------------------------------
+# --- members and the speculative type llama.cpp uses
 
 DFLASH, DFLASH2, DSPARK = "DFlash", "DFlash2", "DSpark"
 SPEC_TYPES: dict[str, str] = {DFLASH: "draft-dflash", DFLASH2: "draft-dflash", DSPARK: "draft-dspark"}

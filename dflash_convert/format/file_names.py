@@ -37,6 +37,7 @@ _UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f]+")
 
 
 def drafter_prefix(*, dspark: bool) -> str:
+    """The file-name prefix llama.cpp's ``-hf`` looks for: ``dspark-`` or ``dflash-``."""
     return DSPARK_PREFIX if dspark else DFLASH_PREFIX
 
 

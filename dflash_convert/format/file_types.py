@@ -16,6 +16,7 @@ from .ggml import GGMLType
 
 @dataclass(frozen=True)
 class FileType:
+    """One llama.cpp file type: its name, ``general.file_type`` value and default type of quantizable tensors."""
     name: str
     value: int  # LLAMA_FTYPE_* = general.file_type
     matrix_type: GGMLType  # the default ggml type of quantizable tensors

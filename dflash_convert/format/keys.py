@@ -45,6 +45,7 @@ class ValueTypeInfo:
 
     @property
     def size(self) -> int:
+        """Bytes of one scalar of this type (0 for strings and arrays)."""
         return struct.calcsize(self.fmt) if self.fmt else 0
 
 
@@ -229,6 +230,7 @@ OVERRIDE_DATASETS = "general.datasets"
 
 
 def is_provenance_key(name: str) -> bool:
+    """Whether a key is one of our provenance keys."""
     return name in PROVENANCE_KEYS or name.startswith(PROVENANCE_PREFIXES)
 
 

@@ -1,35 +1,13 @@
-"""Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF, as data tables.
+"""Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF: data tables and their rule.
 
-Mirrors llama.cpp 0c1e57098 (llama-cpp-python 0.3.36) ``src/llama-quant.cpp`` for the case our
-``quantize`` command covers: no imatrix, no ``--pure``/``--tensor-type``/``--output-tensor-type``/
-``--token-embedding-type``/``--leave-output-tensor``/``--allow-requantize``, a dense model
-(``expert_count`` absent or <= 1), and an architecture that is neither Falcon nor a llama 70B.
-For arch ``dflash`` that is every drafter this package writes.
+Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix: the
+file types, which tensors are quantizable at all, the ``_S/_M/_L`` mix rules by tensor category
+(``MIX_RULES``), the block-size fallbacks (``FALLBACK``) and the per-tensor overrides
+(``TypeOverrides``), applied in llama-quantize's order by ``choose_quant_types``. It reads no file;
+it refuses an unknown type name (``resolve_ftype``) and nothing else.
 
-How llama-quantize decides, in order, for each tensor:
-
-1. ``quantizable`` -- only tensors with >= 2 dims (ggml_n_dims: trailing 1s do not count) whose
-   name ends in ``weight`` and is not a norm or one of a list of small special tensors. All others
-   (1-D norms, ``d2t``, ``fc.scale``, ...) are written unchanged, in their input type.
-2. The file type's default ggml type. F32/F16/BF16 are not quantized types: every quantizable tensor
-   simply becomes that type, with no mix rules and no block-size fallback.
-3. For quantized defaults, the ``_S/_M/_L`` mix rules by tensor category (``MIX_RULES``), the
-   special case of ``output.weight`` (and of ``token_embd.weight`` when there is no
-   ``output.weight``: tied embeddings), then
-4. the fallback when ne[0] is not a multiple of the chosen type's block size (``FALLBACK``; F16
-   when even that does not fit). llama-quantize counts every tensor that took this step and prints
-   ``WARNING: <n> of <all tensors> tensor(s) required fallback quantization``.
-
-Per-layer rules use running counters, not the layer number in the name: llama-quantize walks the
-tensors in its loader's order (non-``blk.`` tensors by name, then layer by layer, by name within a
-layer -- also the order of the tensors in the file it writes), and counts the attn_v / ffn_down
-tensors it has typed so far. ``n_attention_wv`` is the number of tensors whose name is attn_v-like;
-``n_ffn_down`` is NOT counted from names: it is ``<arch>.block_count``.
-
-Metadata: llama-quantize copies every key unchanged, then removes ``general.quantization_version``
-and ``general.file_type`` wherever they were and appends them, in that order, at the end, both
-UINT32 (``quantization_version`` = 2, ``file_type`` = the LLAMA_FTYPE value below); any
-``split.*`` keys are dropped. Nothing else is added or changed.
+Specification (llama-quantize's decision order, its running counters, the metadata it rewrites):
+docs/quantizers.md, "Which type each tensor gets".
 """
 
 from __future__ import annotations
@@ -43,7 +21,7 @@ from .ggml import BLOCK_GEOMETRY, GGMLType
 from .rules import QUANTIZE_FALLBACK as FALLBACK
 from .rules import QUANTIZE_LAST_RESORT as LAST_RESORT_TYPE
 
-# --- file types --------------------------------------------------------------------------------
+# --- file types
 
 # name -> (general.file_type, default ggml type of the quantizable tensors): a view of file_types.FILE_TYPES
 FTYPES: dict[str, tuple[int, GGMLType]] = {name: (ft.value, ft.matrix_type) for name, ft in FILE_TYPES.items()}
@@ -56,7 +34,7 @@ FLOAT_TYPES: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLTy
 # refuses -- it never needs to for our files, since such tensors are never quantizable
 CONVERTIBLE_FLOATS: frozenset[GGMLType] = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-# --- which tensors are quantized (tensor_allows_quantization) ------------------------------------
+# --- which tensors are quantized (tensor_allows_quantization)
 
 # a name containing any of these is never quantized: norms, MoE routers, and small tensors of
 # other architectures (gemma3n altup/laurel, mamba conv1d, RWKV time-mix, T5 relative bias,
@@ -81,7 +59,7 @@ NOT_QUANTIZED_NAMES: frozenset[str] = frozenset({"position_embd.weight", "token_
 # the suffix a quantizable name must end with (note: "weight", not ".weight")
 QUANTIZED_SUFFIX = "weight"
 
-# --- tensor categories (tensor_get_category) ---------------------------------------------------
+# --- tensor categories (tensor_get_category)
 
 OUTPUT_NAMES: frozenset[str] = frozenset({"output.weight"})
 PER_LAYER_TOKEN_EMBD = "per_layer_token_embd.weight"  # follows --token-embedding-type unless a --tensor-type names it
@@ -101,7 +79,7 @@ CATEGORY_SUBSTRINGS: tuple[tuple[str, str], ...] = (
 # categories that share the attn_v counter and rules (category_is_attn_v)
 ATTN_V_LIKE: frozenset[str] = frozenset({"attn_v", "attn_qkv", "attn_kv_b"})
 
-# --- mix rules (llama_tensor_get_type_impl), for the file types above ------------------------------
+# --- mix rules (llama_tensor_get_type_impl), for the file types above
 #
 # ftype -> rule group -> ((condition, type), ...): the first pair whose condition holds gives the
 # type; when none holds the tensor keeps the default type. Groups: "attn_v" (attn_v-like tensors;
@@ -156,7 +134,7 @@ OUTPUT_UNALIGNED_TYPE = GGMLType.Q8_0
 OUTPUT_TYPE = GGMLType.Q6_K
 OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
 
-# --- block-size fallback (tensor_type_fallback) ----------------------------------------------------
+# --- block-size fallback (tensor_type_fallback)
 
 # 256-block type -> the 32-block type used when ne[0] % 256 != 0; a 32-block target keeps its type
 # here. If the result still does not divide ne[0] (ne[0] % 32 != 0), the tensor is written F16.
@@ -172,7 +150,7 @@ KEEP = "keep"
 _LAYER = re.compile(r"blk\.\s*([+-]?\d+)")
 
 
-# --- small functions over the tables -----------------------------------------------------------
+# --- small functions over the tables
 
 def _use_more_bits(i: int, n: int) -> bool:
     """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between.
@@ -312,20 +290,13 @@ NOTE_MANUAL = "--tensor-type"
 def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
                        n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None,
                        overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
-    """tensors: (GGUF name, ggml ne, i.e. ne[0] first) in file order, as in the input F16/BF16/F32 file.
-    Returns (general.file_type value, [(ggml type name for each tensor, note)]).
+    """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]).
 
-    ``ftype`` is what a user types to llama-quantize (``Q4_K_M``, ``q4_k``, ...). ``input_types``
-    (ggml type names, same order) gives the type of the tensors llama-quantize leaves alone; without
-    it their type is reported as ``"keep"``. With it, a tensor already in a quantized type is refused
-    (as llama-quantize refuses without --allow-requantize) unless it is already the chosen type.
-    ``n_layer`` is ``<arch>.block_count`` and ``n_head``/``n_head_kv`` the head counts (layer 0; pass
-    the metadata values, n_head_kv None when the key is absent); when n_layer / n_head are omitted
-    they are read off the tensors (highest ``blk.N`` + 1; attn_q rows // attn_k rows of layer 0).
-    The notes of fallback choices start with ``"fallback"``: their count is what llama-quantize
-    prints as ``<n> of <all> tensor(s) required fallback quantization``. ``overrides`` are its
-    per-tensor options (``TypeOverrides``), applied in llama_tensor_get_type's order; the running
-    counters of the mix rules advance only for tensors the mix decides, as there.
+    ``tensors`` are (GGUF name, ggml ne) in file order. ``input_types`` gives the types of the tensors
+    left alone (else reported as ``"keep"``), and refuses a tensor already quantized to another type,
+    as llama-quantize does without --allow-requantize. ``n_layer``/``n_head``/``n_head_kv`` are the
+    metadata values, read off the tensors when omitted. Notes of fallback choices start with
+    ``"fallback"``. Spec: docs/quantizers.md, "Which type each tensor gets".
     """
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]
@@ -404,7 +375,7 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     return file_type, out
 
 
-# --- raising a tensor's type (quantize --min-acceptance) ---------------------------------------------
+# --- raising a tensor's type (quantize --min-acceptance)
 
 # The candidate types a tensor group is raised through, lowest first: llama-quantize's own types
 # (any of them is a --tensor-type value), one per bits-per-weight step.
@@ -419,6 +390,7 @@ GLOBAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (("fc", ("fc.weight",))
 
 
 def bits_per_weight(t: GGMLType) -> float:
+    """Bits per weight of a ggml type (block bytes x 8 / block values)."""
     block, size = BLOCK_GEOMETRY[t]
     return 8.0 * size / block
 

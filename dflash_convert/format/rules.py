@@ -117,7 +117,7 @@ EMBEDDING_TENSOR = GLOBAL_TENSORS["embed_tokens.weight"]
 OUTPUT_TENSOR = GLOBAL_TENSORS["lm_head.weight"]
 D2T_TENSOR = GLOBAL_TENSORS["d2t"]
 
-# --- per-tensor storage types: the one table convert, validate and quantize read ---------------
+# --- per-tensor storage types: the one table convert, validate and quantize read
 #
 # Every tensor is one of three classes. "fixed": its type is set by the graph (d2t must be I64).
 # "vector": 1-D tensors, *_norm.weight and names that do not end in .weight stay F32 (llama.cpp's

@@ -1,20 +1,13 @@
 """Drafts from many anchors of one captured sequence at once, and llama.cpp's acceptance count over them.
 
-Why: a drafter's users choose by acceptance, and measuring it live needs the target beside every
-drafter file. A captured sequence (``capture``: the target's greedy continuation and the layer
-inputs at every position) is all a DFlash draft reads: the draft from an anchor at position ``c``
-sees the target features of positions ``0 .. c-1`` and the block ``[t[c], mask, ...]`` at positions
-``c .. c+B-1``. So every draft the live loop would make is computed here without the target, and
-what the target would accept is the longest prefix equal to its own greedy tokens.
+A captured sequence (the target's greedy continuation and its layer inputs) is all a DFlash draft
+reads, so every draft the live loop would make is computed here without the target.
+``anchor_drafts`` computes ``runtime.forward.run_gguf``'s draft for each anchor, batched, with the
+context K/V computed once per sequence; ``live_loop`` replays ``llama-speculative-simple``'s greedy
+loop with its exact counting; ``anchor_stats`` is the acceptance from every anchor and the per-slot
+curve. Inputs are checked by the features reader, not here.
 
-``anchor_drafts`` computes the same draft as ``runtime.forward.run_gguf`` for each anchor, batched
-(a DSpark drafter's through its Markov chain, from slot 0 when it samples from the anchor):
-the fc + hidden norm of the context and each layer's context K/V are computed once for the whole
-sequence (a block attends to them, never changes them), and blocks from many anchors go through the
-layers together, each attending to its own context prefix through the mask. ``live_loop`` replays
-``llama-speculative-simple``'s greedy loop (examples/speculative-simple/speculative-simple.cpp,
-llama.cpp 0c1e57098) along the sequence with its exact counting; ``anchor_stats`` is the acceptance
-length from every anchor (lower variance) and the per-slot acceptance curve.
+Specification (the live loop, every-anchor statistics): docs/acceptance.md, "accept".
 """
 
 from __future__ import annotations
@@ -84,15 +77,10 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor position.
 
-    ``features``: [L, T*E] the sequence's target features (taps in ``d.target_layers`` order);
-    ``tokens``: [L] its token ids. An anchor ``c`` drafts from the features of ``0..c-1`` and the block
-    ``[tokens[c], mask * (B-1)]`` at positions ``c..c+B-1``; slots ``1..n_max`` are its draft.
-    ``keep_logits``: also return the logits [len(anchors), n_max, vocab] (small vocabularies only; for
-    DFlash2 the walked lattice rows the tokens were chosen from, -inf off the candidates).
-    ``cpu_matmul``: round each matmul's activations as ggml's CPU backend does; ``kv_cache_dtype``
-    (torch.float16: llama.cpp's default cache, flash attention off) rounds K, V, Q and the attention
-    weights as that cache does (both ``run_gguf``'s options, off by default). ``ctx_kv``: the
-    sequence's ``context_kv`` when the caller keeps it (computed here otherwise).
+    An anchor ``c`` drafts from ``features`` [L, T*E] of ``0..c-1`` and the block ``[tokens[c], mask,
+    ...]`` at ``c..c+B-1``. ``keep_logits`` also returns the logits (small vocabularies only);
+    ``cpu_matmul`` and ``kv_cache_dtype`` are ``run_gguf``'s rounding options; ``ctx_kv`` is the
+    sequence's ``context_kv`` when the caller keeps it.
     """
     B = d.block_size
     most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
@@ -208,20 +196,15 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
     return sel.choice_rows(d.vocab_size), sel.tokens
 
 
-# --- llama.cpp's count -------------------------------------------------------------------------------
+# --- llama.cpp's count
 
 
 def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
                  draft_at: Callable[[int], list[int]]) -> LoopCount:
-    """Replay llama-speculative-simple's greedy loop along a captured sequence.
+    """Replay llama-speculative-simple's greedy loop along a captured sequence, with its counting.
 
-    The first anchor is the prompt's last token (the driver keeps it out of the prompt batch); each
-    step drafts ``n_max`` tokens from the anchor, cut to ``n_predict - predicted - 1`` when that is
-    positive (``common_speculative_draft`` truncates only for a positive limit: once the budget is
-    spent, the last step drafts a full block), the target accepts the longest prefix equal to its own
-    greedy tokens and adds one token of its own, the last of which is the next anchor. The loop ends
-    once more than ``n_predict`` tokens were predicted or an end-of-generation token was accepted.
-    ``draft_at(c)`` is the drafter's draft from anchor ``c``.
+    ``draft_at(c)`` is the drafter's draft from anchor ``c``. The loop's rules (the first anchor,
+    the truncated last draft, when it ends): docs/acceptance.md, "accept".
     """
     count = LoopCount()
     c = prompt_length - 1
@@ -256,6 +239,7 @@ class AnchorStats:
 
     @property
     def mean_length(self) -> float:
+        """The mean accepted length over every anchor."""
         return sum(self.lengths) / len(self.lengths) if self.lengths else 0.0
 
     def slot_curve(self) -> list[float]:
@@ -267,6 +251,7 @@ class AnchorStats:
         return out
 
     def add(self, other: AnchorStats) -> None:
+        """Add another sequence's statistics to these."""
         self.lengths += other.lengths
         self.n_max = max(self.n_max, other.n_max)
 
@@ -284,7 +269,7 @@ def anchor_lengths(tokens: list[int], anchors: list[int], drafts: dict[int, list
     return stats
 
 
-# --- over a features file -------------------------------------------------------------------------------
+# --- over a features file
 
 Drafts = Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]  # (features, tokens, anchors) -> [A, n_max]
 

@@ -26,6 +26,7 @@ class LoopCount:
         return self.n_accept / self.steps if self.steps else 0.0
 
     def add(self, other: LoopCount) -> None:
+        """Add another count to this one."""
         self.n_drafted += other.n_drafted
         self.n_accept += other.n_accept
         self.n_predict += other.n_predict

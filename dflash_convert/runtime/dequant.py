@@ -1,19 +1,11 @@
 """ggml tensor bytes -> torch values, for running converted drafters in process (CPU or CUDA).
 
-Every kernel is a handful of torch ops over all blocks of a chunk at once (no Python loop over
-blocks, no numpy), so it runs on whatever device the bytes are on; the only loop is over chunks of
-16M values on CPU (see _CHUNK_VALUES_CPU), one chunk for most tensors. The block layouts and
-formulas follow ggml's ``dequantize_row_*`` (ggml-quants.c, block structs in ggml-common.h).
+Every kernel is a handful of torch ops over all blocks of a chunk at once, so it runs on whatever
+device the bytes are on. Results are bit-identical to gguf-py's numpy dequantizers: each kernel
+rounds the same float32 products and sums in ggml's order. It refuses a big-endian host (the fp16
+scale fields are read in host byte order) and a type it has no kernel for.
 
-Results are bit-identical to gguf-py's numpy dequantizers (and to ggml's reference C built
-without floating-point contraction): each kernel rounds the same float32 products and sums in the
-same order, ``scale * quant`` then ``+ min`` / ``- min``, with the per-sub-block scale formed first
-(``d * sc``). Integer steps (nibble unpacking, sign offsets) are exact in any order. We use
-separate in-place ``mul_``/``add_`` rather than ``addcmul`` because a fused multiply-add rounds
-once instead of twice and would differ from the reference in the last bit.
-
-The fp16 scale fields are reinterpreted with ``Tensor.view(torch.float16)``, which reads host byte
-order; GGUF is little-endian, and dequantize() refuses a big-endian host rather than byte-swap.
+Specification (the rounding order, why no fused multiply-add): docs/runtime.md, "Dequantization".
 """
 
 from __future__ import annotations
@@ -106,7 +98,7 @@ def _spread(q: torch.Tensor, shifts: tuple[int, ...], mask: int, out: torch.Tens
     """Split packed fields: ``out.select(dim, k) = (q >> shifts[k]) & mask``.
 
     One scalar-shift op per field position (2, 4 or 8 of them, never per block): torch vectorizes
-    scalar shifts but not a broadcast tensor of shifts, which measured about 3x slower on CPU.
+    scalar shifts, not a broadcast tensor of shifts.
     """
     for k, s in enumerate(shifts):
         torch.bitwise_right_shift(q, s, out=out.select(dim, k))
@@ -126,9 +118,8 @@ def _k4_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-# Kernels: (n_blocks, type_size) uint8 blocks -> writes (n_blocks, block_elements) float32 ``out``
-# (contiguous). Codes are unpacked into small uint8 buffers, widened by out.copy_(), then scaled
-# in place, so the only large allocation is the caller's output.
+# Kernels: (n_blocks, type_size) uint8 blocks -> (n_blocks, block_elements) float32 ``out``, unpacked
+# into small uint8 buffers and scaled in place, so the only large allocation is the caller's output.
 
 
 def _q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -272,12 +263,8 @@ _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.IQ4_XS: _iq4_xs,
 }
 
-# Values per kernel call. Each chunk's uint8 code buffers (a byte or two per value) stay below
-# glibc's 32 MiB mmap threshold at 16M values, so they are recycled from the heap instead of being
-# page-faulted in afresh for every call; fresh memory measured costlier per byte than the arithmetic.
-# Smaller chunks did not pay on 2 cores: every chunk is a few more parallel regions, and their
-# thread hand-offs cost more than the cache they save once the cores are shared. On a GPU one
-# launch per op is best; the cap there only bounds the temporary buffers.
+# Values per kernel call: the code buffers stay below glibc's mmap threshold, so they are recycled
+# from the heap rather than page-faulted afresh; on a GPU the cap only bounds temporary buffers.
 _CHUNK_VALUES_CPU = 1 << 24
 _CHUNK_VALUES_OTHER = 1 << 26
 
@@ -304,14 +291,10 @@ def _reinterpret(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode one ggml tensor's bytes to values on ``raw``'s device.
 
-    raw: 1-D torch.uint8 tensor with the tensor's bytes (any device). ggml_type: ggml type id
-    (GGMLType). shape: the PyTorch shape, i.e. ggml ``ne`` reversed, so the last dim is ne[0], the
-    row that blocks run along. Quantized types are computed in float32 and then cast to ``dtype``;
-    F16/BF16/F32/F64 are reinterpreted and cast. Integer types come back as int64 and ignore dtype.
-    When no cast is needed (e.g. F32 asked as float32) the result shares memory with ``raw``.
-
-    Raises ValueError for an unsupported type, a malformed ``raw``, a row that is not a whole number
-    of blocks, or a byte count that does not match shape and type.
+    ``raw``: 1-D uint8 bytes; ``shape``: ggml ``ne`` reversed (the last dim is the blocks' row).
+    Quantized types are computed in float32 and cast to ``dtype``; integer types come back as int64;
+    without a cast the result shares memory with ``raw``. Raises ValueError for an unsupported type
+    or bytes that do not match shape and type.
     """
     if sys.byteorder != "little":
         raise RuntimeError("ggml dequantization reinterprets little-endian bytes in place; this host is big-endian")

@@ -1,32 +1,14 @@
 """DFlash2's parts of the dflash graph, as llama.cpp 0c1e57098 computes them (the GGUF side).
 
-A DFlash2 drafter (``selector_hidden.weight`` present, format/family.py) is a classic DFlash
-decoder with three additions, all in src/models/dflash.cpp (``build_dflash2_conv``,
-``build_dflash2_selector``, the output transforms) and read by common/speculative.cpp's
-draft-dflash path:
+A DFlash2 drafter is a classic DFlash decoder with dynamic convolutions around attention and the
+FFN, the output transforms (``logit_scale``, the softcap) and a candidate selector whose lattice the
+driver walks instead of taking the argmax. ``runtime.forward`` calls in at its hook points; nothing
+here imports the classic runner. It refuses what llama.cpp's loader refuses: missing conv/selector
+keys or tensors, a group size that does not divide the hidden size, wrong shapes, a top-k past the
+vocabulary.
 
-* two dynamic convolutions per layer, one around attention (``attn_conv``), one around the FFN
-  (``ffn_conv``). Each path projects the normed input once, ``coeffs = conv_proj @ h`` ([2, K,
-  E/G] per token: side, tap, channel group), and convolves twice with per-token weights
-  ``w[side, tap, c] = coeffs[side, tap, c // G] + base[side, tap, c]``: side 0 the sublayer's
-  input (the normed hidden state), side 1 its output (attention after value_scale, before any
-  post norm; the FFN's output). ``out[t] = sum_{tap < min(K, n)} w[tap] * in[t - tap]`` within one
-  noise block (a tap before the block's first token reads zero padding), so every block of a
-  batch convolves alone;
-* ``logit_scale`` and then ``final_logit_softcapping`` on the logits (classic DFlash stores but
-  never applies them), before the d2t scatter;
-* the candidate selector: per block slot p >= 1, the ``top_k`` largest logits (ggml_top_k on CPU:
-  a descending partial sort, then the first two swapped) and their logits (``unary``); a gate
-  ``selector_hidden @ hidden[p]`` (the final-norm state); each pair (predecessor j at p-1,
-  successor i at p) scores ``sum_r next[cand_p[i], r] * prev[pred_j, r] * gate_p[r] +
-  unary_p[i]``; at p = 1 the one predecessor is the anchor token (its row repeated over j), later
-  the candidates of p-1. The driver walks that lattice: predecessor index 0 at p = 1, then at each
-  slot the first maximum of the predecessor's score row is the next predecessor and its candidate
-  the drafted token. It never reads the raw logits (``--spec-draft-p-min`` would stop the walk
-  where the softmax of the row at its maximum is below it; not modelled, as for classic drafts).
-
-Nothing here imports the classic runner: ``runtime.forward`` calls in at its hook points with a
-matmul that applies its own CPU rounding.
+Specification (the convolutions, the selector's lattice and its walk, ggml_top_k's order):
+docs/runtime.md, "DFlash2, the GGUF side".
 """
 
 from __future__ import annotations
@@ -146,10 +128,8 @@ def top_k_descending(logits: torch.Tensor, k: int) -> torch.Tensor:
     """The indices of the ``k`` largest entries of each row, largest first, ties by ascending index:
     the first ``k`` of a stable descending sort of the row, without sorting the whole vocabulary.
 
-    A full sort of a 248k-entry row per slot was the one cost the runner had over the reference
-    forward (~0.2 s of a 13 s full-size draft on 2 cores, bench/bench_family.py). ``torch.topk``
-    picks the same set unless the k-th value is tied beyond the k (or is NaN), where it may keep
-    any of the tied; those rows, rare, take the full stable sort.
+    ``torch.topk`` picks the same set unless the k-th value is tied beyond the k (or is NaN), where
+    it may keep any of the tied; those rows, rare, take the full stable sort.
     """
     top = torch.topk(logits, k, dim=-1)
     kth = top.values[..., -1:]
@@ -209,15 +189,19 @@ class LayerConvs:
         return dynamic_conv(x, self._coeffs[path], cw.base, side, self.block_len, self.parts.group_size)
 
     def attn_in(self, h: torch.Tensor) -> torch.Tensor:
+        """Convolve the attention sublayer's input (side 0)."""
         return self._conv("attn", h, 0)
 
     def attn_out(self, o: torch.Tensor) -> torch.Tensor:
+        """Convolve the attention sublayer's output (side 1)."""
         return self._conv("attn", o, 1)
 
     def ffn_in(self, h: torch.Tensor) -> torch.Tensor:
+        """Convolve the FFN's input (side 0)."""
         return self._conv("ffn", h, 0)
 
     def ffn_out(self, y: torch.Tensor) -> torch.Tensor:
+        """Convolve the FFN's output (side 1)."""
         return self._conv("ffn", y, 1)
 
 

@@ -1,24 +1,13 @@
 """DFlash2's parts from the checkpoint (HF names, safetensors values), for ``runtime.reference``.
 
-Independent of ``runtime.dflash2`` (the GGUF side) on purpose: check compares the two, so they
-share no code. The tensors are read by their Hugging Face names from the checkpoint's own tensors
-(``attention_conv`` / ``mlp_conv`` ``base_kernel [2, K, E]`` and ``kernel_projection.weight
-[2*K*E/G, E]`` per layer, ``candidate_selector`` ``predecessor_codebook`` / ``successor_codebook [V,
-r]`` and ``hidden_projection.weight [r, E]``); the convolution is written as a causal depthwise
-convolution over the zero-padded block (``unfold``), the lattice as one matrix product per slot, the
-walk as a plain loop.
+Independent of ``runtime.dflash2`` (the GGUF side) on purpose: ``check`` compares the two, so they
+share no code. The convolution is written as a causal depthwise convolution over the zero-padded
+block, the lattice as one matrix product per slot, the walk as a plain loop. No DFlash2 modelling
+code is published, so the semantics follow llama.cpp's, the one runtime that defines them. It
+refuses a checkpoint without the DFlash2 keys of ``dflash_config`` or one of its tensors.
 
-Semantics. No reference code for DFlash2 is published (../shared/spec/ records the configs and
-tensor layouts of z-lab's DFlash2 checkpoints, not their modelling code), so the convolution and
-the selector follow the one runtime that defines them, llama.cpp's: the projected coefficients are
-laid out [side, tap, channel group], side 0 convolves a sublayer's normed input and side 1 its
-output, tap t reads the token t places earlier in the same block, and the selector scores a
-(predecessor, successor) pair by ``(prev[pred] * gate) . next[succ] + logit[succ]`` with ``gate =
-hidden_projection @ h``. The output multiplier and the softcap are part of DFlash2's logits in both
-semantics (llama.cpp applies them for this member). The semantics differ only where the classic
-trunk already differs (attention masks, GELU, YaRN), and in the candidates' order: llama.cpp's
-ggml_top_k returns them sorted with the first two swapped, the trained model's top-k sorted; only
-ties between equal scores can make that matter.
+Specification (tensor names, the semantics, where the two sides may differ):
+docs/runtime.md, "DFlash2, the checkpoint side".
 """
 
 from __future__ import annotations
@@ -66,6 +55,7 @@ class CheckpointDflash2:
     softcap: float | None = None
 
     def layer(self, i: int) -> CheckpointLayerConvs:
+        """Layer ``i``'s convolutions."""
         return CheckpointLayerConvs(self, i)
 
     def transform(self, logits: torch.Tensor) -> torch.Tensor:

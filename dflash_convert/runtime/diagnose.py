@@ -1,19 +1,13 @@
 """What differs between a drafter GGUF and its checkpoint, named: the second half of ``check``.
 
-Why: the forward comparison says *that* a file computes something else (hidden states, tokens);
-a user fixing it needs to know *what*: a rope base, the tapped target layers, two swapped
-matrices, a scaled norm. Two readings of the same drafter are compared:
+The forward comparison says *that* a file computes something else; a user fixing it needs *what*.
+``hparam_differences`` compares the hyper-parameters the forward uses, read back from the file and
+from the checkpoint's config (floats as the float32 the GGUF stores): any difference is a defect.
+``tensor_differences`` compares every shared tensor's relative RMS error against what the file's
+storage type can cost (``WEIGHT_REL_RMS``) and names a tensor beyond it, with the checkpoint tensor
+it matches instead (a swap). Values already decoded by the runner and the reference are reused.
 
-* ``hparam_differences``: the hyper-parameters the forward uses, read back from the file
-  (``read_drafter``) and read from the checkpoint's config (the converter's reader). Floats are
-  compared as the float32 the GGUF stores. Any difference is a defect of the file.
-* ``tensor_differences``: every tensor the two share by GGUF name (the checkpoint's side as
-  convert writes it, ``sources.dispatch.read_checkpoint_drafter``: d2t as absolute ids, a mask row in
-  place), as a relative RMS error ||file - checkpoint|| / ||checkpoint||, against what the file's
-  storage type can cost (``WEIGHT_REL_RMS``). A tensor beyond that is named, and when it instead
-  matches another checkpoint tensor of its shape, that one is named too (a swap). The values are the
-  ones the runner and the reference already decoded (``decoded_by_name``, ``decoded_from_checkpoint``):
-  no weight is decoded twice. What neither holds is decoded here in row chunks, one tensor at a time.
+Specification (what a failure names): docs/check.md.
 """
 
 from __future__ import annotations
@@ -49,10 +43,8 @@ PART_FIELDS: dict[str, dict[str, str]] = {
 }
 DFLASH2_FORWARD_FIELDS = ("logit_scale", "final_logit_softcapping")  # applied in-graph for DFlash2 only
 
-# relative RMS error a storage type may add to a weight (measured on normal-distributed rows with
-# our quantizers, then doubled for headroom: F16 2.1e-4, BF16 1.6e-3, Q8_0 3.6e-3, Q6_K 8e-3,
-# Q5 1.6e-2 to 3.3e-2, Q4 3e-2 to 6.8e-2, IQ4 4.5e-2, Q3_K 0.1, Q2_K 0.25). A swapped matrix is off by
-# ~1.4, a norm scaled by 1.5 by 0.5: far beyond every row
+# relative RMS error a storage type may add to a weight: measured on normal-distributed rows with our
+# quantizers, doubled for headroom; a swapped matrix (~1.4) or a norm scaled by 1.5 (0.5) is far beyond
 WEIGHT_REL_RMS: dict[str, float] = {
     "F32": 1e-6, "F64": 1e-6, "I64": 0.0, "I32": 0.0, "F16": 5e-4, "BF16": 4e-3, "Q8_0": 1e-2,
     "Q6_K": 2e-2, "Q5_0": 7e-2, "Q5_1": 7e-2, "Q5_K": 7e-2, "Q4_0": 0.14, "Q4_1": 0.14, "Q4_K": 0.14,

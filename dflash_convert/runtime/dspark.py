@@ -1,32 +1,15 @@
 """DSpark's heads: the Markov bias chained over a block and the confidence head, in torch.
 
-A DSpark drafter is a classic DFlash trunk (``runtime.forward``: the Qwen3 layers, or Gemma-4's
-shared K/V, sandwich norms, layer scalar, proportional RoPE and GELU, all of which the trunk
-already runs) plus two heads that llama.cpp 0c1e57098 adds after the output projection
-(src/models/dflash.cpp ``build_dspark_markov_head``), and a driver that reads the block its own way
-(common/speculative.cpp, ``draft-dspark``):
+A DSpark drafter is a classic DFlash trunk (``runtime.forward``) plus two heads llama.cpp 0c1e57098
+adds after the output projection, and a driver that reads the block its own way. ``markov_chain``
+is that graph on the GGUF's tensors; ``checkpoint_markov_chain`` is the same head written separately
+on the checkpoint's Hugging Face tensors, for ``runtime.reference``; ``driver_draft`` reads a block
+as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads (``markov_w1``
+without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong size) and a
+``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
 
-* layout: ``dflash.sample_from_anchor`` (missing reads as true) true means every block slot
-  drafts, slot 0 (the anchor's own position) included: a block of ``n`` tokens drafts ``n``
-  tokens, at most ``block_size``. False means slot 0 is a bonus slot whose logits pass through
-  unbiased and are never read: slots ``1..n-1`` draft, as in classic DFlash;
-* Markov chain, greedy, one block: ``prev`` starts as the block's token 0 (the anchor); for each
-  drafted slot ``i``: ``bias = markov_w2 @ markov_w1[prev]`` (times ``markov_w2.scale``; with a
-  reduced vocabulary the ``Vd`` biases land on the ``d2t`` rows, 0 elsewhere), ``logits_i +=
-  bias``, then ``prev = argmax(logits_i)`` for the next slot;
-* confidence: ``sigmoid(conf_proj . [z_i ; markov_w1[prev_i]] + conf_proj.bias)`` with ``z_i`` the
-  final-normed hidden state of slot ``i`` and ``prev_i`` the token that conditioned slot ``i``;
-* driver: the draft is the argmax of each conditioned slot (the top-k(10) sampler's first
-  candidate), read from the first drafted slot on; with ``--spec-draft-p-min p > 0`` reading stops
-  at the first slot whose confidence is below ``p`` (``driver_draft``). The sampler's own
-  probability is not consulted for DSpark.
-
-``markov_chain`` is that graph on the GGUF's tensors (target-vocabulary logits, absolute d2t ids).
-``checkpoint_markov_chain`` is the same head as the checkpoint defines it, written separately on
-its Hugging Face tensors: the bias is added in the draft vocabulary before the ``i + d2t[i]``
-scatter, the next token is read back through the same offsets. No published DSpark reference code
-is known to differ from llama.cpp's head (../shared/spec has only the config keys), so both
-semantics of ``runtime.reference`` use it unchanged.
+Specification (block layout, the chain, the confidence, the driver's reading):
+docs/runtime.md, "DSpark's heads".
 """
 
 from __future__ import annotations
@@ -165,7 +148,7 @@ def driver_draft(tokens: torch.Tensor, confidence: torch.Tensor | None, p_min: f
     return tokens[: int(low[0, 0])] if low.numel() else tokens
 
 
-# --- the checkpoint's head (runtime.reference), on its HF tensors ------------------------------------
+# --- the checkpoint's head (runtime.reference), on its HF tensors
 
 
 @torch.no_grad()

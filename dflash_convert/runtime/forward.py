@@ -1,40 +1,15 @@
-"""The drafter's forward pass as llama.cpp 0c1e57098 computes it, in torch (CPU or CUDA).
+"""The drafter's forward pass as llama.cpp 0c1e57098 computes it, in torch (CPU or CUDA): the runner.
 
-One call does what the speculative driver (common/speculative.cpp, draft-dflash) makes the draft
-context do for one draft: inject the target features of the committed positions into the KV
-cache, then decode the noise block ``[anchor, mask, mask, ...]`` and read the logits of block
-slots 1..n-1. The graph is src/models/dflash.cpp's classic DFlash decoder; see
-../shared/spec/dflash-gguf-format.md section 4. What llama.cpp does and a trained reference does
-not is kept here on purpose (``runtime.reference`` has the reference's own semantics):
+One call (``run_gguf``) does what the speculative driver makes the draft context do for one draft:
+inject the target features of the committed positions into the KV cache, decode the noise block
+``[anchor, mask, mask, ...]`` and read the logits of the drafted slots. Where llama.cpp departs from
+the trained model (one causality flag, the sliding-window rule, one rope base, no logit transforms
+on classic drafters) it departs here too; ``runtime.reference`` keeps the model's own semantics.
+It refuses inputs of the wrong shape, token ids outside the vocabulary and taps it was not given
+(``DFlashError``).
 
-* attention is non-causal unless ``dflash.attention.causal`` is literally true (the driver calls
-  ``llama_set_causal_attn``), one flag for every layer;
-* a sliding-window layer hides a cell iff ``q_pos - k_pos >= window`` (llama_hparams::is_masked_swa,
-  standard type): future cells are never hidden by the window;
-* every layer ropes with the one ``rope.freq_base`` (the dflash graph passes the graph-wide
-  freq_base to every layer; the loader also forces the SWA base to it), so ``rope.freq_base_swa``
-  has no effect;
-* the rope is NeoX, or M-RoPE when ``rope.dimension_sections`` has a non-zero entry; injected
-  context rows carry positions {p, p, p, 0} (the driver), noise-block tokens {p, p, p, p} (a token
-  batch broadcasts its one position to every section);
-* RoPE scaling follows llama_context's cparams: ``linear``/``yarn`` set freq_scale = 1/factor;
-  yarn uses ext_factor 1, beta_fast 32, beta_slow 1 and attn_factor = mscale(factor)/(1+0.1 ln
-  factor) (the yarn_* keys are not read for dflash); ``rope_freqs.weight`` divides the angles on the
-  NeoX path only;
-* logit_scale and final_logit_softcapping are not applied (only DFlash2 applies them); a ``d2t``
-  drafter's logits are scattered into a -inf row of the target vocabulary;
-* DSpark (``markov_w1.weight``): the Markov and confidence heads of ``runtime.dspark`` follow, over
-  every slot; with ``sample_from_anchor`` (the default) slot 0 drafts too;
-* a DFlash2 drafter adds its dynamic convolutions around attention and the FFN, the output
-  transforms and the candidate selector, whose lattice the driver walks instead of taking the
-  argmax (``runtime.dflash2``; its hooks below are the ``dflash2`` lines).
-
-Numerics: everything is computed in the weights' dtype (float32 by default), as ggml's CPU backend
-does with an F32 GGUF, an F32 KV cache and flash attention off; RoPE angles are formed exactly as
-ggml's CPU rope forms them. Three options add the CPU backend's own rounding for other settings:
-``cpu_matmul`` (activations rounded to each weight type's vec_dot_type: what an F16, BF16 or
-quantized file costs on CPU), ``kv_cache_dtype=torch.float16`` (llama.cpp's default F16 KV cache,
-flash attention off) and ``gelu_fp16_table`` (the CPU GELU lookup table).
+Specification (the masks, RoPE and its scaling, DSpark and DFlash2 hooks, the CPU rounding options):
+docs/runtime.md, "The runner".
 """
 
 from __future__ import annotations
@@ -421,16 +396,11 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
              gelu_fp16_table: bool = False, cpu_matmul: bool = False) -> ForwardResult:
     """One draft of a dflash drafter, computed as llama.cpp's draft context computes it.
 
-    target_hidden: [ctx, T*E] float features of the committed positions (taps concatenated in
-    ``d.target_layers`` order, as the driver gathers them). block_ids: [n_block] int64, the anchor
-    then mask tokens. positions: [ctx + n_block] int64 absolute positions (context first), or
-    [4, ctx + n_block] explicit M-RoPE rows. ``causal`` overrides the driver's choice (default:
-    causal only when the file says ``attention.causal = true``).
-
-    Rounding the CPU backend adds, each off by default (then the result is the graph's exact float32
-    value, what a GPU backend approaches): ``cpu_matmul`` rounds every matmul's activations to the
-    weight type's vec_dot_type (fp16/bf16, Q8_0, Q8_K blocks), ``kv_cache_dtype`` models an F16 or
-    BF16 KV cache with flash attention off, ``gelu_fp16_table`` the fp16 GELU table.
+    ``target_hidden`` [ctx, T*E]: the committed positions' features, taps in ``d.target_layers``
+    order; ``block_ids`` [n_block]: the anchor then mask tokens; ``positions``: [ctx + n_block]
+    (context first) or [4, ctx + n_block] M-RoPE rows. ``causal`` overrides the file's flag.
+    ``cpu_matmul``, ``kv_cache_dtype`` and ``gelu_fp16_table`` add the CPU backend's rounding (off:
+    the graph's exact float32 value); docs/runtime.md, "The runner".
     """
     dev, dt = weights.device, weights.dtype
     n_ctx = check_inputs(d, target_hidden, block_ids, positions)

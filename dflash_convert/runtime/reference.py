@@ -1,54 +1,14 @@
 """The drafter's forward pass from its Hugging Face checkpoint, independent of the GGUF path.
 
-Why a second implementation: ``check`` must prove that a GGUF computes what its checkpoint
-computes, so this side shares nothing with conversion or with ``runtime.forward``: weights are
-read by their HF names straight from the safetensors files (safetensors' own reader, no
-TensorSource, no NeoX permutation, d2t as the checkpoint's offsets), and the math follows z-lab's
-DFlash model code (dflash/model.py: ``Qwen3DFlashAttention``, HF ``rotate_half`` RoPE with cos/sin
-tables, ``repeat_kv``, Qwen3 RMSNorm and MLP). Only the hyper-parameter parsing is shared: the
-config is read by ``sources.zlab`` / ``sources.speculators`` (they validate it against the
-target), plus the few raw config entries whose meaning differs between the two semantics below.
+``check`` must prove that a GGUF computes what its checkpoint computes, so this side shares nothing
+with conversion or with ``runtime.forward``: weights are read by their HF names with safetensors'
+own reader, and the math follows z-lab's DFlash model code; only the config parsing is shared. Two
+semantics: ``"llama.cpp"`` (what llama.cpp computes for the file we write) and ``"reference"`` (the
+model as trained). It refuses a family member it does not compute, a checkpoint without the
+embedding or head it needs and no target to take them from, and a malformed ``mask_embedding.pt``.
 
-``semantics``:
-
-* ``"llama.cpp"`` computes what llama.cpp's dflash runtime computes for the GGUF our converter
-  writes from this checkpoint. It must equal ``runtime.forward.run_gguf`` on an F32 GGUF to
-  float tolerance; where llama.cpp departs from the trained model, it departs here too: one
-  causality flag for all layers (``is_causal`` / ``dflash_config.causal``, non-causal unless true),
-  a sliding window that never hides future cells, GELU always the tanh approximation, and no
-  ``output_multiplier`` / ``final_logit_softcapping`` on a classic drafter's logits.
-* ``"reference"`` is the model as trained. z-lab: a layer is causal iff ``is_causal`` says so (or,
-  without it, ``dflash_config.causal``: z-lab's current code reads only ``is_causal``, but a
-  drafter that declares ``causal`` was trained causal), or, with neither set, iff its
-  ``layer_types`` entry is ``sliding_attention``; a sliding layer
-  with ``use_sliding_window`` hides cells ``window`` or more positions away, in the past and, when
-  non-causal, in the future too. speculators: sliding layers are causal unless
-  ``sliding_window_non_causal``, full layers bidirectional. ``hidden_act: gelu`` is the exact (erf)
-  GELU; logits get ``output_multiplier`` and ``final_logit_softcapping``.
-
-Both semantics: RoPE uses the one ``rope_theta`` for every layer (z-lab's model has one rotary
-embedding), partial rotary rotates the first ``head_dim * partial_rotary_factor`` dims,
-``rope_is_neox_style: false`` checkpoints use interleaved (GPT-J) pairs on their original rows,
-attention sinks are an extra per-head softmax logit, ``attention_value_scale`` multiplies the
-attention output, ``input_embedding_scale`` the noise embeddings. The embedding is the drafter's
-``embed_tokens`` if it has one (unless ``has_embed_tokens`` is false), else the target's, with the
-row of ``mask_embedding.pt`` written over the mask id (rounded to that table's dtype, as writing
-it into the table does); the head is the drafter's ``lm_head``, else
-the target's head (its embedding when the target ties them). A reduced vocabulary scatters the
-``Vd`` logits to the target ids ``i + d2t[i]`` in a -inf row, as vLLM does.
-
-DSpark checkpoints: the Markov and confidence heads run on the checkpoint's own tensors
-(``runtime.dspark.checkpoint_markov_chain``, in the draft vocabulary before the scatter), in the
-block layout of ``sample_from_anchor``; the same in both semantics (no published DSpark code is
-known whose rules differ). A full-vocabulary ``lm_head`` without own embeddings is not used: the
-target's head is, as upstream's converter drops that head. Gemma-4 DSpark (``Gemma4DSparkModel``):
-V is the K projection through a weightless RMSNorm (``attention_k_eq_v``), Gemma's sandwich norms
-and ``layer_scalar`` apply, attention is scaled by ``attention.scale`` (1), and proportional RoPE
-rotates only the first ``partial_rotary_factor * head_dim / 2`` pairs, read from the config.
-
-A DFlash2 checkpoint adds its convolutions, output transforms and candidate selector
-(``runtime.dflash2_reference``, read by HF names; what is known of their semantics is there): its
-``tokens`` are the lattice walk's, as the driver drafts them, its ``choice`` the walked scores.
+Specification (both semantics, RoPE variants, embeddings and heads, DSpark, Gemma-4 and DFlash2):
+docs/runtime.md, "The reference".
 """
 
 from __future__ import annotations
@@ -108,6 +68,7 @@ class ReferenceModel:
     dflash2: CheckpointDflash2 | None = None  # a DFlash2 checkpoint's convolutions and selector
 
     def layer(self, i: int, role: str) -> torch.Tensor:
+        """Layer ``i``'s weight of ``role`` by its Hugging Face name."""
         return self.tensors[f"layers.{i}.{GEMMA4_ROLES_HF[role] if self.gemma4 and role in GEMMA4_ROLES_HF else LAYER_ROLES_HF[role]}"]
 
     def optional_layer(self, i: int, role: str) -> torch.Tensor | None:
@@ -118,9 +79,11 @@ class ReferenceModel:
         return self.tensors.get(name)
 
     def sinks(self, i: int) -> torch.Tensor | None:
+        """Layer ``i``'s attention sinks, or None."""
         return next((self.tensors[f"layers.{i}.{s}"] for s in SINK_HF if f"layers.{i}.{s}" in self.tensors), None)
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of ``ids``, the mask token's row from ``mask_embedding.pt`` where the checkpoint has one."""
         x = self.embed.rows(ids)
         if self.mask_row is not None:
             x = torch.where((ids == self.drafter.mask_token_id)[:, None].to(x.device), self.mask_row, x)
@@ -254,7 +217,7 @@ def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> to
     return torch.cat([hidden_states[i] for i in ids], dim=-1)
 
 
-# --- the forward ---------------------------------------------------------------------------------
+# --- the forward
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:

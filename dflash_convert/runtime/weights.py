@@ -129,6 +129,7 @@ class LazyMatrix:
 
     @property
     def shape(self) -> tuple[int, int]:
+        """The matrix's shape."""
         return tuple(self.source.shape)  # type: ignore[return-value]
 
     def full(self) -> torch.Tensor:

@@ -65,10 +65,12 @@ class Checkpoint:
     tensors: list[TensorRef] = field(default_factory=list)
 
     def by_name(self) -> dict[str, TensorRef]:
+        """The checkpoint's tensors by name."""
         return {t.name: t for t in self.tensors}
 
 
 def weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files of a model directory and its index's weight map, checked (plain names, shards present)."""
     index_path = model_dir / INDEX_NAME
     if index_path.exists():
         index = read_json(index_path, INDEX_NAME)

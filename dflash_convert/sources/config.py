@@ -98,6 +98,7 @@ class ConfigView:
         self.cfg, self.path, self.scope = cfg, Path(path), scope
 
     def error(self, msg: str) -> ConfigError:
+        """A ConfigError naming this config file."""
         return ConfigError(msg, self.path)
 
     def _check(self, name: str, v: Any, label: str | None = None) -> Any:
@@ -151,6 +152,7 @@ class ConfigView:
         return v
 
     def float_(self, key: str, value: Any = _READ, *, required: bool = False) -> float | None:
+        """A float config value (a JSON int counts), checked finite; None when absent and not required."""
         v = self.get(key) if value is _READ else value
         if v is None:
             if required:
@@ -166,6 +168,7 @@ class ConfigView:
         return f
 
     def string(self, name: str, default: str | None = None) -> str | None:
+        """A string config value, or ``default``."""
         v = self.get(name)
         return default if v is None else v
 

@@ -2,29 +2,14 @@
 
 Each follows what llama.cpp 0c1e57098's converter does for the architecture (conversion/qwen.py
 ``DFlashModel`` and ``DSparkModel``, conversion/gemma.py ``Gemma4DSparkModel``), so the file is
-byte-identical to upstream's, and adds the checks upstream leaves to load time:
+byte-identical to upstream's, and adds the checks upstream leaves to load time. It refuses, one
+line each: what llama.cpp's loader would refuse (a missing conv/selector key, a hidden size the
+group size does not divide or too small for the selector lattice, Markov tables without each
+other), Markov heads other than ``vanilla``, Gemma-4 DSpark checkpoints outside upstream's
+requirements, and the DeepSeek-V4 DSpark backbone (upstream's ``--dspark`` route). Nothing from
+the checkpoint is executed; the values llama.cpp needs are never guessed.
 
-* DFlash2 (``DFlash2DraftModel``, or a ``DFlashDraftModel`` with DFlash2 keys or tensors): the
-  z-lab reader's hyper-parameters plus the four conv/selector keys of ``dflash_config`` (all four
-  or none), and the conv and selector tensors. A file llama.cpp would refuse (a missing key, a hidden
-  size the conv group size does not divide, or too small for the selector lattice) is refused here.
-* DSpark (``Qwen3DSparkModel``, ``DSparkDraftModel``, ``DSparkSpeculator``, ``Lfm2DSparkDraftModel``,
-  ``LingDSparkModel``, or ``speculators_model_type: "dspark"``): a speculators export's
-  ``transformer_layer_config`` is merged over the top level (the layer config wins, as upstream), its
-  ``aux_hidden_state_layer_ids`` become target layers unchanged, its ``draft_vocab_size`` / ``d2t``
-  an own vocabulary (d2t written last, as absolute ids). ``sample_from_anchor`` is the config's, else
-  true for DFlash-lineage exports and false for EAGLE-3-style (speculators-shaped) ones;
-  ``has_confidence_head`` says whether ``confidence_head.proj`` is there. A full-vocabulary
-  ``lm_head`` is dropped (the target's head is shared) unless the drafter keeps its own embeddings:
-  then upstream's file would tie the head to the embedding, ours keeps the drafter's head.
-  Only ``markov_head_type: "vanilla"`` is accepted, as upstream.
-* Gemma-4 DSpark (``Gemma4DSparkModel``): upstream's requirements (shared K/V, uniform full
-  attention, GELU, no MoE, full vocabulary, default or proportional RoPE, ...) as one-line errors;
-  the global head size and KV heads, sqrt(hidden) embedding scale, attention scale 1, the generated
-  ``rope_freqs`` table of proportional RoPE, Gemma's sandwich norms and layer scalar.
-* The DeepSeek-V4 DSpark backbone is refused with upstream's ``--dspark`` route.
-
-Nothing from the checkpoint is executed; the values llama.cpp needs are never guessed.
+Specification (what each member converts to, where we differ from upstream): docs/family.md.
 """
 
 from __future__ import annotations
@@ -116,10 +101,11 @@ def carries_dflash2_parts(ckpt: Checkpoint) -> bool:
 
 
 def refuse_dsv4(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """Refuse a DeepSeek-V4 DSpark checkpoint, naming upstream's ``--dspark`` route."""
     raise ConfigError(DSV4_ROUTE, ckpt.config_path)
 
 
-# --- DFlash2 ------------------------------------------------------------------------------------
+# --- DFlash2
 
 def _conv_selector(cv: ConfigView, dflash: ConfigView, d: Drafter) -> None:
     """The four DFlash2 keys: upstream writes them when dflash_config has conv_kernel_size (and needs all four)."""
@@ -137,6 +123,7 @@ def _conv_selector(cv: ConfigView, dflash: ConfigView, d: Drafter) -> None:
 
 
 def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A DFlash2 checkpoint as a Drafter: the z-lab reader plus its conv and selector keys and tensors."""
     cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     dflash = cv.sub("dflash_config")
     d = build_drafter(ckpt, cv, dflash, target, dialect="z-lab", tensors=False)
@@ -146,9 +133,10 @@ def read_dflash2(ckpt: Checkpoint, target: Target | None) -> Drafter:
     return d
 
 
-# --- DSpark -------------------------------------------------------------------------------------
+# --- DSpark
 
 def read_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A DSpark checkpoint (DFlash-lineage or speculators export) as a Drafter, with its Markov and confidence heads."""
     top = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     speculators_shaped = "transformer_layer_config" in top.cfg or "aux_hidden_state_layer_ids" in top.cfg
     # upstream: the config's value, else true for DFlash-lineage exports, false for EAGLE-3-style ones
@@ -207,7 +195,7 @@ def _markov_head_type(cv: ConfigView, *values: Any) -> None:
                            f"{', '.join(repr(t) for t in MARKOV_HEAD_TYPES)} Markov heads (its converter refuses the rest)")
 
 
-# --- Gemma-4 DSpark -------------------------------------------------------------------------------
+# --- Gemma-4 DSpark
 
 def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
     """The RoPE parameters upstream's Gemma4DSparkModel uses: its default without any, the full-attention
@@ -241,6 +229,7 @@ def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
 
 
 def read_gemma4_dspark(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A Gemma-4 DSpark checkpoint as a Drafter, refusing what upstream's converter requires otherwise."""
     cfg = merged_text_config(ckpt.config)
     cv = ConfigView(cfg, ckpt.config_path)
     dflash = cv.sub("dflash_config")
@@ -322,7 +311,7 @@ def _proportional_rope_freqs(cv: ConfigView, full: dict[str, Any], head_dim: int
     return np.array([1.0] * n_rot + [ROPE_FREQS_UNROTATED] * (head_dim // 2 - n_rot), dtype=np.float32)
 
 
-# --- tensors ------------------------------------------------------------------------------------
+# --- tensors
 
 def _gguf_name(name: str, gemma4: bool) -> str | None:
     m = _HF_LAYER.match(name)

@@ -1,21 +1,13 @@
 """The one place that parses GGUF files: bounds-checked before anything is allocated.
 
-Every count and length read from the file is checked against the bytes that remain before it is
-used, so a hostile file cannot make us allocate more than its own size or loop forever: strings
-and arrays are capped at llama.cpp's limits and must fit in the rest of the file, numeric arrays
-are kept as one compact copy of their bytes (``NumArray``) and string arrays as one buffer of their
-bytes with an offsets array (``StrArray``), never as a list of Python objects: a string array
-costs at most the bytes it takes in the file (its 8-byte length prefixes become offsets of 4 or 8
-bytes), and an item becomes a Python object only when a caller asks for it. The file is mapped,
-and the mapped pages behind the parser are handed back as it goes (``MADV_DONTNEED``), so the
-pages of the file and the copy of its values are never both resident: reading a file costs about
-its metadata's size once, plus a constant (tests/test_hostile.py measures it).
-Tensor infos are checked for name length, dimension count, element-count overflow, known types,
-block alignment, and data offsets (aligned, inside the file, non-overlapping and packed in table
-order, as llama.cpp's ``gguf_init_from_file`` requires) with sizes consistent with shape and type.
+Every count and length is checked against the bytes that remain before it is used, so a hostile
+file cannot make us allocate more than its own size or loop forever; arrays stay compact
+(``NumArray``, ``StrArray``) and the mapped pages behind the parser are handed back as it goes.
+It refuses, as an ``InputFileError`` naming the field and its offset, every file llama.cpp's
+``gguf_init_from_file`` refuses (limits, tensor infos, data offsets packed in table order) and a
+few it would mis-read; tests/test_gguf_reader.py holds one hand-made file per message.
 
-Every rejection is an InputFileError whose message says which field is wrong and where; the test
-catalogue (tests/test_gguf_reader.py) holds one hand-made file per message.
+Specification (the limits, how memory stays bounded): docs/validate.md, "The GGUF reader".
 """
 
 from __future__ import annotations
@@ -50,9 +42,8 @@ from ..format.keys import BOOLEAN, VALUE_TYPES, ValueType, key
 MAX_DIMS = GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 ALIGNMENT_KEY = key("alignment")
-# the most keys and tensors read: each costs a few hundred bytes of Python objects against a dozen or
-# so in the file, so a file of millions of tiny keys would cost 10x its size; real files (drafters
-# and the biggest targets alike) hold tens of keys and at most a few thousand tensors
+# the most keys and tensors read: each costs far more as Python objects than in the file, and real
+# files hold tens of keys and at most a few thousand tensors
 MAX_KEYS = 1 << 16
 MAX_TENSORS = 1 << 16
 # smallest possible encodings, used to bound counts by the bytes that remain
@@ -91,6 +82,7 @@ class NumArray(Sequence):
         return iter(self.data.tolist())
 
     def tolist(self) -> list[Any]:
+        """The values as a Python list."""
         return self.data.tolist()
 
     def __eq__(self, other: object) -> bool:
@@ -118,16 +110,12 @@ def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.nda
 
 
 class StrArray(Sequence):
-    """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
-    bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
-    is the buffer's end).
+    """A string GGUF array held as GGUF stores it (u64 length, bytes; per item) in one buffer, plus
+    the ``len + 1`` offsets of the items' length prefixes (the last one is the buffer's end).
 
-    Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
-    list of bytes); each item is made only when asked for, so holding a vocabulary costs its bytes
-    and 12 or 16 bytes an item, not a Python object (about 40 bytes or more) an item. Kept in the
-    file's own form, reading it is one walk over the length prefixes and a copy of the region
-    (building item bytes one by one was most of the time a quantize of a 248k vocabulary spent
-    before its first tensor), and writing it back is that buffer.
+    Reads like the list of ``bytes`` it stands for; each item is made only when asked for, so a
+    vocabulary costs its bytes and 12 or 16 bytes an item, not a Python object an item. Kept in the
+    file's own form, reading it is one walk over the length prefixes and writing it back is the buffer.
     """
 
     __slots__ = ("data", "offsets")
@@ -203,6 +191,7 @@ class StrArray(Sequence):
                 yield bytes(data[o[j] + 8:o[j + 1]])
 
     def tolist(self) -> list[bytes]:
+        """The strings as a list of bytes."""
         return list(self)
 
     def gguf_items_bytes(self) -> bytes:
@@ -232,9 +221,8 @@ class StrArray(Sequence):
         return f"[{head}{', ...' if len(self) > 8 else ''}]"
 
 
-# The string arrays this process wrote or read last. A file written from one (the validate gate reading
-# back the file just written, quantize's output beside its input) holds the same bytes, and a region
-# equal to an array's bytes parses to that array: one comparison instead of a walk over 300k items.
+# The string arrays this process wrote or read last: a region equal to one's bytes (the validate gate
+# reading back the file just written) parses to that array, one comparison instead of a walk.
 _RECENT: list[StrArray] = []
 _RECENT_MAX = 8
 _RECENT_BYTES = 64 << 20  # a larger array (only a hostile file holds one) is not kept alive for this
@@ -262,11 +250,13 @@ def _known_at(buf: memoryview, pos: int, count: int) -> StrArray | None:
 
 @dataclass
 class GGUFValue:
+    """One metadata value: its GGUF type, the value, and an array's element type."""
     vtype: ValueType
     value: Any  # python scalar; bytes for strings; NumArray for numeric arrays; StrArray for string arrays
     sub: ValueType | None = None
 
     def text(self) -> str:
+        """A string value as text (invalid UTF-8 replaced)."""
         assert self.vtype == ValueType.STRING
         return self.value.decode("utf-8", "replace")
 
@@ -292,6 +282,7 @@ class GGUFTensor:
 
     @property
     def n_elements(self) -> int:
+        """The number of elements of the tensor."""
         n = 1
         for d in self.ne:
             n *= d
@@ -304,10 +295,12 @@ class GGUFTensor:
 
     @property
     def dtype(self) -> str:
+        """The ggml type's name."""
         return self.ggml_type.name
 
     @property
     def row_nbytes(self) -> int:
+        """Bytes of one row of the tensor."""
         block, size = BLOCK_GEOMETRY[self.ggml_type]
         return self.ne[0] // block * size
 
@@ -328,6 +321,7 @@ class GGUFTensor:
 
 @dataclass
 class GGUFFile:
+    """A parsed GGUF file: its version, key/value metadata, tensor table and where the tensor data starts."""
     path: Path
     version: int
     metadata: dict[str, GGUFValue]
@@ -351,10 +345,12 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str | None:
+        """``general.architecture``, or None when absent or not a string."""
         arch = self.metadata.get(key("architecture"))
         return arch.text() if arch is not None and arch.vtype == ValueType.STRING else None
 
     def tensor(self, name: str) -> GGUFTensor | None:
+        """The tensor with this name, or None."""
         return next((t for t in self.tensors if t.name == name), None)
 
     def tensor_bytes(self, t: GGUFTensor) -> np.ndarray:
@@ -470,13 +466,11 @@ class _Cursor:
 
     def strings(self, what: str, count: int) -> StrArray:
         """``count`` strings (already bounded by the bytes that remain): one walk over the length
-        prefixes, then the region copied as it is, a few MiB at a time with the mapped pages behind
-        handed back.
+        prefixes, then the region copied as it is, with the mapped pages behind handed back.
 
-        The walk is the tightest loop Python allows (a quarter of a second per quantize of a 248k
-        vocabulary went here): the rare checks run only when an item ends past ``mark``, the next
-        release point. That catches every item that ends past the buffer, and every length over
-        llama.cpp's limit, since a mark is never more than _RELEASE_EVERY (<= the limit) ahead."""
+        The rare checks run only when an item ends past ``mark``, the next release point. That
+        catches every item that ends past the buffer, and every length over llama.cpp's limit,
+        since a mark is never more than _RELEASE_EVERY (<= the limit) ahead."""
         buf, pos, end = self.buf, self.pos, len(self.buf)
         known = _known_at(buf, pos, count)
         if known is not None:

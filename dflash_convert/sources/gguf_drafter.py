@@ -31,10 +31,12 @@ from .gguf import GGUFFile, GGUFValue, read_gguf
 
 
 def as_int(v: GGUFValue | None) -> int | None:
+    """An integer value, or None when absent or not an integer type."""
     return v.value if v is not None and v.vtype in INT_TYPES else None
 
 
 def as_float(v: GGUFValue | None) -> float | None:
+    """A float value, or None when absent or not a float type."""
     return float(v.value) if v is not None and v.vtype in FLOAT_TYPES else None
 
 
@@ -60,6 +62,7 @@ def too_long(v: GGUFValue | None) -> bool:
 
 
 def as_text(v: GGUFValue | None) -> str | None:
+    """A string value as text, or None when absent or not a string."""
     return v.text() if v is not None and v.vtype == ValueType.STRING else None
 
 
@@ -90,12 +93,15 @@ class KeyFindings:
     architecture: str | None = None  # general.architecture as text (None: missing or not a string)
 
     def has(self, short: str) -> bool:
+        """Whether the file has the arch key ``short``."""
         return key(short) in self.types
 
     def type_of(self, short: str) -> tuple[ValueType, ValueType | None] | None:
+        """The value type (and element type) of the arch key ``short``, or None."""
         return self.types.get(key(short))
 
     def value(self, short: str) -> Any:
+        """The value of the arch key ``short`` no Drafter field holds, or None."""
         return self.values.get(short)
 
     def int_value(self, short: str) -> int | None:

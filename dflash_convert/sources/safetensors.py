@@ -57,6 +57,7 @@ class TensorRef:
 
     @property
     def n_elements(self) -> int:
+        """The number of elements of the tensor."""
         n = 1
         for d in self.shape:
             n *= d

@@ -28,6 +28,7 @@ def is_speculators(cfg: dict[str, Any]) -> bool:
 
 
 def read_speculators(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A speculators ``dflash`` checkpoint as a Drafter: the layer config flattened, aux layer ids as taps, d2t checked."""
     top = ConfigView(ckpt.config, ckpt.config_path)
     kind = top.get("speculators_model_type")
     if kind != SPECULATORS_DFLASH:

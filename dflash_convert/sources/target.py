@@ -22,6 +22,7 @@ from .zlab import rope_view
 
 
 def read_target_dir(target_dir: str | Path) -> Target:
+    """A target model directory's config.json as a Target (architecture, sizes, M-RoPE, tied embeddings)."""
     target_dir = Path(target_dir)
     cfg, path = read_config(target_dir, "target model")
     top = ConfigView(cfg, path)

@@ -119,11 +119,13 @@ def _swa(cv: ConfigView, dflash: ConfigView, n_layers: int) -> tuple[int | None,
 
 
 def is_zlab(cfg: dict[str, Any]) -> bool:
+    """Whether a config names a z-lab DFlash architecture."""
     archs = cfg.get("architectures")
     return isinstance(archs, list) and any(a in ZLAB_ARCHITECTURES for a in archs)
 
 
 def read_zlab(ckpt: Checkpoint, target: Target | None) -> Drafter:
+    """A z-lab ``DFlashDraftModel`` checkpoint as a Drafter; refuses any other architecture."""
     cv = ConfigView(merged_text_config(ckpt.config), ckpt.config_path)
     if not is_zlab(cv.cfg):
         raise cv.error(f"not a DFlash drafter: architectures is {cv.cfg.get('architectures')!r}, expected "

@@ -26,6 +26,7 @@ _CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (
 
 
 def looks_special(text: str) -> bool:
+    """Whether a token's text looks like a control token (``<|...|>``, ``<unused..>``, ...)."""
     return (text in _SPECIAL_LOOKING
             or (text.startswith("<|") and text.endswith("|>"))
             or (text.startswith("<｜") and text.endswith("｜>"))
@@ -34,6 +35,7 @@ def looks_special(text: str) -> bool:
 
 @dataclass(frozen=True)
 class AddedToken:
+    """One added token of a tokenizer.json."""
     id: int
     content: str
     special: bool
@@ -41,6 +43,7 @@ class AddedToken:
 
 
 def added_tokens(tj: dict[str, Any], where: Path) -> dict[int, AddedToken]:
+    """The added tokens of a tokenizer.json by id, each entry checked."""
     out: dict[int, AddedToken] = {}
     for a in tj.get("added_tokens") or []:
         if not isinstance(a, dict) or not isinstance(a.get("id"), int) or not isinstance(a.get("content"), str):
@@ -64,6 +67,7 @@ def full_vocab(tj: dict[str, Any], where: Path) -> dict[str, int]:
 
 
 def pre_tokenizer_name(probe_hash: str, where: Path) -> str:
+    """llama.cpp's pre-tokenizer name for a probe hash; refuses an unknown hash, naming ``--tokenizer-pre``."""
     if probe_hash not in PRE_TOKENIZER_HASHES:
         raise InputFileError(
             f"BPE pre-tokenizer not recognized (probe hash {probe_hash}); if you know which llama.cpp "
@@ -74,6 +78,7 @@ def pre_tokenizer_name(probe_hash: str, where: Path) -> str:
 
 @dataclass
 class BpeVocab:
+    """A BPE vocabulary as GGUF stores it: tokens, token types and the pre-tokenizer name."""
     tokens: list[str]
     token_types: list[int]
     pre: str

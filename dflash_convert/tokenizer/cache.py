@@ -1,20 +1,14 @@
 """A cache of the borrowed tokenizer keys, so a second conversion against one target skips the slow part.
 
-Building the tokenizer keys from a target directory (the probe child, parsing tokenizer.json,
-the merges, the token types) costs seconds; its result depends only on the tokenizer files and on
-this converter. An entry holds the exact key list (names, value types, element types, values) and
-is found by ``entry_key``: SHA-256 over the format version, the pre-tokenizer table's version, this
-package's version and the source of the modules that build the keys, the tokenizers library's
-version, the route inputs (target architecture, draft vocab size, --tokenizer-pre) and every
-tokenizer input file's name and SHA-256. Nothing read from the cache is trusted: an entry is read
-without following a symbolic link or blocking on a FIFO, bounded in size, its payload's SHA-256 and
-length checked, and every key's shape checked before use; any fault and the entry is ignored and
-rebuilt. It is never pickle: the payload is one line of JSON and the string arrays' text. Entries are written to a temporary file in the
-cache directory and renamed into place; a cache directory that cannot be written costs the speed,
-never the conversion.
+An entry holds the exact key list and is found by ``entry_key``, a SHA-256 over everything the keys
+depend on (the tokenizer files, the route inputs, the versions and the source of the modules that
+build them). Nothing read from the cache is trusted: an entry that is a link, a FIFO, oversized,
+truncated, altered or malformed is ignored with one warning and rebuilt; it is never pickle.
+Entries are written to a temporary file and renamed; a cache directory that cannot be written
+costs the speed, never the conversion.
 
-Where: ``$DFLASH_CONVERT_CACHE/tokenizer`` (the root every dflash-convert cache shares), else
-``$XDG_CACHE_HOME/dflash-convert/tokenizer``, else ``~/.cache/dflash-convert/tokenizer``.
+Specification (the key, the entry format, where the cache lives): docs/conversion.md, "The
+tokenizer cache".
 """
 
 from __future__ import annotations
@@ -77,7 +71,7 @@ def _tokenizers_version() -> str:
     """The probe's library decides the pre-tokenizer hash and the round trips: its installed version.
 
     Read from the name of its dist-info folder beside it, without importing it (heavy) and without
-    importlib.metadata, which scans every distribution on the path (~0.1 s).
+    importlib.metadata, which scans every distribution on the path.
     """
     spec = importlib.util.find_spec("tokenizers")
     if spec is None or not spec.origin:
@@ -134,6 +128,7 @@ def entry_key(target_dir: Path, route: str, architecture: str | None, vocab_size
 
 
 def default_directory() -> Path:
+    """The tokenizer cache's directory: ``$DFLASH_CONVERT_CACHE``, else ``$XDG_CACHE_HOME``, else ``~/.cache``."""
     root = os.environ.get("DFLASH_CONVERT_CACHE")
     if root:
         return Path(root) / "tokenizer"
@@ -143,14 +138,13 @@ def default_directory() -> Path:
     return Path.home() / ".cache" / "dflash-convert" / "tokenizer"
 
 
-# --- the entry's payload -------------------------------------------------------------------------
+# --- the entry's payload
 #
 # MAGIC, a line "<SHA-256 of the payload> <its length>", then the payload: one line of JSON with
 # every key as [name, value type, element type or null, value], then the string arrays' sections.
 # A string array's value is {"section": i}; section i is its n items as a GGUF file holds them (each
 # a little-endian u64 byte length, then its UTF-8 bytes) after the n + 1 offsets of those items (u64):
-# read back as a compact StrArray in a few whole-array checks, and written out as the same buffer,
-# where a list of 300k Python strings cost a third of a second to build and as much to write.
+# read back as a compact StrArray in a few whole-array checks, and written out as the same buffer.
 
 def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
     """Can the entry carry this value back exactly? (Raw bytes, from a GGUF, cannot; the dir routes make none.)"""
@@ -306,7 +300,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
     return md
 
 
-# --- reading and writing entries ----------------------------------------------------------------
+# --- reading and writing entries
 
 def _read_bounded(path: Path) -> bytes | None:
     """An entry's bytes: only a regular file, never through a symbolic link, at most MAX_ENTRY_BYTES.
@@ -359,10 +353,12 @@ class TokenizerCache:
     ignored: list[str] = field(default_factory=list)  # why entries were ignored, for tests and warnings
 
     def path_for(self, cache_key: str) -> Path:
+        """The entry file for ``cache_key``."""
         assert self.directory is not None
         return self.directory / f"{cache_key}{ENTRY_SUFFIX}"
 
     def lookup(self, cache_key: str) -> Metadata | None:
+        """The cached keys for ``cache_key``, or None when absent or ignored (a faulty entry is logged and rebuilt)."""
         if self.directory is None:
             return None
         path = self.path_for(cache_key)
@@ -379,6 +375,7 @@ class TokenizerCache:
         return md
 
     def store(self, cache_key: str, md: Metadata) -> None:
+        """Store the keys under ``cache_key``; a cache that cannot be written only records the outcome."""
         if self.directory is None:
             return
         data = encode_entry(cache_key, md)

@@ -52,6 +52,7 @@ def special_token_texts(tc: dict[str, Any], where: Path | None = None) -> list[s
 
 
 def write_gemma4_vocab(md: Metadata, target_dir: Path) -> int:
+    """Write a Gemma-4 target's byte-fallback BPE vocabulary into ``md``; returns the token count."""
     tj_path = target_dir / "tokenizer.json"
     tj, tc = load_tokenizer_files(target_dir)
     if tj is None:

@@ -4,16 +4,11 @@
 2. For added tokens that are not normalized: their encode/decode round trip (llama.cpp stores
    them pre-normalized).
 
-Loading a 250k-token BPE takes ~200 MB; doing it in a short-lived child, finished before the
-parent parses tokenizer.json itself, keeps the peak memory of the whole process tree low (the
-source files are hashed on the other core meanwhile). The child only reads the file; it runs no
-code from it, nor from anywhere else a user controls: it starts isolated (``python -I``: no
-current directory or script directory on its path, no PYTHON* variables, no user site), in the
-root directory, and finds this package by its installed location only.
-
-A child that runs out of memory (a MemoryError, an allocation the tokenizers library could not make,
-or the kernel's out-of-memory killer) is reported as that, exit 1, never as a fault of the file; a
-file the child refuses itself (JSON nested too deep) is an input error naming it, exit 2.
+A short-lived child keeps a large BPE's memory out of the parent's peak. It runs no code from the
+file nor from anywhere a user controls: ``python -I``, in the root directory, finding this package
+by its installed location only. A child out of memory is reported as that (exit 1), never as a
+fault of the file; a file the child refuses (JSON nested too deep) is an input error (exit 2).
+Specification: docs/conversion.md, "How every output is written" (the isolated child).
 """
 
 from __future__ import annotations
@@ -41,11 +36,13 @@ _OUT_OF_MEMORY_SIGNS = ("memory allocation of", "MemoryError", "failed to map se
 
 @dataclass
 class ProbeResult:
+    """The probe's answers: the pre-tokenizer hash and the added tokens' round trips."""
     probe_hash: str
     roundtrip: dict[str, str]
 
 
 def probe_in_process(tokenizer_json: Path) -> ProbeResult:
+    """The probe's answers computed in this process (the child runs this)."""
     from tokenizers import Tokenizer  # heavy (~200 MB for a large BPE): loaded only in the probe's own process
 
     tok = Tokenizer.from_file(str(tokenizer_json))
@@ -64,6 +61,7 @@ CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
 
 
 def child_command(tokenizer_json: Path) -> list[str]:
+    """The isolated ``python -I`` command line of the probe child."""
     return [sys.executable, "-I", "-c", CHILD, str(PACKAGE_PARENT), str(Path(tokenizer_json).resolve())]
 
 
@@ -77,10 +75,12 @@ class Probe:
                                      stderr=subprocess.PIPE, cwd=os.sep)
 
     def kill(self) -> None:
+        """Kill the probe child and reap it."""
         self.proc.kill()
         self.proc.communicate()
 
     def result(self) -> ProbeResult:
+        """Wait for the probe child and return its answers; its failures become one error naming the file and the cause."""
         out, err = self.proc.communicate()
         rc = self.proc.returncode
         if rc != 0:
@@ -111,6 +111,7 @@ def _injected_memory_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The probe child's entry point: check the JSON depth, load the tokenizer, print the answers as JSON."""
     path = Path((sys.argv[1:] if argv is None else argv)[0])
     try:
         depth = json_depth(read_regular_bytes(path, "tokenizer.json"))

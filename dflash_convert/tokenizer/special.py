@@ -25,6 +25,7 @@ _SPACE_IN_MERGE = chr(ord(" ") + 256)
 
 @dataclass
 class SpecialTokens:
+    """The special-token keys borrowed from a target: merges, ids, add-flags, chat template and normalizer flags."""
     merges: list[str] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)
     add: dict[str, bool] = field(default_factory=dict)
@@ -34,6 +35,7 @@ class SpecialTokens:
     kinds: tuple[str, ...] = DEFAULT_KINDS
 
     def set_id(self, kind: str, tid: Any, where: Path) -> None:
+        """Record a special token id read from ``where``; a negative id is refused, a non-integer ignored."""
         if not isinstance(tid, int) or isinstance(tid, bool):
             return
         if tid < 0:

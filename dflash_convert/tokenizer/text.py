@@ -16,6 +16,7 @@ from ..files import check_regular_file
 
 
 def load_text_tokenizer(target_dir: Path) -> Callable[[str], list[int]]:
+    """A function that tokenizes text with the target's tokenizer.json (for ``capture``'s prompts)."""
     path = Path(target_dir) / "tokenizer.json"
     check_regular_file(path, "tokenizer.json")
     from tokenizers import Tokenizer  # heavy (~200 MB for a large BPE): only capture tokenizes text

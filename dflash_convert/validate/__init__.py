@@ -31,8 +31,8 @@ def validate(path: str | os.PathLike, target: str | os.PathLike | None = None, *
              parsed: GGUFFile | None = None) -> Report:
     """Check one drafter GGUF; never raises for bad input (a fatal check says why instead).
 
-    ``parsed``: ``path`` already read by ``read_gguf`` (quantize has it in hand: parsing a 150k-token
-    vocabulary again costs about half a second); the caller keeps it open and closes it.
+    ``parsed``: ``path`` already read by ``read_gguf`` (quantize has it in hand, and a vocabulary is
+    not parsed twice); the caller keeps it open and closes it.
     """
     path = Path(path)
     target_path = None if target is None else Path(target)

@@ -17,6 +17,7 @@ _FOREIGN_MARKERS = frozenset(name for d in DIALECTS for name in d.tensor_map if 
 
 @dataclass
 class DialectMatch:
+    """The dialect ``detect`` found, with the message validate prints for it."""
     name: str | None  # UPSTREAM, a dialect name, or None when the file is no DFlash drafter
     dialect: Dialect | None  # the foreign dialect's table entry
     message: str
@@ -24,6 +25,7 @@ class DialectMatch:
 
     @property
     def upstream(self) -> bool:
+        """Whether the file is upstream's dialect."""
         return self.name == UPSTREAM
 
 
@@ -34,6 +36,7 @@ def layer_ids_key(g: GGUFFile, d: Dialect) -> str | None:
 
 
 def detect(g: GGUFFile) -> DialectMatch:
+    """Which dialect a GGUF file is written in: upstream's ``dflash``, another fork's, or no drafter at all."""
     arch = g.architecture
     if arch == UPSTREAM_ARCH:
         if key("target_layers") in g.metadata:
@@ -68,4 +71,5 @@ def _foreign(g: GGUFFile, d: Dialect) -> DialectMatch:
 
 
 def dialect_check(match: DialectMatch) -> Check:
+    """The ``dialect`` check: passes for upstream's dialect."""
     return Check("dialect", PASS if match.upstream else FAIL, match.message)

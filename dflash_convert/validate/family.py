@@ -1,21 +1,13 @@
-"""validate's check of the other dflash members: which member a file is, and every load-time rule
-llama.cpp 0c1e57098 enforces for the DFlash2 and DSpark parts (src/models/dflash.cpp, and the
-speculative driver in common/speculative.cpp).
+"""validate's ``family`` check: which dflash member a file is, and llama.cpp's load-time rules for it.
 
-One check, ``family``: it names the member (DFlash, DFlash2, DSpark) and the speculative type
-llama.cpp runs it with, and fails a file that llama.cpp refuses or that runs without its draft:
+It names the member (DFlash, DFlash2, DSpark) and the speculative type llama.cpp 0c1e57098 runs it
+with, and fails every file llama.cpp refuses or runs without its draft (src/models/dflash.cpp and
+common/speculative.cpp): DFlash2's conv/selector keys and tensors together and consistent, DSpark's
+Markov and confidence tensors agreeing in rank with ``has_confidence_head`` and ``block_size``,
+shapes from the hyper-parameters, conv base kernels in F32. Some of llama.cpp's tools only log a
+draft that fails to load and run without it, so each of these is a failure, not a warning.
 
-* DFlash2: the four conv/selector keys together; with ``selector_hidden.weight`` all four > 0 and a
-  block size ("DFlash2 model is missing conv/selector metadata"), the hidden size divisible by the
-  conv group size, at least ``top_k * (top_k + 1)`` (the selector lattice), both codebooks and every
-  layer's conv tensors; without it, no DFlash2 tensor (unclaimed: "wrong number of tensors").
-* DSpark: ``markov_w2`` with ``markov_w1`` and the same rank, ``conf_proj`` taking hidden + rank
-  inputs, ``has_confidence_head`` agreeing with ``conf_proj.weight``, ``block_size`` present (the
-  Markov head asserts it); without ``markov_w1`` no other DSpark tensor.
-* Shapes derived from the hyper-parameters, and the types the graph reads (conv base kernels F32).
-
-A draft that fails to load is only logged by some of llama.cpp's tools, which then run without it
-(measured: exit 0 and no drafting), so every one of these is a failure, not a warning.
+Specification (every rule, with the message llama.cpp prints): docs/family.md.
 """
 
 from __future__ import annotations
@@ -68,6 +60,7 @@ def _ne(t) -> tuple[int, ...]:
 
 
 def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics imports this module)
+    """The ``family`` check: the member and its spec type, and every load-time rule of its DFlash2/DSpark parts."""
     d, f = r.d, r.f
     names = r.names
     member, spec = family_member(names)
@@ -78,7 +71,7 @@ def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics i
     has_block = f.has("block_size")
     block = d.block_size if has_block else None
 
-    # --- DFlash2 -----------------------------------------------------------------------------
+    # --- DFlash2
     values = {s: f.int_value(s) for s in CONV_SELECTOR_KEYS}
     present = [s for s in CONV_SELECTOR_KEYS if f.has(s)]
     if present and len(present) != len(CONV_SELECTOR_KEYS):
@@ -110,7 +103,7 @@ def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics i
         problems.append(f"{', '.join(dflash2_tensors[:4])}{' ...' if len(dflash2_tensors) > 4 else ''}: llama.cpp claims DFlash2 "
                         f"tensors only with {SELECTOR_HIDDEN} (\"wrong number of tensors\")")
 
-    # --- DSpark ------------------------------------------------------------------------------
+    # --- DSpark
     w1, w2, conf = r.tensor(MARKOV_W1), r.tensor(MARKOV_W2), r.tensor(CONF_PROJ)
     R = _ne(w1)[0] if w1 is not None else None
     has_conf = d.has_confidence_head
@@ -147,7 +140,7 @@ def check_family(r) -> Check:  # r: semantics.Reading (not imported: semantics i
         if extra:
             warnings.append(f"{', '.join(extra)} without a Markov head: read only by draft-dspark, this file runs as {spec}")
 
-    # --- shapes and types --------------------------------------------------------------------
+    # --- shapes and types
     dims = {"E": E, "V": V, "VD": VD, "R": R, "ER": None if R is None or E is None else E + R, "SR": SR, "CK": K,
             "CP": 2 * K * (E // G) if K and G and E and G > 0 else None}
     for t in d.tensors:

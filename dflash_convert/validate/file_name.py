@@ -26,6 +26,7 @@ def name_problem(path: str | Path, drafter: Drafter) -> str | None:
 
 
 def file_name_check(path: str | Path, drafter: Drafter) -> Check:
+    """The ``file_name`` check: warns when llama.cpp's ``-hf`` would not find the file as a draft."""
     problem = name_problem(path, drafter)
     if problem is not None:
         return Check(CHECK_ID, WARN, problem)

@@ -64,6 +64,7 @@ def _scan_tensor(t: GGUFTensor, fds: FdCache) -> int | None:
 
 
 def scan(g: GGUFFile) -> Check:
+    """The ``numerics`` check of ``--deep``: every tensor scanned for NaN and Inf."""
     with FdCache() as fds:
         return _scan(g, fds)
 

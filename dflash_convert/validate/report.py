@@ -1,15 +1,13 @@
 """Check results and their two renderings: one line per check for people, a JSON document for CI.
 
 Every check has a stable id, a status and one line saying what was found; ``details`` lists the
-individual findings behind a warn or fail (a missing key, a tensor with the wrong shape, ...).
+findings behind a warn or fail. Statuses: ``pass``; ``warn`` (loads and pairs, but something is
+suspicious); ``fail`` (will not load, will not pair, or silently computes something else); ``skip``
+(not applicable or not asked for). Exit codes: 0 when nothing fails, 1 on any fail, 2 when an input
+cannot be read at all (a ``fatal`` check). JSON schema: ``validate.schema.json`` next to this
+module, version ``SCHEMA_ID``.
 
-Statuses: ``pass``; ``warn`` (loads and pairs, but something is suspicious); ``fail`` (will not
-load, will not pair, or silently computes something else); ``skip`` (not applicable or not asked
-for, e.g. the NaN scan without ``--deep``). Exit codes: 0 when nothing fails, 1 on any fail, 2
-when an input cannot be read at all (a ``fatal`` check: the container or the target).
-
-JSON schema: ``validate.schema.json`` next to this module (JSON Schema 2020-12), version
-``SCHEMA_ID``; the README section "Validating files in CI" shows an example.
+Specification: docs/validate.md.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ MAX_DETAILS = 50  # longer lists are cut, with a last line saying how many more 
 
 @dataclass
 class Check:
+    """One check's outcome: its id, status (pass, warn, fail, skip), message and details."""
     id: str
     status: str
     message: str
@@ -45,6 +44,7 @@ class Check:
 
 
 def passed(id_: str, message: str) -> Check:
+    """A passing check."""
     return Check(id_, PASS, message)
 
 
@@ -59,6 +59,7 @@ def check_from(id_: str, problems: list[str], warnings: list[str], ok: str, bad:
 
 @dataclass
 class Report:
+    """validate's result for one file: its checks, the exit code they give, and the text and JSON renderings."""
     file: Path
     target: Path | None
     checks: list[Check]
@@ -66,21 +67,26 @@ class Report:
 
     @property
     def exit_code(self) -> int:
+        """0 when every check passed, 1 when one failed, 2 when the file could not be read."""
         if any(c.fatal for c in self.checks):
             return 2
         return 1 if any(c.status == FAIL for c in self.checks) else 0
 
     @property
     def result(self) -> str:
+        """``pass``, ``fail`` or ``error``, from the exit code."""
         return {0: "pass", 1: "fail", 2: "error"}[self.exit_code]
 
     def counts(self) -> dict[str, int]:
+        """How many checks have each status."""
         return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
 
     def check(self, id_: str) -> Check | None:
+        """The check with this id, or None."""
         return next((c for c in self.checks if c.id == id_), None)
 
     def failures(self) -> list[Check]:
+        """The failing checks."""
         return [c for c in self.checks if c.status == FAIL]
 
     def error_line(self) -> str | None:
@@ -89,6 +95,7 @@ class Report:
         return None if fatal is None else fatal.message
 
     def to_json(self) -> dict[str, Any]:
+        """The report as the ``dflash-convert/validate/v1`` JSON object."""
         return {
             "schema": SCHEMA_ID,
             "file": str(self.file),

@@ -68,10 +68,12 @@ _DIM_TOKEN = re.compile(r"([*/])")
 
 
 def type_name(vtype: ValueType, sub: ValueType | None) -> str:
+    """A value type as text, ``ARRAY[ELEMENT]`` for arrays."""
     return f"ARRAY[{sub.name}]" if vtype == ValueType.ARRAY and sub is not None else vtype.name
 
 
 def expected_types(short: str) -> tuple[tuple[ValueType, ValueType | None], ...]:
+    """The value types llama.cpp accepts for a key."""
     _, vtype, sub = KEYS[short]
     return ((vtype, sub), *ALSO_ACCEPTED.get(short, ()))
 
@@ -122,21 +124,26 @@ class Reading:
 
     @property
     def n_layer(self) -> int | None:
+        """The file's layer count."""
         return self.d.n_layers
 
     @property
     def target_layers(self) -> list[int] | None:
+        """The file's ``target_layers``."""
         return self.d.target_layers
 
     @property
     def names(self) -> set[str]:
+        """Every tensor name of the file."""
         return {t.gguf_name for t in self.d.tensors}
 
     def tensor(self, name: str) -> DrafterTensor | None:
+        """The tensor with this GGUF name, or None."""
         return self.d.tensor(name)
 
     @property
     def dims(self) -> dict[str, int | None]:
+        """The file's dimensions by symbol (E, F, H, KV, D, T, V, VD), None where unknown."""
         d = self.d
         V = d.vocab_size
         return {"E": d.hidden_size, "F": d.intermediate_size, "H": d.n_head, "KV": d.n_head_kv, "D": d.head_dim,
@@ -144,6 +151,7 @@ class Reading:
                 "VD": d.draft_vocab_size if d.draft_vocab_size is not None else V}
 
     def layer_dims(self, i: int) -> dict[str, int | None]:
+        """The dimensions of layer ``i``: the file-wide ones with its per-layer values over them."""
         dims = dict(self.dims)
         for short, sym in (("feed_forward_length", "F"), ("head_count", "H"), ("head_count_kv", "KV")):
             arr = self.f.per_layer.get(short)
@@ -190,7 +198,7 @@ def required_tensor_names(n_layer: int) -> list[str]:
     return [*REQUIRED_GLOBAL, *(layer_name(i, s) for i in per for s in REQUIRED_PER_LAYER if s not in LOADER_OPTIONAL_PER_LAYER)]
 
 
-# --- keys -------------------------------------------------------------------------------------
+# --- keys
 
 def _type(r: Reading, short: str) -> str:
     t = r.f.type_of(short)
@@ -198,6 +206,7 @@ def _type(r: Reading, short: str) -> str:
 
 
 def check_architecture(r: Reading) -> Check:
+    """The ``architecture`` check: ``general.architecture`` is the string ``dflash``."""
     t = r.f.type_of("architecture")
     if t is None or t[0] != ValueType.STRING:
         return Check("architecture", FAIL, f"{key('architecture')} is missing or not a string")
@@ -207,6 +216,7 @@ def check_architecture(r: Reading) -> Check:
 
 
 def check_required_keys(r: Reading) -> Check:
+    """The ``keys.required`` check: every key llama.cpp needs is present."""
     problems = []
     for short, (need, why) in DRAFTER_KEYS.items():
         if not r.f.has(short):
@@ -220,6 +230,7 @@ def _too_long(short: str, n: int) -> str:
 
 
 def check_key_types(r: Reading) -> Check:
+    """The ``keys.types`` check: every key llama.cpp reads has a value type it accepts; unknown arch keys warn."""
     known = known_keys()
     problems, warnings = [], []
     for name, (vtype, sub) in r.f.types.items():
@@ -257,6 +268,7 @@ def _float_value(r: Reading, short: str) -> float | None:
 
 
 def check_hparams(r: Reading) -> Check:
+    """The ``hparams`` check: layer count, sizes, per-layer arrays, head sizes, RoPE, activation and norm values llama.cpp can run."""
     d, f = r.d, r.f
     problems, warnings = [], []
     n, dims = r.n_layer, r.dims
@@ -360,6 +372,7 @@ def check_key_ranges(r: Reading) -> Check:
 
 
 def check_target_layers(r: Reading) -> Check:
+    """The ``target_layers`` check: present, INT32/UINT32, non-empty, non-negative, distinct, and as many as ``fc`` takes."""
     t = r.f.type_of("target_layers")
     if t is None:
         return Check("target_layers", FAIL, f"{key('target_layers')} is missing: \"DFlash model requires 'target_layers' in "
@@ -396,6 +409,7 @@ def check_target_layers(r: Reading) -> Check:
 
 
 def check_swa(r: Reading) -> Check:
+    """The ``swa`` check: a sliding window comes with a pattern of the right length, type and values."""
     f = r.f
     window = f.int_value("sliding_window")
     pattern_t = f.type_of("sliding_window_pattern")
@@ -424,6 +438,7 @@ def check_swa(r: Reading) -> Check:
 
 
 def check_block_size(r: Reading) -> Check:
+    """The ``block_size`` check: present (else a warning), a number, and at least 2 so something is drafted."""
     if not r.f.has("block_size"):
         return Check("block_size", WARN, f"{key('block_size')} is missing: the runtime assumes {DEFAULT_BLOCK_SIZE}, which may "
                      "not be the block the drafter was trained with")
@@ -443,6 +458,7 @@ def _text(v: object) -> str:
 
 
 def check_tokenizer(r: Reading) -> Check:
+    """The ``tokenizer`` check: the tokenizer model, token list, token types and special ids llama.cpp loads."""
     tok = r.d.tokenizer
     assert tok is not None  # a GGUF reading always keeps the tokenizer keys, even none
     problems, warnings = [], []
@@ -478,6 +494,7 @@ def check_tokenizer(r: Reading) -> Check:
 
 
 def check_mask_token(r: Reading) -> Check:
+    """The ``mask_token`` check: the mask id is present and inside the vocabulary."""
     if not r.f.has("mask_token_id"):
         return Check("mask_token", FAIL, f"{key('mask_token_id')} is missing: the draft block is filled with the mask "
                      "token, so drafting fails (convert again; the id is dflash_config.mask_token_id)")
@@ -490,9 +507,10 @@ def check_mask_token(r: Reading) -> Check:
     return passed("mask_token", f"mask token id {mid}" + (f" < {V}" if V is not None else ""))
 
 
-# --- tensors ----------------------------------------------------------------------------------
+# --- tensors
 
 def check_inventory(r: Reading) -> Check:
+    """The ``tensors.inventory`` check: every tensor llama.cpp requires is there, and none it would not claim."""
     names = [t.gguf_name for t in r.d.tensors]
     if r.n_layer is None:
         return Check("tensors.inventory", SKIP, "block_count unknown: cannot list the tensors llama.cpp claims")
@@ -523,6 +541,7 @@ def check_inventory(r: Reading) -> Check:
 
 
 def check_shapes(r: Reading) -> Check:
+    """The ``tensors.shapes`` check: every tensor's shape is the one the hyper-parameters give."""
     problems = []
     checked = 0
     for t in r.d.tensors:
@@ -541,6 +560,7 @@ def check_shapes(r: Reading) -> Check:
 
 
 def check_types(r: Reading) -> Check:
+    """The ``tensors.types`` check: every tensor is stored in a type llama.cpp's graph accepts for it."""
     problems = []
     for t in r.d.tensors:
         if tensor_role(t.gguf_name, r.n_layer or 0) == HEAD_TENSOR:
@@ -555,6 +575,7 @@ def check_types(r: Reading) -> Check:
 
 
 def check_tied_head(r: Reading) -> Check:
+    """The ``tied_head`` check: an embedding without an output head would be used as a tied head."""
     has_embd, has_out = r.tensor(EMBEDDING_TENSOR) is not None, r.tensor(OUTPUT_TENSOR) is not None
     if has_embd and not has_out:
         return Check("tied_head", FAIL, f"{EMBEDDING_TENSOR} without {OUTPUT_TENSOR}: llama.cpp then uses the embedding as "
@@ -573,6 +594,7 @@ def tensor_ids(t: DrafterTensor) -> np.ndarray:
 
 
 def check_d2t(r: Reading) -> Check:
+    """The ``d2t`` check: a reduced vocabulary's map is 1-D I64, in range, one-to-one, with the drafter's own head."""
     t = r.tensor(D2T_TENSOR)
     if t is None:
         return passed(D2T_TENSOR, "no d2t: the drafter predicts over the full target vocabulary")
@@ -601,6 +623,7 @@ def check_d2t(r: Reading) -> Check:
 
 
 def semantic_checks(reading: Reading) -> list[Check]:
+    """Every semantic check of validate, in report order."""
     r = reading
     return [
         check_architecture(r), check_required_keys(r), check_key_types(r), check_key_ranges(r), check_hparams(r),
@@ -611,6 +634,7 @@ def semantic_checks(reading: Reading) -> list[Check]:
 
 
 def skipped_semantics(reason: str) -> list[Check]:
+    """Every semantic check, skipped for ``reason``."""
     ids = ("architecture", "keys.required", "keys.types", "keys.ranges", "hparams", "target_layers", "swa", "block_size", "tokenizer",
            "mask_token", "tensors.inventory", "tensors.shapes", "tensors.types", "tied_head", D2T_TENSOR, "family")
     return [Check(i, SKIP, reason) for i in ids]

@@ -71,6 +71,7 @@ def pairing_target(path: Path, draft_vocab: int | None) -> tuple[Target, Compara
 
 
 def target_checks(r: Reading, target_path: Path) -> list[Check]:
+    """The ``target.*`` checks of a file against its target (a GGUF or a model directory)."""
     V = r.dims.get("V")
     try:
         t, tokenizer, error = pairing_target(target_path, V)
