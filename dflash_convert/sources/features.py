@@ -128,13 +128,13 @@ def read_features(path: str | Path) -> FeaturesFile:
 
 def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
                target_gguf: str | Path | None = None) -> Target | None:
-    """The target whose embedding and head the drafters share: given, or the directory the features
-    were captured from when it is still there (None: the drafters must carry their own)."""
+    """The target whose embedding and head the drafters share: given, or the directory or GGUF the
+    features were captured from when it is still there (None: the drafters must carry their own)."""
     if target_model_dir is not None:  # a directory, a GGUF, or a repo id (its embedding and head are read)
         return read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
     if target_gguf is not None:
         return read_target(target_gguf)
     recorded = feats.metadata.get("target")
-    if recorded and Path(recorded).is_dir():
+    if recorded and (Path(recorded).is_dir() or Path(recorded).is_file()):
         return read_target(recorded)
     return None
