@@ -21,14 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DFlashError, InputFileError
+from .errors import DFlashError, InputFileError, OptionValueError
 from .files import parse_json, read_regular_bytes
 from .format.features import FEATURE_DTYPES, SCHEMA
 from .format.file_types import FILE_TYPE_NAMES
 from .outputs import Inputs, check_output_path
+from .runtime.gguf_target import GGUFTarget, inspect_gguf_target
+from .runtime.libllama import load_libllama
 from .sources.config import ConfigView
 from .sources.gguf_drafter import read_drafter
-from .sources.target import read_target_dir
+from .sources.target import read_target_dir, read_target_weights
+from .target import Target
 from .tokenizer.text import load_text_tokenizer
 from .write_features import FeatureWriter
 
@@ -37,6 +40,9 @@ ALL = "all"
 # tokens captured past --new-tokens N: llama-speculative-simple -n N decodes N + 1, and once its budget
 # is spent its last step still drafts a full block (up to 16 tokens) that the target verifies
 LOOKAHEAD = 1 + 32
+# --new-tokens past any target's use (a continuation is decoded one token at a time); the target's own
+# context (max_position_embeddings) bounds each sequence further
+MAX_NEW_TOKENS = 1 << 16
 
 
 @dataclass
@@ -73,37 +79,39 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def parse_layers(spec: str, n_layers: int, for_draft: str | Path | None) -> list[int]:
-    """--layers all | L1,L2,... | (--for DRAFT.gguf: that drafter's target_layers); indices 0..n_layers."""
+def parse_layers(spec: str | None, n_layers: int, for_draft: str | Path | None) -> list[int]:
+    """--layers all | L1,L2,... (None: all) | (--for DRAFT.gguf: that drafter's target_layers); indices 0..n_layers."""
+    if for_draft is not None and spec is not None:
+        raise OptionValueError("--layers and --for both say which layers to store: give one of them")
     if for_draft is not None:
         layers = list(read_drafter(for_draft).target_layers)
-    elif spec == ALL:
+    elif spec is None or spec == ALL:
         layers = list(range(n_layers + 1))
     else:
         try:
             layers = [int(x) for x in spec.split(",") if x.strip()]
         except ValueError:
-            raise DFlashError(f"--layers must be 'all' or comma-separated layer indices, got {spec!r}") from None
+            raise OptionValueError(f"--layers must be 'all' or comma-separated layer indices, got {spec!r}") from None
     bad = [x for x in layers if not 0 <= x <= n_layers]
     if not layers or bad:
-        raise DFlashError(f"--layers: layer input {bad[0] if bad else '?'} does not exist: the target has {n_layers} layers "
+        raise OptionValueError(f"--layers: layer input {bad[0] if bad else '?'} does not exist: the target has {n_layers} layers "
                           f"(inputs 0..{n_layers}, {n_layers} being the last layer's output)")
     return sorted(set(layers))
 
 
 def capture(target_model_dir: str | Path | None, prompts_file: str | Path, out: str | Path, *, new_tokens: int = 64,
-            layers: str = ALL, for_draft: str | Path | None = None, device: str = "auto", dtype: str = "f32",
+            layers: str | None = None, for_draft: str | Path | None = None, device: str = "auto", dtype: str = "f32",
             force: bool = False, progress: bool = False, target_gguf: str | Path | None = None,
             libllama: str | Path | None = None, threads: int | None = None, n_gpu_layers: int = -1,
             ctx_size: int | None = None) -> CaptureResult:
     """Capture the features of every prompt's greedy continuation into ``out``, from a Hugging Face target
     directory (transformers) or a target GGUF (llama.cpp's own library)."""
     if dtype not in FEATURE_DTYPES:
-        raise DFlashError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
-    if new_tokens < 1:
-        raise DFlashError(f"--new-tokens must be at least 1, got {new_tokens}")
+        raise OptionValueError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
+    if not 1 <= new_tokens <= MAX_NEW_TOKENS:
+        raise OptionValueError(f"--new-tokens must be 1..{MAX_NEW_TOKENS}, got {new_tokens}")
     if (target_model_dir is None) == (target_gguf is None):
-        raise DFlashError("capture needs exactly one of --target-model-dir and --target-gguf")
+        raise OptionValueError("capture needs exactly one of --target-model-dir and --target-gguf")
     prompts_path = Path(prompts_file)
     inputs = Inputs()
     inputs.add_file(prompts_path)
@@ -152,22 +160,25 @@ def _write(out: Path, sequences: list[list[int]], prompt_lengths: list[int], sto
 def _capture_dir(target_dir: Path, prompts_path: Path, out: Path, *, new_tokens: int, layers: str, for_draft, device: str,
                  dtype: str, force: bool, progress: bool, **_llama_only) -> CaptureResult:
     """The Hugging Face path: transformers runs the target in float32 (torch)."""
-    import torch  # heavy: only this path runs torch
+    # torch, and the runtime modules that import it: only this path runs them
+    import torch
 
-    from .runtime.capture import greedy_continuation, load_target_model, run_target
-    from .runtime.device import resolve_device
+    from .runtime.capture import greedy_continuation, load_target_model, run_target  # torch
+    from .runtime.device import resolve_device  # torch
 
     target = read_target_dir(target_dir)
     if target.n_layers is None:
         raise InputFileError("target config has no num_hidden_layers", target_dir / "config.json")
+    tensors = read_target_weights(target)  # before anything is tokenized or built
     stored = parse_layers(layers, target.n_layers, for_draft)
     prompts = read_prompts(prompts_path)
     tokenizer = load_text_tokenizer(target_dir)
     encoded = [tokenizer(p) for p in prompts]
     if any(not e for e in encoded):
         raise InputFileError("a prompt encodes to no tokens", prompts_path)
+    check_context(target, [len(e) for e in encoded], new_tokens, prompts_path)
     dev = resolve_device(device)
-    model, decoder = load_target_model(target, dev)
+    model, decoder = load_target_model(target, dev, tensors=tensors)
     eos = eos_ids(target.config, target.source / "config.json")
     bar = _progress(progress, len(prompts))
     # the continuations first (their lengths fix the file's header), then one pass per sequence
@@ -197,13 +208,10 @@ def _capture_gguf(target_path: Path, prompts_path: Path, out: Path, *, new_token
                   dtype: str, force: bool, progress: bool, libllama, threads: int | None, n_gpu_layers: int,
                   ctx_size: int | None, **_torch_only) -> CaptureResult:
     """The GGUF path: llama.cpp's own library decodes the target as its tools do (no torch)."""
-    from .runtime.gguf_target import GGUFTarget, inspect_gguf_target
-    from .runtime.libllama import load_libllama
-
     info = inspect_gguf_target(target_path)
     # "all": every layer input llama.cpp records for the architecture (the last layer's output only where it does)
-    stored = list(info.layer_indices()) if layers == ALL and for_draft is None else parse_layers(layers, info.n_layers,
-                                                                                                  for_draft)
+    stored = (list(info.layer_indices()) if layers in (None, ALL) and for_draft is None
+              else parse_layers(layers, info.n_layers, for_draft))
     if stored[-1] not in info.layer_indices():
         raise DFlashError(f"--layers: llama.cpp records the inputs of layers 0..{info.layer_indices()[-1]} of a "
                           f"{info.architecture} model, not {stored[-1]}", target_path)
@@ -218,12 +226,13 @@ def _capture_gguf(target_path: Path, prompts_path: Path, out: Path, *, new_token
         vocab.close()
     if any(not e for e in encoded):
         raise InputFileError("a prompt encodes to no tokens", prompts_path)
-    longest = max(len(e) for e in encoded)
-    ctx = ctx_size or min(longest + n_new, info.context_length or longest + n_new)
+    longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+    ctx = ctx_size or min(len(encoded[longest]) + n_new, info.context_length or len(encoded[longest]) + n_new)
     # llama-speculative-simple -n N decodes the prompt and N + 1 tokens; the lookahead past them may be cut short
-    if longest + new_tokens + 1 > ctx:
-        raise DFlashError(f"a prompt of {longest} tokens and {new_tokens} + 1 new ones do not fit a context of {ctx} "
-                          f"tokens ({'--ctx-size' if ctx_size else 'the model context_length'})", prompts_path)
+    if len(encoded[longest]) + new_tokens + 1 > ctx:
+        raise InputFileError(f"prompt {longest + 1} is {len(encoded[longest])} tokens: with --new-tokens {new_tokens} it "
+                             f"does not fit a context of {ctx} tokens ({'--ctx-size' if ctx_size else 'the model context_length'})",
+                             prompts_path)
     target = None
     try:
         target = GGUFTarget(lib, info, n_ctx=ctx, threads=threads or (os.cpu_count() or 1), n_gpu_layers=n_gpu_layers)
@@ -245,6 +254,25 @@ def _capture_gguf(target_path: Path, prompts_path: Path, out: Path, *, new_token
         if target is not None:
             target.close()
     return CaptureResult(written, len(sequences), sum(len(s) for s in sequences), stored, notes)
+
+
+def check_context(target: Target, prompt_lengths: list[int], new_tokens: int, prompts_path: Path) -> None:
+    """Refuse sequences longer than the target's context (``max_position_embeddings``): each prompt, its
+    ``new_tokens`` and the LOOKAHEAD are one sequence the target runs over."""
+    where = target.source / "config.json"
+    context = ConfigView(target.text_config, where).int_("max_position_embeddings", required=False)
+    if context is None:
+        return
+    if new_tokens + LOOKAHEAD + 1 > context:
+        raise OptionValueError(f"--new-tokens {new_tokens}: with the {LOOKAHEAD}-token lookahead and a one-token prompt "
+                               f"that is {new_tokens + LOOKAHEAD + 1} positions, the target's context "
+                               f"(max_position_embeddings) is {context}: at most --new-tokens {context - LOOKAHEAD - 1}")
+    longest = max(range(len(prompt_lengths)), key=prompt_lengths.__getitem__)
+    need = prompt_lengths[longest] + new_tokens + LOOKAHEAD
+    if need > context:
+        raise InputFileError(f"prompt {longest + 1} is {prompt_lengths[longest]} tokens: with --new-tokens {new_tokens} "
+                             f"and the {LOOKAHEAD}-token lookahead its sequence needs {need} positions, the target's "
+                             f"context (max_position_embeddings) is {context}", prompts_path)
 
 
 def eos_ids(config: dict, where: Path) -> set[int]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .command_line import Command, HelpRequested, UsageError, argument, flag, multi, option, parse, render_help, render_program_help
-from .errors import DFlashError, InputFileError, printable
+from .errors import DFlashError, InputFileError, OptionValueError, printable
 from .files import os_reason
 from .format.quant_types import DEFAULT_RELEASE_TYPES, DEFAULT_SWEEP_TYPES
 from .format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
@@ -85,6 +85,8 @@ EXIT_SIGPIPE = 128 + signal.SIGPIPE  # the reader of stdout went away (| head): 
 
 def exit_code(e: DFlashError) -> int:
     """The one exit-code rule of every command."""
+    if isinstance(e, OptionValueError):
+        return EXIT_USAGE
     return EXIT_UNREADABLE if isinstance(e, InputFileError) else EXIT_REFUSED
 
 
@@ -375,7 +377,7 @@ def check(draft: Path, checkpoint: Path, target_model_dir: Path | None, target_g
     return report.exit_code
 
 
-def capture(target_model_dir: Path | None, target_gguf: Path | None, prompts: Path, out: str, new_tokens: int, layers: str,
+def capture(target_model_dir: Path | None, target_gguf: Path | None, prompts: Path, out: str, new_tokens: int, layers: str | None,
             for_draft: Path | None, device: str, dtype: str, libllama: Path | None, n_gpu_layers: int, threads: int | None,
             ctx_size: int | None, force: bool, quiet: bool) -> int:
     from .capture import capture as run_capture  # a target directory imports torch and transformers when it runs
@@ -568,7 +570,7 @@ COMMANDS: tuple[Command, ...] = (
         option("out", "-o", "--output", required=True, metavar="PATH", help="The features file to write (.safetensors)."),
         option("new_tokens", "--new-tokens", type=int, default=64, minimum=1,
                help="N: each continuation is what llama-speculative-simple -n N decodes."),
-        option("layers", "--layers", default="all", help="all, or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
+        option("layers", "--layers", help="all (the default), or L1,L2,...: the layer inputs to store (llama.cpp's indices)."),
         option("for_draft", "--for", type=Path, help="Store only the layers this drafter GGUF taps."),
         _DEVICE,
         option("dtype", "--dtype", default="f32", help="f32, f16 or bf16: how the layer inputs are stored."),

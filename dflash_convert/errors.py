@@ -47,6 +47,10 @@ class ConfigError(DFlashError):
     """A config value is missing or inconsistent; we refuse to guess."""
 
 
+class OptionValueError(DFlashError):
+    """An option's value is out of range, or two options contradict each other: the command line is wrong (exit 64)."""
+
+
 class ResourceError(DFlashError):
     """The machine, not the input, stopped the command: out of memory, a full disk (exit code 1)."""
 

@@ -222,7 +222,7 @@ def test_capture_stores_only_what_a_drafter_reads(world, tmp_path):
     assert f.layers == [1, 3] and f.dtype == "BF16"
     r = run_cli("capture", "--target-model-dir", target, "--prompts", prompts, "-o", tmp_path / "g.safetensors",
                 "--layers", "1,9", "--device", "cpu")
-    assert r.returncode == 1 and r.stderr.strip() == ("dflash-convert: error: --layers: layer input 9 does not exist: the "
+    assert r.returncode == 64 and r.stderr.strip() == ("dflash-convert: error: --layers: layer input 9 does not exist: the "
                                                       "target has 4 layers (inputs 0..4, 4 being the last layer's output)")
     r = run_cli("capture", "--target-model-dir", target, "--prompts", prompts, "-o", prompts, "--device", "cpu")
     assert r.returncode == 1 and "output would overwrite an input file" in r.stderr

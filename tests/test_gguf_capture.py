@@ -263,5 +263,5 @@ def test_a_prompt_longer_than_the_context_is_refused(pair, targets, libllama, tm
     out = tmp_path / "f.safetensors"
     r = run_cli("capture", "--target-gguf", targets["F16"], "--prompts", prompts, "-o", out, "--ctx-size", "8",
                 "--threads", "1", "-q")
-    line = _one_error_line(r, 1)
-    assert "do not fit a context of 8 tokens (--ctx-size)" in line and str(prompts) in line and not out.exists()
+    line = _one_error_line(r, 2)
+    assert "does not fit a context of 8 tokens (--ctx-size)" in line and str(prompts) in line and not out.exists()

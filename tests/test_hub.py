@@ -9,7 +9,10 @@ revision the cache lacks, an index naming a shard whose blob is gone, a target w
 are each one error line naming the repo and revision, with no output; so is a repo the cache lacks
 when the download is refused (huggingface_hub's own offline switch stops it before any connection);
 an existing directory always wins over a repo id; no output goes into the cache; check's
-``--checkpoint`` and ``--target-model-dir`` resolve too.
+``--checkpoint`` and ``--target-model-dir`` resolve too. A hostile cache stays one line, exit 2: a
+revision that is no ref name (``../../../x``), a ref holding a path or linking out of refs/, a
+snapshot or a file in it linking out of the repo's folder; a ref naming a commit the cache lacks
+says so.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dflash_convert import convert
 from dflash_convert.errors import RepoError
 from dflash_convert.format.keys import KEYS, is_provenance_key
 from dflash_convert.sources.gguf import read_gguf
-from dflash_convert.sources.hub import ALLOW_PATTERNS, TARGET, resolve_source
+from dflash_convert.sources.hub import ALLOW_PATTERNS, DRAFTER, TARGET, resolve_source
 from fixtures.drafters import make_zlab_drafter
 from fixtures.hub_cache import add_snapshot, drop_blob, repo_folder
 
@@ -212,3 +215,93 @@ def test_not_cached_and_the_hub_unreachable_is_one_line(hub, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == (f"org/nothing@v3: no such directory, and not in the Hugging Face cache at {hub['cache']}, "
                                 "and the Hub cannot be reached")
+
+
+# --- the cache is untrusted: nothing is read from outside a repo's own folder -------------------------------
+
+
+def _elsewhere_snapshot(hub, salt: str) -> tuple[Path, str]:
+    """A complete drafter snapshot outside the cache (another cache beside it), and its commit."""
+    other = hub["root"] / f"elsewhere-{salt}"
+    commit = add_snapshot(other, "x/y", hub["drafter"], salt=salt)
+    return repo_folder(other, "x/y") / "snapshots" / commit, commit
+
+
+def test_a_ref_holding_a_path_is_one_line(hub, offline):
+    """refs/main holding ``../../../elsewhere-…/<sha>`` once led huggingface_hub to a snapshot outside the
+    cache, converted with this repo's name in the hf keys; a ref must hold a commit."""
+    _, commit = _elsewhere_snapshot(hub, "ref-path")
+    add_snapshot(hub["cache"], "org/ref-path", hub["drafter"], salt="ref-path")
+    escape = f"../../../elsewhere-ref-path/models--x--y/snapshots/{commit}"
+    assert (repo_folder(hub["cache"], "org/ref-path") / "snapshots" / escape).is_dir()  # what it once reached
+    (repo_folder(hub["cache"], "org/ref-path") / "refs" / "main").write_text(escape)
+    r = run_cli("convert", "org/ref-path", "--target-model-dir", "org/target", "-o", offline / "x.gguf")
+    _one_error_line(r, "org/ref-path@main", "refs/main does not hold a commit (40 hex digits)")
+    assert list(offline.iterdir()) == []
+
+
+@pytest.mark.parametrize("revision", ["../../../outside-ref", "/abs/outside-ref", "main/../../../../outside-ref",
+                                      "a//b", ".hidden", "main.lock", "a\\b", "a b", "x@{1}"])
+def test_a_revision_that_is_no_ref_name_is_refused(hub, offline, revision):
+    """A revision names a file under refs/ to huggingface_hub: a path that leaves it (``../`` to a file
+    holding a real commit, planted here) is refused before any file is opened."""
+    (hub["root"] / "outside-ref").write_text(hub["commits"]["drafter"])
+    with pytest.raises(RepoError, match="the revision is not a branch, tag or commit name"):
+        resolve_source(f"org/drafter@{revision}", DRAFTER)
+
+
+def test_a_revision_refused_on_the_command_line_is_one_line(hub, offline):
+    (hub["root"] / "outside-ref").write_text(hub["commits"]["drafter"])
+    r = run_cli("convert", "org/drafter@../../../outside-ref", "--target-model-dir", "org/target", "-o", offline / "x.gguf")
+    _one_error_line(r, "org/drafter@../../../outside-ref: the revision is not a branch, tag or commit name")
+    assert list(offline.iterdir()) == []
+
+
+def test_a_hub_pull_request_ref_resolves(hub, offline):
+    """The Hub's own ref names hold a '/' (refs/pr/1): a ref name, not a path, so it resolves."""
+    commit = add_snapshot(hub["cache"], "org/with-pr", hub["drafter"], refs=("main", "refs/pr/1"), salt="pr")
+    got = resolve_source("org/with-pr@refs/pr/1", DRAFTER)
+    assert (got.repo_id, got.commit) == ("org/with-pr", commit)
+
+
+def test_a_ref_linking_outside_refs_is_refused(hub, offline):
+    """refs/main a symbolic link to a file outside the repo's refs/, holding a real commit."""
+    add_snapshot(hub["cache"], "org/ref-link", hub["drafter"], salt="ref-link")
+    planted = hub["root"] / "planted-ref"
+    planted.write_text(hub["commits"]["drafter"])
+    ref = repo_folder(hub["cache"], "org/ref-link") / "refs" / "main"
+    ref.unlink()
+    ref.symlink_to(planted)
+    with pytest.raises(RepoError, match=r"^org/ref-link@main: the cache's ref .*refs/main leads outside"):
+        resolve_source("org/ref-link", DRAFTER)
+
+
+def test_a_snapshot_linking_outside_its_repo_is_refused(hub, offline):
+    """A snapshot folder that is a link to one outside the cache, and a snapshot whose weights link to a
+    file outside the repo's folder (another repo's blobs included): the provenance keys would lie."""
+    elsewhere, _ = _elsewhere_snapshot(hub, "snap-link")
+    commit = add_snapshot(hub["cache"], "org/snap-link", hub["drafter"], salt="snap-link")
+    snapshot = repo_folder(hub["cache"], "org/snap-link") / "snapshots" / commit
+    shutil.rmtree(snapshot)
+    snapshot.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(RepoError, match=r"^org/snap-link@main: the cache's snapshot .* leads outside .*snapshots"):
+        resolve_source("org/snap-link", DRAFTER)
+
+    commit = add_snapshot(hub["cache"], "org/file-link", hub["drafter"], salt="file-link")
+    weights = repo_folder(hub["cache"], "org/file-link") / "snapshots" / commit / "model.safetensors"
+    weights.unlink()
+    weights.symlink_to(hub["drafter"] / "model.safetensors")
+    r = run_cli("convert", "org/file-link", "--target-model-dir", "org/target", "-o", offline / "x.gguf")
+    _one_error_line(r, "org/file-link@main", "model.safetensors in the cache's snapshot leads outside")
+    assert list(offline.iterdir()) == []
+
+
+def test_a_ref_to_a_commit_the_cache_lacks_names_the_commit(hub, offline):
+    """refs/main names a commit whose snapshot folder is not there: said so (not 'main is not in the
+    cache, it holds main')."""
+    add_snapshot(hub["cache"], "org/ref-gone", hub["drafter"], salt="ref-gone")
+    (repo_folder(hub["cache"], "org/ref-gone") / "refs" / "main").write_text("0" * 40)
+    r = run_cli("convert", "org/ref-gone", "--target-model-dir", "org/target", "-o", offline / "x.gguf")
+    line = _one_error_line(r, "org/ref-gone@main: the cache's ref 'main' names commit " + "0" * 40,
+                           "whose snapshot is not in the cache")
+    assert "it holds" not in line

@@ -9,22 +9,35 @@ own taps (``runtime.forward.gather_features`` from the GGUF's ``target_layers``,
 trained model would.
 
 The target runs through transformers' own class for ``architectures[0]`` (``transformers`` is an
-optional dependency, needed only here). Nothing from the target directory is executed: remote code
-is refused (``trust_remote_code=False``) and only safetensors weights are read
-(``use_safetensors=True``). The streams are taken with forward hooks on the decoder layers, not from
-``output_hidden_states``: transformers' last entry is the final-norm output, llama.cpp's
-``t_layer_inp[n_layers]`` would be the raw residual stream.
+optional dependency, needed only here). Nothing from the target directory is executed and
+transformers never reads the directory itself: its safetensors and config are checked first
+(``sources.target.read_target_weights``), the model the config describes is built on the meta
+device and its parameter count compared with the bytes the weights hold, and transformers then
+loads from a private folder holding only the config as parsed and links to the checked
+safetensors, with our own index (no remote code, safetensors only). The streams are taken with
+forward hooks on the decoder layers, not from ``output_hidden_states``: transformers' last entry is
+the final-norm output, llama.cpp's ``t_layer_inp[n_layers]`` would be the raw residual stream.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import tempfile
 from pathlib import Path
 
 import torch
 
 from ..errors import DFlashError, InputFileError
+from ..sources.checkpoint import INDEX_NAME
+from ..sources.safetensors import TensorRef
+from ..sources.target import read_target_weights
 from ..target import Target
+
+# the fewest bits a stored parameter takes (MXFP4's 4-bit values, their scales aside): a config
+# describing more parameters than the weights' bytes can hold at this rate does not fit them
+MIN_BITS_PER_PARAMETER = 4
 
 
 def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch.nn.ModuleList:
@@ -40,9 +53,12 @@ def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch
     return found[0]
 
 
-def load_target_model(target: Target, device: torch.device | str = "cpu",
-                      dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class."""
+def load_target_model(target: Target, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *,
+                      tensors: list[TensorRef] | None = None) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
+    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class.
+
+    ``tensors``: what ``read_target_weights`` returned for it, when the caller checked the weights already.
+    """
     where = Path(target.source)
     try:
         import transformers  # optional, and heavy: only capturing target features needs it
@@ -51,28 +67,31 @@ def load_target_model(target: Target, device: torch.device | str = "cpu",
     # the one-line error contract: no progress bars or fallback-kernel notices from transformers
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if not any(where.glob("*.safetensors")):
-        raise InputFileError("no safetensors weights: the target model cannot run to capture features", where)
-    # transformers raises whatever its parsers raise on a broken directory (OSError, ValueError,
-    # KeyError, TypeError, safetensors' own error): at this boundary each becomes one error line
-    try:
-        cfg = transformers.AutoConfig.from_pretrained(where, local_files_only=True, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001
-        raise InputFileError(f"transformers cannot read the target config: {str(e).splitlines()[0]}", where) from None
-    arch = (getattr(cfg, "architectures", None) or [None])[0]
-    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
-    if cls is None or not hasattr(cls, "from_pretrained"):
-        raise InputFileError(f"architecture {arch!r} is not a transformers class (remote code is never run)", where)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    n_layers = int(text.num_hidden_layers)
-    try:
-        model, info = cls.from_pretrained(where, config=cfg, dtype=dtype, local_files_only=True, trust_remote_code=False,
-                                          use_safetensors=True, output_loading_info=True)
-    except Exception as e:  # noqa: BLE001
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "ignore_mismatched_sizes" in why:  # its own report went to the (silenced) log
-            why = "tensor shapes in the safetensors do not match config.json"
-        raise InputFileError(f"transformers cannot load the target weights: {why}", where) from None
+    if tensors is None:
+        tensors = read_target_weights(target)
+    with tempfile.TemporaryDirectory(prefix="dflash-target-") as tmp:
+        staged = _stage(target, tensors, Path(tmp))
+        # transformers raises whatever its parsers raise on a broken directory (OSError, ValueError,
+        # KeyError, TypeError, safetensors' own error): at this boundary each becomes one error line
+        try:
+            cfg = transformers.AutoConfig.from_pretrained(staged, local_files_only=True, trust_remote_code=False)
+        except Exception as e:  # noqa: BLE001
+            raise InputFileError(f"transformers cannot read the target config: {_first_line(e)}", where) from None
+        arch = (getattr(cfg, "architectures", None) or [None])[0]
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        if cls is None or not hasattr(cls, "from_pretrained"):
+            raise InputFileError(f"architecture {arch!r} is not a transformers class (remote code is never run)", where)
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        n_layers = int(text.num_hidden_layers)
+        _check_size(cls, cfg, tensors, where)
+        try:
+            model, info = cls.from_pretrained(staged, config=cfg, dtype=dtype, local_files_only=True,
+                                              trust_remote_code=False, use_safetensors=True, output_loading_info=True)
+        except Exception as e:  # noqa: BLE001
+            why = _first_line(e)
+            if "ignore_mismatched_sizes" in why:  # its own report went to the (silenced) log
+                why = "tensor shapes in the safetensors do not match config.json"
+            raise InputFileError(f"transformers cannot load the target weights: {why}", where) from None
     # transformers fills a missing weight with random values and only warns: features from such a
     # model would be noise, so a target without all its weights is refused
     missing = sorted(info.get("missing_keys") or [])
@@ -81,6 +100,36 @@ def load_target_model(target: Target, device: torch.device | str = "cpu",
                              "the model cannot run to capture features", where)
     model = model.to(device).eval()
     return model, _decoder_layers(model, n_layers, where)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _stage(target: Target, tensors: list[TensorRef], into: Path) -> Path:
+    """``into`` holding all transformers may read: config.json as parsed, links to the checked safetensors
+    (resolved), and an index of our own naming each tensor's file."""
+    (into / "config.json").write_text(json.dumps(target.config))
+    for path in sorted({t.path for t in tensors}):
+        os.symlink(os.path.realpath(path), into / path.name)
+    (into / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": {t.name: t.path.name for t in tensors}}))
+    return into
+
+
+def _check_size(cls: type, cfg: object, tensors: list[TensorRef], where: Path) -> None:
+    """Refuse a config whose model has more parameters than the weights' bytes hold (built on the meta
+    device: no memory for the parameters, only the modules)."""
+    try:
+        with torch.device("meta"):
+            skeleton = cls._from_config(cfg)
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot build a model from
+        raise InputFileError(f"transformers cannot build the model config.json describes: {_first_line(e)}", where) from None
+    n_params = sum(p.numel() for p in skeleton.parameters())
+    stored = sum(t.nbytes for t in tensors)
+    if n_params * MIN_BITS_PER_PARAMETER > stored * 8:
+        raise InputFileError(f"config.json describes a {type(skeleton).__name__} of {n_params} parameters, but the "
+                             f"safetensors hold {stored} bytes (under {MIN_BITS_PER_PARAMETER} bits a parameter): the "
+                             "config does not fit its weights", where)
 
 
 @torch.no_grad()

@@ -80,6 +80,9 @@ def weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
         for name, part in weight_map.items():
             if not isinstance(part, str) or not part or "/" in part or "\\" in part or part in (".", ".."):
                 raise InputFileError(f"weight_map entry for {name!r} is not a plain file name: {part!r}", index_path)
+            if not part.endswith(".safetensors"):  # a loader reading the index would unpickle a .bin or .pt
+                raise InputFileError(f"weight_map entry for {name!r} names {part!r}, not a .safetensors file "
+                                     "(pickle checkpoints are not read, for safety)", index_path)
         parts = sorted(set(weight_map.values()))
         for part in parts:
             if not (model_dir / part).exists():
@@ -97,8 +100,15 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint:
     """Index a checkpoint directory: validate every safetensors header and the shard index."""
     model_dir = Path(model_dir)
     config, config_path = read_config(model_dir, "drafter checkpoint")
+    files, tensors = read_weights(model_dir)
+    return Checkpoint(model_dir, config, config_path, files, tensors)
+
+
+def read_weights(model_dir: Path) -> tuple[list[Path], list[TensorRef]]:
+    """(weight files, every tensor in them) of a model directory: each safetensors header validated,
+    no tensor in two files, the index (when there is one) naming exactly the tensors each file holds."""
     files, weight_map = weight_files(model_dir)
-    ckpt = Checkpoint(model_dir, config, config_path, files)
+    tensors: list[TensorRef] = []
     seen: dict[str, Path] = {}
     for path in files:
         refs, _ = read_header(path)
@@ -106,7 +116,7 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint:
             if ref.name in seen:
                 raise InputFileError(f"tensor {ref.name!r} appears in both {seen[ref.name].name} and {path.name}", model_dir)
             seen[ref.name] = path
-            ckpt.tensors.append(ref)
+            tensors.append(ref)
     if weight_map is not None:
         missing = sorted(set(weight_map) - set(seen))
         extra = sorted(set(seen) - set(weight_map))
@@ -117,4 +127,4 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint:
         wrong = [n for n, p in weight_map.items() if seen[n].name != p]
         if wrong:
             raise InputFileError(f"{INDEX_NAME} puts {wrong[0]!r} in {weight_map[wrong[0]]}, but it is in {seen[wrong[0]].name}", model_dir)
-    return ckpt
+    return files, tensors

@@ -9,6 +9,13 @@ name, which convert records in the provenance keys. The snapshot is then checked
 role needs, so an interrupted download is one line naming the repo, not a reader's complaint about
 a cache path.
 
+The cache is untrusted too: a revision must be a commit or a ref name git would accept (``..``, an
+absolute path, an empty or dot-led part refused); a ref is resolved here, not by huggingface_hub, and
+must be a regular file under the repo's ``refs/`` holding a 40-hex commit; the snapshot folder and
+every entry in it must resolve (symbolic links followed) inside the repo's own cache folder. Anything
+else is one line naming the repo and revision, exit 2: a provenance key never names a repo whose
+files came from elsewhere.
+
 huggingface_hub reads its environment once, at import; this module reads ``HF_HUB_CACHE``,
 ``HF_HOME`` and ``HF_HUB_OFFLINE`` itself on every call and passes the cache folder and
 ``local_files_only`` explicitly, so what the user (or a test) set is what counts.
@@ -18,10 +25,12 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import RepoError
+from ..errors import InputFileError, RepoError
+from ..files import read_regular_bytes
 from .checkpoint import INDEX_NAME, read_json
 
 DRAFTER, TARGET, TARGET_WEIGHTS = "drafter", "target", "target_weights"
@@ -45,6 +54,12 @@ NEEDS_WEIGHTS = (DRAFTER, TARGET_WEIGHTS)
 
 DEFAULT_REVISION = "main"
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+# one part of a ref name (git check-ref-format; the Hub's own refs/pr/1 pass): no control character,
+# space or any of ~^:?*[\ ; parts led by a dot ('..' included) and '.lock' parts are refused below
+_REF_PART = re.compile(r"[^\x00-\x20\x7f~^:?*\[\\]{1,255}")
+MAX_REVISION_CHARS = 255
+MAX_REF_BYTES = 1024  # a ref holds 40 hex digits
+MAX_SNAPSHOT_ENTRIES = 100_000  # a snapshot's files, walked to check where each link leads
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's spelling of a true environment flag
 
 
@@ -121,33 +136,109 @@ def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
         return ResolvedRepo(Path(text), None, None)
     repo_id, revision = parsed
     label = f"{repo_id}@{revision}"
+    check_revision(revision, label)
     cache = hub_cache_dir()
-    snapshot, listed_complete = _cached_snapshot(repo_id, revision, role, cache, label)
+    repo_dir = _repo_dir(cache, repo_id)
+    commit = _commit_of(repo_dir, revision, label)
+    snapshot, listed_complete = _cached_snapshot(repo_id, commit, role, cache, label) if commit else (None, False)
+    if snapshot is not None:
+        _confine(snapshot, repo_dir, cache, label)
     missing = _missing(snapshot, role) if snapshot is not None else "not in the cache"
     # a snapshot the cached listing calls incomplete is completed when the hub may be asked; offline,
     # what this command reads is enough (a README missing does not stop a conversion)
     if missing is not None or (not listed_complete and not hub_offline()):
         if hub_offline():
             if snapshot is None:
-                raise RepoError(_not_cached(repo_id, revision, cache, label))
+                raise RepoError(_not_cached(repo_dir, revision, commit, cache, label))
             raise RepoError(f"{label}: the cached snapshot {snapshot.name} is incomplete: {missing} "
                             "(HF_HUB_OFFLINE=1: unset it to download the rest)")
-        snapshot = _download(repo_id, revision, role, cache, label)
+        snapshot = _download(repo_id, revision, role, cache, label, repo_dir, commit)
+        _confine(snapshot, repo_dir, cache, label)
         missing = _missing(snapshot, role)
         if missing is not None:
             raise RepoError(f"{label}: the snapshot {snapshot.name} is incomplete: {missing}")
     return ResolvedRepo(snapshot, repo_id, snapshot.name)
 
 
-def _cached_snapshot(repo_id: str, revision: str, role: str, cache: Path, label: str) -> tuple[Path | None, bool]:
-    """(the cache's snapshot folder for this revision or None, whether the cache's own tree listing, where
-    there is one, finds every file of the role's patterns in it), without the network."""
+def check_revision(revision: str, label: str) -> None:
+    """Refuse a revision that is neither a commit nor a ref name git accepts (it would name a path outside refs/)."""
+    if COMMIT_SHA.fullmatch(revision):
+        return
+    parts = revision.split("/")
+    if (len(revision) > MAX_REVISION_CHARS or "@{" in revision or revision == "@" or revision.endswith(".")
+            or any(not _REF_PART.fullmatch(p) or p.startswith(".") or p.endswith(".lock") for p in parts)):
+        raise RepoError(f"{label}: the revision is not a branch, tag or commit name (a name like main, v1.0 or "
+                        "refs/pr/1, or 40 hex digits)")
+
+
+def _repo_dir(cache: Path, repo_id: str) -> Path:
+    """The repo's folder in the cache (``models--org--name``), as huggingface_hub names it."""
+    # huggingface_hub is a heavy import: only a repo id pays for it
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+
+
+def _inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Does ``path``, symbolic links resolved, lie in ``root`` (resolved too)?"""
+    where, top = os.path.realpath(path), os.path.realpath(root)
+    return where == top or where.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _commit_of(repo_dir: Path, revision: str, label: str) -> str | None:
+    """The commit a revision names: itself when it is one, else what the repo's ``refs/<revision>`` holds
+    (None when the cache has no such ref). The ref must lie in refs/ and hold 40 hex digits."""
+    if COMMIT_SHA.fullmatch(revision):
+        return revision
+    refs = repo_dir / "refs"
+    ref = refs / revision
+    if not os.path.lexists(ref):
+        return None
+    if not (_inside(refs, repo_dir) and _inside(ref, refs)):
+        raise RepoError(f"{label}: the cache's ref {ref} leads outside {refs}")
+    if os.path.isdir(ref):  # refs/pr with refs/pr/1 in it: a folder of refs, not this one
+        return None
+    try:
+        raw = read_regular_bytes(ref, "Hugging Face cache ref", MAX_REF_BYTES)
+    except InputFileError as e:
+        raise RepoError(f"{label}: {e}") from None
+    text = raw.decode("ascii", "replace")
+    commit = text[:-1] if text.endswith("\n") else text
+    if not COMMIT_SHA.fullmatch(commit):
+        raise RepoError(f"{label}: the cache's ref {ref} does not hold a commit (40 hex digits): {reprlib.repr(text)}")
+    return commit
+
+
+def _confine(snapshot: Path, repo_dir: Path, cache: Path, label: str) -> None:
+    """Refuse a snapshot folder, or any entry in it, that resolves outside the repo's cache folder."""
+    if not _inside(repo_dir, cache):
+        raise RepoError(f"{label}: the cache's folder {repo_dir} leads outside the cache {cache}")
+    snapshots = repo_dir / "snapshots"
+    if not (_inside(snapshots, repo_dir) and os.path.realpath(snapshot) == os.path.join(os.path.realpath(snapshots),
+                                                                                          snapshot.name)):
+        raise RepoError(f"{label}: the cache's snapshot {snapshot} leads outside {snapshots}")
+    seen = 0
+    for top, dirs, files in os.walk(snapshot):  # links to folders are entries here, never walked into
+        for name in (*dirs, *files):
+            seen += 1
+            entry = os.path.join(top, name)
+            if seen > MAX_SNAPSHOT_ENTRIES:
+                raise RepoError(f"{label}: the cache's snapshot {snapshot} holds more than {MAX_SNAPSHOT_ENTRIES} entries")
+            if not _inside(entry, repo_dir):
+                raise RepoError(f"{label}: {entry} in the cache's snapshot leads outside {repo_dir} "
+                                f"(to {os.path.realpath(entry)})")
+
+
+def _cached_snapshot(repo_id: str, commit: str, role: str, cache: Path, label: str) -> tuple[Path | None, bool]:
+    """(the cache's snapshot folder of this commit or None, whether the cache's own tree listing, where
+    there is one, finds every file of the role's patterns in it), without the network. huggingface_hub
+    is given the commit, never a ref name: the refs were read (and checked) by ``_commit_of``."""
     # huggingface_hub is a heavy import: only a repo id pays for it
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     try:
-        folder = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True,
+        folder = snapshot_download(repo_id, revision=commit, cache_dir=cache, local_files_only=True,
                                    allow_patterns=list(ALLOW_PATTERNS[role]))
     except IncompleteSnapshotError as e:  # the folder is there; whether it will do, the caller decides
         return _snapshot_path(Path(e.snapshot_path), label), False
@@ -158,7 +249,7 @@ def _cached_snapshot(repo_id: str, revision: str, role: str, cache: Path, label:
     return _snapshot_path(Path(folder), label), True
 
 
-def _download(repo_id: str, revision: str, role: str, cache: Path, label: str) -> Path:
+def _download(repo_id: str, revision: str, role: str, cache: Path, label: str, repo_dir: Path, commit: str | None) -> Path:
     """Fetch the files ``role`` reads into the cache; every failure the Hub can answer is one line."""
     # huggingface_hub is a heavy import: only a repo id pays for it
     from huggingface_hub import snapshot_download
@@ -181,7 +272,7 @@ def _download(repo_id: str, revision: str, role: str, cache: Path, label: str) -
     except RevisionNotFoundError:
         raise RepoError(f"{label}: the repository has no revision {revision!r} (a branch, tag or commit)") from None
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        raise RepoError(f"{_not_cached(repo_id, revision, cache, label)}, and the Hub cannot be reached") from None
+        raise RepoError(f"{_not_cached(repo_dir, revision, commit, cache, label)}, and the Hub cannot be reached") from None
     except HfHubHTTPError as e:
         raise RepoError(f"{label}: the Hub refused the download: {_first_line(e)}") from None
     except (OSError, ValueError) as e:  # a full disk, a cache folder we may not write, a connection reset
@@ -199,18 +290,26 @@ def _snapshot_path(folder: Path, label: str) -> Path:
     return folder
 
 
-def _not_cached(repo_id: str, revision: str, cache: Path, label: str) -> str:
-    """Why the cache has no snapshot: no such repo there, or not this revision (and which it has)."""
-    # huggingface_hub is a heavy import: only a repo id pays for it
-    from huggingface_hub.file_download import repo_folder_name
-
-    repo_dir = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+def _not_cached(repo_dir: Path, revision: str, commit: str | None, cache: Path, label: str) -> str:
+    """Why the cache has no snapshot: no such repo there, a ref to a commit whose snapshot is not there,
+    or not this revision (and which refs it has)."""
     offline = " (HF_HUB_OFFLINE=1)" if hub_offline() else ""
     if not repo_dir.is_dir():
         return f"{label}: no such directory, and not in the Hugging Face cache at {cache}{offline}"
-    refs = sorted(p.relative_to(repo_dir / "refs").as_posix() for p in (repo_dir / "refs").rglob("*") if p.is_file())
-    held = ", ".join(refs) if refs else "no branch or tag"
+    if commit is not None and commit != revision:
+        return f"{label}: the cache's ref {revision!r} names commit {commit}, whose snapshot is not in the cache{offline}"
+    held = ", ".join(_held_refs(repo_dir / "refs")) or "no branch or tag"
     return f"{label}: revision {revision!r} is not in the Hugging Face cache (it holds {held}){offline}"
+
+
+def _held_refs(refs: Path, most: int = 20) -> list[str]:
+    """The ref names under ``refs`` (links to folders not followed), the first ``most`` of them, sorted."""
+    names: list[str] = []
+    for top, _dirs, files in os.walk(refs):
+        names += (Path(top, f).relative_to(refs).as_posix() for f in files)
+        if len(names) > most:
+            return [*sorted(names)[:most], "..."]
+    return sorted(names)
 
 
 def _missing(snapshot: Path, role: str) -> str | None:
@@ -238,5 +337,5 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-__all__ = ["ALLOW_PATTERNS", "DRAFTER", "TARGET", "TARGET_WEIGHTS", "ResolvedRepo", "hub_cache_dir", "hub_offline",
-           "inside_hub_cache", "parse_repo_spec", "resolve_source"]
+__all__ = ["ALLOW_PATTERNS", "DRAFTER", "TARGET", "TARGET_WEIGHTS", "ResolvedRepo", "check_revision", "hub_cache_dir",
+           "hub_offline", "inside_hub_cache", "parse_repo_spec", "resolve_source"]

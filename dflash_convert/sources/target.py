@@ -1,8 +1,17 @@
 """Readers of a target model: its Hugging Face directory (config and tokenizer files; the weights
-only when a caller asks for the embedding or the head) or its converted GGUF."""
+only when a caller asks for the embedding or the head) or its converted GGUF.
+
+Before a target runs (capture, check --features target), ``read_target_weights`` checks its
+safetensors with the hardened reader (plain file names in the directory, safetensors only, every
+header and the index) and its config's sizes against them: counts of repeated modules (layers,
+experts, depth) bounded, ``num_hidden_layers`` within the layer indices the weights hold, the
+embedding's width the config's ``hidden_size``, so no model is built from a config the weights
+cannot fill.
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +23,7 @@ from ..format.tensors import TARGET_WEIGHT_NAMES
 from ..metadata import Metadata
 from ..target import DIRECTORY, GGUF, Target, decoder_layers
 from ..tensor_source import TensorSource
-from .checkpoint import INDEX_NAME, merged_text_config, read_config, weight_files
+from .checkpoint import INDEX_NAME, merged_text_config, read_config, read_weights, weight_files
 from .config import ConfigView
 from .gguf import GGUFFile, read_gguf
 from .safetensors import TensorRef, read_header
@@ -50,6 +59,49 @@ def read_target_dir(target_dir: str | Path) -> Target:
         text_config=text.cfg,
         tie_word_embeddings=text.flag("tie_word_embeddings"),
     )
+
+
+# config keys that count repeated modules (decoder layers, vision blocks, experts): a model is built
+# with one module per count before any weight is read, so each is bounded (the largest today: 126
+# layers, 384 experts)
+_REPEAT_KEY = re.compile(r"(layers|depth|experts)$")
+MAX_REPEATS = 1024
+_INDEX_PART = re.compile(r"(?:^|\.)(\d+)\.")  # model.layers.3.mlp -> 3
+
+
+def read_target_weights(target: Target) -> list[TensorRef]:
+    """Every tensor of a target directory's safetensors, checked, and the config's sizes checked against them."""
+    where = target.source / "config.json"
+    _check_repeats(target.config, where, "")
+    _, tensors = read_weights(target.source)
+    if target.n_layers is not None:
+        top = max((int(m) for t in tensors for m in _INDEX_PART.findall(t.name)), default=-1)
+        if target.n_layers > top + 1:
+            held = f"no tensor has an index past {top}" if top >= 0 else "no tensor belongs to a numbered layer"
+            raise InputFileError(f"num_hidden_layers is {target.n_layers}, but the target's safetensors hold at most "
+                                 f"{top + 1} layers ({held})", where)
+    by_name = {t.name: t for t in tensors}
+    embed = next((by_name[n] for n in TARGET_WEIGHT_NAMES["embed"] if n in by_name), None)
+    if embed is not None and target.hidden_size is not None and (len(embed.shape) != 2
+                                                                  or embed.shape[1] != target.hidden_size):
+        raise InputFileError(f"hidden_size is {target.hidden_size}, but the embedding {embed.name} has shape "
+                             f"{list(embed.shape)}", where)
+    return tensors
+
+
+def _check_repeats(cfg: Any, where: Path, at: str) -> None:
+    """Refuse a count of repeated modules (``*layers``, ``*depth``, ``*experts``) past MAX_REPEATS, at any depth."""
+    if isinstance(cfg, dict):
+        for k, v in cfg.items():
+            name = f"{at}.{k}" if at else str(k)
+            if (isinstance(v, int) and not isinstance(v, bool) and _REPEAT_KEY.search(str(k))
+                    and not 0 <= v <= MAX_REPEATS):
+                raise InputFileError(f"{name} is {v}, outside 0..{MAX_REPEATS}: no model is built with that many "
+                                     "repeated modules", where)
+            _check_repeats(v, where, name)
+    elif isinstance(cfg, list):
+        for i, v in enumerate(cfg):
+            _check_repeats(v, where, f"{at}[{i}]")
 
 
 def target_from_gguf(g: GGUFFile) -> Target:
