@@ -152,8 +152,10 @@ COMMANDS: tuple[Command, ...] = (
     )),
     Command("capture", handlers.capture, "Run the target once over the prompts; keep its greedy continuations and the layer inputs "
             "drafters read.", (
-        option("target_model_dir", "--target-model-dir", type=Path, required=True,
-               help="The target's Hugging Face directory, with its safetensors."),
+        option("target_gguf", "--target-gguf", type=Path, help="The target GGUF (any type, as you serve it): run by "
+               "llama.cpp's own library.", excludes=("target_model_dir",)),
+        option("target_model_dir", "--target-model-dir", type=Path, unless=("target_gguf",),
+               help="Or the target's Hugging Face directory, with its safetensors: run by transformers in float32."),
         option("prompts_file", "--prompts", type=Path, required=True, help="One prompt per line, or JSONL (a string or "
                "{\"prompt\": ...} per line)."),
         option("out", "-o", "--output", required=True, metavar="PATH", help="The features file to write (.safetensors)."),
@@ -164,6 +166,14 @@ COMMANDS: tuple[Command, ...] = (
         option("for_draft", "--for", type=Path, help="Store only the layers this drafter GGUF taps."),
         _DEVICE,
         option("dtype", "--dtype", default="f32", choices=("f32", "f16", "bf16"), help="How the layer inputs are stored."),
+        option("libllama", "--libllama", type=Path, help="With --target-gguf: the libllama to run (default: "
+               "$DFLASH_CONVERT_LIBLLAMA, else llama-cpp-python's).", needs=("target_gguf",)),
+        option("n_gpu_layers", "--n-gpu-layers", type=int, default=-1, minimum=-1, help="With --target-gguf: layers to "
+               "offload to the GPU of a CUDA or Metal build (-1: all)."),
+        option("threads", "--threads", type=int, minimum=1, help="With --target-gguf: CPU threads (default: every core).",
+               needs=("target_gguf",)),
+        option("ctx_size", "--ctx-size", type=int, minimum=1, help="With --target-gguf: the context (default: the longest "
+               "prompt and its new tokens).", needs=("target_gguf",)),
         _FORCE,
         flag("quiet", "-q", "--quiet", help="No progress bar, no warnings."),
     )),

@@ -23,8 +23,10 @@ SEQUENCE_TENSORS = (TOKENS, PROMPT_LENGTH, LAYER_INPUTS)
 # metadata key -> what it says
 METADATA: dict[str, str] = {
     "schema": f"always {SCHEMA!r}",
-    "target": "the target directory (or repository) the features were captured from",
-    "target_config_sha256": "SHA-256 of that target's config.json",
+    "target": "the target directory (or repository) the features were captured from, or the target GGUF's absolute path",
+    "target_config_sha256": "SHA-256 of that target's config.json (empty for a GGUF)",
+    "target_gguf_sha256": "SHA-256 of the target GGUF (capture --target-gguf only)",
+    "target_file_type": "the target GGUF's general.file_type, by name (capture --target-gguf only)",
     "target_architecture": "the target's architectures[0]",
     "layers": "JSON list: the stored layer-input indices, in the order of layer_inputs' first dimension",
     "dtype": "the layer_inputs element type: F32, F16 or BF16",

@@ -22,13 +22,13 @@ import numpy as np
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
-from ..files import check_regular_file, parse_json, read_regular_bytes
+from ..files import check_regular_file, parse_json, read_regular_bytes, sha256_file
 from ..format.features import COUNTS, LOOKAHEAD, MAX_COUNT_DIGITS, NUMERICS, SCHEMA, SEQUENCE, SEQUENCE_TENSORS
 from ..format.ggml import FLOAT_TYPE_NAMES
 from ..target import DIRECTORY, Target
 from .hub import TARGET_WEIGHTS, resolve_source
 from .safetensors import TensorRef, read_header
-from .target import read_target, read_target_dir
+from .target import read_target, read_target_dir, read_target_gguf
 
 MAX_CONFIG_BYTES = 16 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -83,6 +83,7 @@ class FeaturesFile:
     max_token: int  # the largest token id of any sequence
     target: str | None  # the recorded target (a path or a repo id), as stored
     target_config_sha256: str | None
+    target_gguf_sha256: str | None  # capture --target-gguf: the target GGUF's own hash
 
     def slot(self, layer: int) -> int | None:
         """The file position of stored layer ``layer``, or None."""
@@ -129,13 +130,17 @@ class FeaturesFile:
         if target.vocab_size is not None and self.max_token >= target.vocab_size:
             raise InputFileError(f"token id {self.max_token} is outside the vocabulary of {target.vocab_size} tokens of "
                                  f"the target {target.source}: features of another target", self.path)
-        if allow_other_target or target.kind != DIRECTORY or self.target_config_sha256 is None:
+        if allow_other_target:
             return
-        got = config_sha256(target.source)
-        if got != self.target_config_sha256:
-            raise InputFileError(f"captured from another target (recorded {self.target!r}, config.json SHA-256 "
-                                 f"{self.target_config_sha256[:12]}...), not {target.source} (SHA-256 {got[:12]}...); "
-                                 f"{ALLOW_OTHER}", self.path)
+        # the identity capture recorded, of the same kind as the target in use (else only the sizes above)
+        recorded, what, got_of = ((self.target_config_sha256, "config.json SHA-256", config_sha256) if target.kind == DIRECTORY
+                                  else (self.target_gguf_sha256, "SHA-256", sha256_file))
+        if recorded is None:
+            return
+        got = got_of(target.source)
+        if got != recorded:
+            raise InputFileError(f"captured from another target (recorded {self.target!r}, {what} {recorded[:12]}...), "
+                                 f"not {target.source} (SHA-256 {got[:12]}...); {ALLOW_OTHER}", self.path)
 
 
 def config_sha256(target_dir: str | Path) -> str:
@@ -177,9 +182,10 @@ def read_features(path: str | Path) -> FeaturesFile:
         raise InputFileError(f"metadata 'layers' must list distinct layer indices, got {layers}", path)
     eos = _int_list(meta, "eos_ids", path) if "eos_ids" in meta else []
     n_seq, new_tokens = _count(meta, "sequences", path), _count(meta, "new_tokens", path)
-    sha = meta.get("target_config_sha256") or None
-    if sha is not None and _SHA256.fullmatch(sha) is None:
-        raise InputFileError(f"metadata 'target_config_sha256' must be 64 lowercase hex digits, got {sha[:80]!r}", path)
+    sha, gguf_sha = (meta.get(k) or None for k in ("target_config_sha256", "target_gguf_sha256"))
+    for k, v in (("target_config_sha256", sha), ("target_gguf_sha256", gguf_sha)):
+        if v is not None and _SHA256.fullmatch(v) is None:
+            raise InputFileError(f"metadata {k!r} must be 64 lowercase hex digits, got {v[:80]!r}", path)
     by = {r.name: r for r in refs}
     sequences, E, dtype, max_token, eos_set = [], None, None, -1, set(eos)
     for i in range(n_seq):  # each pops its tensors: a count past the file's stops at the first missing one
@@ -213,11 +219,11 @@ def read_features(path: str | Path) -> FeaturesFile:
     if by:
         raise InputFileError(f"unexpected tensor {sorted(by)[0]!r} (the file holds {n_seq} sequences)", path)
     return FeaturesFile(path, meta, layers, int(E), str(dtype), sequences, eos, new_tokens,  # type: ignore[arg-type]
-                        max_token, meta.get("target") or None, sha)
+                        max_token, meta.get("target") or None, sha, gguf_sha)
 
 
 def recorded_target(feats: FeaturesFile) -> Target | None:
-    """The target directory the features record, when it is an absolute path still there (None when it is
+    """The target directory or GGUF the features record, when it is an absolute path still there (None when it is
     gone); one that is not absolute (relative to wherever capture ran, or a repo id) or cannot be read is
     an error naming the features file: the target is then named with --target-model-dir."""
     rec = feats.target
@@ -226,10 +232,10 @@ def recorded_target(feats: FeaturesFile) -> Target | None:
     if not os.path.isabs(rec):
         raise InputFileError(f"the target it was captured from is recorded as {rec!r}, not an absolute path: name the "
                              "target with --target-model-dir (or --target-gguf)", feats.path)
-    if not os.path.isdir(rec):
+    if not os.path.exists(rec):
         return None
     try:
-        return read_target_dir(rec)
+        return read_target_dir(rec) if os.path.isdir(rec) else read_target_gguf(rec)
     except DFlashError as e:
         raise InputFileError(f"the target it was captured from, {rec!r}, cannot be read ({e}); name the target with "
                              "--target-model-dir", feats.path) from None

@@ -1,0 +1,267 @@
+"""capture --target-gguf: the target run by llama.cpp's own library, and what it refuses.
+
+The unit tier loads stand-in libraries the test compiles (fixtures/probes/libllama_stub.c) and
+hand-made GGUF headers; the runtime tier runs the trained pair's target GGUF (F16, and Q4_K_M made
+by llama-quantize) in the cached llama.cpp build's libllama and compares with llama-speculative-simple.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import cli_server
+import pytest
+from conftest import run_cli
+from gguf_bytes import GGUFBytes, kv_str, kv_u32
+
+from dflash_convert.runtime.libllama import LIBLLAMA_ENV
+
+STUB = Path(__file__).resolve().parent.parent / "fixtures" / "probes" / "libllama_stub.c"
+
+
+def _stub(tmp_path: Path, *defines: str) -> Path:
+    """The stand-in libllama, compiled with ``defines``."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build the stand-in libllama")
+    out = tmp_path / f"libllama{''.join(defines)}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(STUB), *defines], check=True)
+    return out
+
+
+def _header(path: Path, arch: str = "qwen3", *extra: bytes) -> Path:
+    """A GGUF with a model's metadata and no tensors (enough for every check before llama.cpp loads it)."""
+    kvs = [kv_str("general.architecture", arch), kv_u32(f"{arch}.block_count", 2), kv_u32(f"{arch}.embedding_length", 8),
+           kv_u32(f"{arch}.context_length", 64), *extra]
+    path.write_bytes(bytes(GGUFBytes(kvs=kvs)))
+    return path
+
+
+def _capture(tmp_path: Path, target: Path, *extra: str, env: dict[str, str] | None = None):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one prompt\n")
+    out = tmp_path / "features.safetensors"
+    r = cli_server.run("capture", "--target-gguf", target, "--prompts", prompts, "-o", out, "-q", *extra,
+                       env={**os.environ, **(env or {})})
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if "partial" in p.name]
+    return r
+
+
+def _one_error_line(r, code: int) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code and len(lines) == 1 and lines[0].startswith("dflash-convert: error: "), (r.returncode,
+                                                                                                       r.stderr)
+    return lines[0]
+
+
+def test_a_library_without_the_layer_input_calls_is_named(tmp_path):
+    lib = _stub(tmp_path, "-DOMIT_LAYER_INPUT")
+    line = _one_error_line(_capture(tmp_path, _header(tmp_path / "t.gguf"), "--libllama", str(lib)), 1)
+    assert "lacks the layer-input call llama_get_embeddings_layer_inp" in line and str(lib) in line
+    assert "pip install 'dflash-convert[llama]'" in line
+
+
+def test_a_library_of_another_version_is_refused_before_any_model(tmp_path):
+    lib = _stub(tmp_path, "-DOTHER_LAYOUT")
+    line = _one_error_line(_capture(tmp_path, _header(tmp_path / "t.gguf"), env={LIBLLAMA_ENV: str(lib)}), 1)
+    assert "struct llama_context_params does not have llama.cpp 0c1e57098's layout" in line and "another version" in line
+
+
+def test_a_library_that_is_not_one(tmp_path):
+    fake = tmp_path / "libllama.so"
+    fake.write_text("not a library\n")
+    line = _one_error_line(_capture(tmp_path, _header(tmp_path / "t.gguf"), "--libllama", str(fake)), 2)
+    assert "not a loadable shared library" in line and str(fake) in line
+
+
+def test_without_any_library_the_error_says_how_to_get_one(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is not None:
+        pytest.skip("llama-cpp-python is installed here")
+    line = _one_error_line(_capture(tmp_path, _header(tmp_path / "t.gguf"), env={LIBLLAMA_ENV: ""}), 1)
+    assert "none was found" in line and LIBLLAMA_ENV in line and "dflash-convert[llama]" in line
+
+
+@pytest.mark.parametrize(("case", "code", "phrase"), [
+    ("drafter", 2, "this is a dflash drafter, not a target model"),
+    ("imatrix", 2, "this is an importance matrix"),
+    ("laguna", 1, "does not record the layer inputs of a 'laguna' model"),
+    ("layers", 1, "records the inputs of layers 0..1 of a qwen3 model, not 2"),
+])
+def test_what_llama_cpp_cannot_tap_is_refused_before_it_loads(tmp_path, case, code, phrase):
+    """Each would abort llama.cpp (an assertion in the graph) or is no model: refused from the header alone."""
+    lib = _stub(tmp_path)  # a library that would load: the refusal must come first
+    if case == "imatrix":
+        data = GGUFBytes(kvs=[kv_str("general.type", "imatrix"), kv_u32("imatrix.chunk_count", 1),
+                              kv_u32("imatrix.chunk_size", 512)])
+        (target := tmp_path / "t.gguf").write_bytes(bytes(data))
+    else:
+        target = _header(tmp_path / "t.gguf", {"drafter": "dflash", "laguna": "laguna"}.get(case, "qwen3"))
+    extra = ("--layers", "0,2") if case == "layers" else ()
+    line = _one_error_line(_capture(tmp_path, target, "--libllama", str(lib), *extra), code)
+    assert phrase in line and str(target) in line
+
+
+# --- runtime tier: the trained pair in llama.cpp ---------------------------------------------------------------------
+
+AGREEMENT_FILES = (("full", "F16"), ("full", "Q8_0"), ("full", "Q4_K_M"), ("full", "Q2_K"),
+                   ("swa", "F16"), ("swa", "Q8_0"), ("swa", "Q4_K_M"), ("swa", "Q2_K"))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from fixtures.trained import build_trained_pair
+
+    return build_trained_pair(seed=0)
+
+
+@pytest.fixture(scope="module")
+def libllama(monkeypatch_module):
+    from fixtures.upstream import build_dir, llama_tool
+
+    llama_tool("llama-speculative-simple")  # builds libllama with the tools
+    lib = build_dir() / "bin" / "libllama.so"
+    monkeypatch_module.setenv(LIBLLAMA_ENV, str(lib))
+    return lib
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def targets(pair, tmp_path_factory):
+    """The trained target as llama.cpp's converter writes it (F16) and as users serve it (Q4_K_M, llama-quantize)."""
+    from fixtures.trained import target_gguf
+    from fixtures.upstream import llama_tool
+
+    f16 = target_gguf(pair)
+    q4 = tmp_path_factory.mktemp("target-q4") / "target-Q4_K_M.gguf"
+    subprocess.run([str(llama_tool("llama-quantize")), str(f16), str(q4), "Q4_K_M"], check=True, capture_output=True)
+    return {"F16": f16, "Q4_K_M": q4}
+
+
+@pytest.fixture(scope="module")
+def captured(pair, targets, libllama, tmp_path_factory):
+    """capture --target-gguf of each target over the pair's prompts (one thread: ggml's barrier spins on shared cores)."""
+    root = tmp_path_factory.mktemp("gguf-features")
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(pair.prompts) + "\n")
+    out = {}
+    for name, target in targets.items():
+        out[name] = root / f"features-{name}.safetensors"
+        r = run_cli("capture", "--target-gguf", target, "--prompts", prompts, "-o", out[name], "--new-tokens",
+                    str(pair.n_predict), "--threads", "1", "-q")
+        assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafters(pair, tmp_path_factory):
+    from fixtures.trained import drafter_gguf
+
+    root = tmp_path_factory.mktemp("gguf-drafters")
+    return {(k, q): drafter_gguf(pair, k, root, q) for k, q in AGREEMENT_FILES}
+
+
+def _speculative_text(target: Path, drafter: Path, prompt: str, n_predict: int) -> bytes:
+    """What llama-speculative-simple prints on stdout: the prompt and its continuation, after "\\n\\n" and before
+    "\\n\\n" twice (the two LOG("\\n\\n") calls that close its run)."""
+    from fixtures.trained import SPEC_CTX
+    from fixtures.upstream import llama_tool
+
+    cmd = [str(llama_tool("llama-speculative-simple")), "-m", str(target), "-md", str(drafter), "--spec-type",
+           "draft-dflash", "--temp", "0", "--top-k", "1", "--spec-draft-n-max", "15", "-p", prompt, "-n", str(n_predict),
+           "-c", str(SPEC_CTX), "-ngl", "0", "-ngld", "0", "-t", "1"]
+    r = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stdout.startswith(b"\n\n") and r.stdout.endswith(b"\n\n\n\n"), r.stderr[-2000:]
+    return r.stdout[2:-4]
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+@pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
+def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, captured, drafters, target_type):
+    """Every prompt: llama-speculative-simple's printed text is our stored sequence's, as far as it prints."""
+    from dflash_convert.runtime.gguf_target import GGUFTarget, inspect_gguf_target
+    from dflash_convert.runtime.libllama import load_libllama
+    from dflash_convert.sources.features import read_features
+
+    f = read_features(captured[target_type])
+    vocab = GGUFTarget(load_libllama(), inspect_gguf_target(targets[target_type]), vocab_only=True)
+    try:
+        for i, prompt in enumerate(pair.prompts):
+            tokens, n_prompt = f.sequences[i].read_tokens()
+            ours = b"".join(vocab.piece(int(t)) for t in tokens)
+            theirs = _speculative_text(targets[target_type], drafters[("full", "F16")], prompt, pair.n_predict)
+            printed_new = theirs[len(b"".join(vocab.piece(int(t)) for t in tokens[:n_prompt])):]
+            assert theirs == ours[:len(theirs)], (i, theirs, ours)
+            assert len(printed_new) >= len(b"".join(vocab.piece(int(t)) for t in tokens[n_prompt:n_prompt + pair.n_predict]))
+    finally:
+        vocab.close()
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+@pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
+def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, captured, drafters, target_type):
+    """accept on features captured from the target GGUF, against llama-speculative-simple on the same target and
+    drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes)."""
+    from dflash_convert.accept import accept
+    from fixtures.trained import run_speculative
+
+    ours = accept(list(drafters.values()), captured[target_type], target_gguf=targets[target_type], device="cpu")
+    rows, differ = [], []
+    for (k, q), r in zip(drafters, ours.results, strict=True):
+        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, pair.n_predict) for p in pair.prompts]
+        theirs = (sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats))
+        rows.append(f"  target {target_type} | {k} {q}: accept {r.loop.n_drafted}/{r.loop.n_accept}, "
+                    f"llama-speculative-simple {theirs[0]}/{theirs[1]}")
+        if (r.loop.n_drafted, r.loop.n_accept) != theirs:
+            differ.append(rows[-1])
+    print("\n" + "\n".join(rows))
+    assert not differ, "\n".join(differ)
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_gguf_and_directory_features_agree(pair, captured, tmp_path):
+    """The F16 GGUF in llama.cpp and the safetensors in transformers (float32): the same greedy tokens, and layer
+    inputs that differ only by the F16 rounding of the GGUF's weights."""
+    import numpy as np
+
+    from dflash_convert.capture import capture
+    from dflash_convert.sources.features import read_features
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(pair.prompts) + "\n")
+    hf = read_features(capture(pair.target_dir, prompts, tmp_path / "hf.safetensors", new_tokens=pair.n_predict,
+                               device="cpu").output)
+    gg = read_features(captured["F16"])
+    worst = 0.0
+    for i in range(len(pair.prompts)):
+        a, b = gg.sequences[i], hf.sequences[i]
+        assert (a.read_tokens()[0] == b.read_tokens()[0]).all(), i
+        for layer in gg.layers:  # the directory's capture stores one more: the last layer's output
+            x, y = a.read_layer(gg.slot(layer)), b.read_layer(hf.slot(layer))
+            worst = max(worst, float(np.abs(x - y).max() / np.abs(y).max()))
+    print(f"\nlargest relative difference of the stored layer inputs, GGUF (F16) vs directory (float32): {worst:.2e}")
+    assert worst < 2e-2
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_context_is_refused(pair, targets, libllama, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(pair.prompts[0] + "\n")
+    out = tmp_path / "f.safetensors"
+    r = run_cli("capture", "--target-gguf", targets["F16"], "--prompts", prompts, "-o", out, "--ctx-size", "8",
+                "--threads", "1", "-q")
+    line = _one_error_line(r, 2)
+    assert "does not fit a context of 8 tokens (--ctx-size)" in line and str(prompts) in line and not out.exists()
