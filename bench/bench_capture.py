@@ -32,7 +32,8 @@ for _p in (str(REPO / "bench"), str(REPO)):
 
 from bench_convert import stamp_matches, write_synthetic_safetensors  # noqa: E402
 
-from fixtures.targets import cache_root, make_target_dir  # noqa: E402
+from fixtures.cache import cache_root  # noqa: E402
+from fixtures.targets import make_target_dir  # noqa: E402
 from fixtures.upstream import build_dir, llama_cpp_dir, llama_tool, run_upstream_convert  # noqa: E402
 
 SHAPE = {"hidden_size": 2560, "num_hidden_layers": 36, "intermediate_size": 9728, "num_attention_heads": 32,
