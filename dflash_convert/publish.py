@@ -47,7 +47,7 @@ from .sources.gguf_drafter import read_drafter
 from .sources.hub import DRAFTER, TARGET, TARGET_WEIGHTS, resolve_source
 from .terminal import human_size, visible
 from .tokenizer.cache import open_cache
-from .upload import upload_check, upload_release
+from .upload import Timeouts, upload_check, upload_release
 from .validate import PairingTarget, pairing_target, validate
 from .validate.gate import failure_summary
 from .validate.report import render_json
@@ -241,9 +241,9 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             types: str | list[str] | tuple[str, ...] = DEFAULT_TYPES, check: bool = False, upload: str | None = None,
             dry_run: bool = False, force: bool = False, progress: bool = False, drafter_repo: str | None = None,
             target_repo: str | None = None, target_revision: str | None = None, tokenizer_pre: str | None = None,
-            device: str = "auto") -> Release:
+            device: str = "auto", upload_timeout: float = Timeouts.transfer) -> Release:
     """Convert, quantize, validate (and ``check``) every type into a new release directory; with ``upload``
-    push it to that hub repo. Raises DFlashError, leaving no directory, when any file fails.
+    push it to that hub repo, each request waiting at most ``upload_timeout`` seconds. Raises DFlashError, leaving no directory, when any file fails.
 
     ``src`` and ``target_model_dir`` are directories or Hugging Face repo ids (``org/name[@revision]``,
     sources/hub.py); a repo id's resolved commit goes into the files and so into the card."""
@@ -327,7 +327,8 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
         staging.commit(replace=force)
     if upload is not None:
         assert token is not None
-        release.uploaded = upload_release(out, upload, token, release.names)
+        release.uploaded = upload_release(out, upload, token, release.names,
+                                          timeouts=Timeouts(min(Timeouts.connect, upload_timeout), upload_timeout))
     return release
 
 

@@ -222,3 +222,14 @@ def test_min_acceptance_without_features_or_with_per_tensor_flags_is_a_usage_err
 def test_every_wrong_value_is_one_usage_line_exit_64(tmp_path, args, says):
     r = run_cli(*args)
     assert says in _usage_line(r, "" if args[0] == "convrt" else args[0])
+
+
+def test_upload_timeout_is_a_positive_number_that_needs_upload():
+    publish = find_command(COMMANDS, "publish")
+    base = ["SRC", "--target-model-dir", "T", "-o", "R"]
+    assert parse(publish, [*base, "--upload", "me/x", "--upload-timeout", "2.5"])["upload_timeout"] == 2.5
+    assert parse(publish, base)["upload_timeout"] == 120.0
+    for bad in (["--upload", "me/x", "--upload-timeout", "0"], ["--upload", "me/x", "--upload-timeout", "nan"],
+                ["--upload-timeout", "5"]):
+        with pytest.raises(UsageError):
+            parse(publish, [*base, *bad])

@@ -208,6 +208,9 @@ COMMANDS: tuple[Command, ...] = (
              "that fails stops the release (needs torch)."),
         option("upload", "--upload", metavar="ORG/NAME", help="Push the release with huggingface_hub once every file passed "
                "(token: HF_TOKEN or the login cache; HF_ENDPOINT honoured)."),
+        option("upload_timeout", "--upload-timeout", type=float, default=120.0, minimum=0, min_open=True, maximum=86400,
+               metavar="SECONDS", help="With --upload: how long one request may wait for the hub (connect: at most 30 s).",
+               needs=("upload",)),
         option("drafter_repo", "--drafter-repo", metavar="ORG/NAME",
                help="The drafter's hub repo for the card (default: the file's provenance, else the directory name)."),
         option("target_repo", "--target-repo", metavar="ORG/NAME",
