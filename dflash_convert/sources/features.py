@@ -139,8 +139,11 @@ class FeaturesFile:
             return
         got = got_of(target.source)
         if got != recorded:
-            raise InputFileError(f"captured from another target (recorded {self.target!r}, {what} {recorded[:12]}...), "
-                                 f"not {target.source} (SHA-256 {got[:12]}...); {ALLOW_OTHER}", self.path)
+            same_place = self.target is not None and os.path.realpath(self.target) == os.path.realpath(target.source)
+            why = (f"{target.source} changed since the capture ({what} {recorded[:12]}... then, {got[:12]}... now)"
+                   if same_place else f"captured from another target (recorded {self.target!r}, {what} {recorded[:12]}...), "
+                   f"not {target.source} (SHA-256 {got[:12]}...)")
+            raise InputFileError(f"{why}; {ALLOW_OTHER}", self.path)
 
 
 def config_sha256(target_dir: str | Path) -> str:
