@@ -192,13 +192,3 @@ DRAFTER_ARCHS: tuple[str, ...] = ("dflash", "eagle3")
 
 # tokenizer keys that must be identical between drafter and target (beyond the token list)
 TOKENIZER_IDENTITY_KEYS: tuple[str, ...] = ("tok_model", "tok_pre")
-
-# llama.cpp architectures whose graph records each layer's input (``res->t_layer_inp``, src/models/*.cpp at
-# 0c1e57098): the targets a DFlash drafter can read. The layer count itself (lid = n_layer) is recorded only
-# by the second set (src/models/nemotron-h.cpp, deepseek4.cpp); elsewhere asking for it aborts llama.cpp.
-LAYER_INPUT_ARCHS: tuple[str, ...] = (
-    "bailingmoe3", "deepseek4", "gemma4", "hunyuan_vl", "lfm2", "llama", "mimo2", "minimax-01", "minimax-m2",
-    "muse-glimmer", "nanbeige", "nemotron_h", "gpt-oss", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next",
-    "qwen4exp",
-)
-LAST_LAYER_OUTPUT_ARCHS: tuple[str, ...] = ("nemotron_h", "deepseek4")

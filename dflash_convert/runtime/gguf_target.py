@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DFlashError, InputFileError
 from ..files import check_regular_file
 from ..format.keys import key
-from ..format.rules import DRAFTER_ARCHS, LAST_LAYER_OUTPUT_ARCHS, LAYER_INPUT_ARCHS
+from ..format.rules import DRAFTER_ARCHS, LAST_LAYER_OUTPUT_ARCHS, LAYER_INPUT_TARGET_ARCHS
 from ..sources.gguf import read_gguf
 from ..target import decoder_layers
 from .libllama import SUPPORTED_COMMIT, LibLlama
@@ -53,16 +53,16 @@ def inspect_gguf_target(path: str | Path) -> GGUFTargetInfo:
     g = read_gguf(path)
     try:
         if g.get(key("type")) == IMATRIX_TYPE:
-            raise InputFileError("this is an importance matrix (general.type imatrix), not a model; pass the target's GGUF",
-                                 path)
+            raise InputFileError(f"this is an importance matrix ({key('type')} {IMATRIX_TYPE}), not a model; pass the "
+                                 "target's GGUF", path)
         arch = g.architecture
         if arch is None:
             raise InputFileError(f"target GGUF has no {key('architecture')}: not a model", path)
         if arch in DRAFTER_ARCHS:
             raise InputFileError(f"this is a {arch} drafter, not a target model; pass the target's GGUF", path)
-        if arch not in LAYER_INPUT_ARCHS:
+        if arch not in LAYER_INPUT_TARGET_ARCHS:
             raise DFlashError(f"llama.cpp {SUPPORTED_COMMIT} does not record the layer inputs of a {arch!r} model, so no "
-                              f"drafter can read this target (architectures that do: {', '.join(LAYER_INPUT_ARCHS)})", path)
+                              f"drafter can read this target (architectures that do: {', '.join(LAYER_INPUT_TARGET_ARCHS)})", path)
 
         def count(short: str) -> int | None:
             v = g.get(key(short, arch))
