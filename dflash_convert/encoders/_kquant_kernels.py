@@ -1,16 +1,10 @@
 """numba ports of ggml's per-group K-quant searches, loop for loop (see ``jit`` for when they run).
 
-Importing this module imports numba; only ``jit.kquant_kernels()`` does, lazily. Each kernel is the C
-code of ``ggml-quants.c`` written again, with the rules the numpy ports follow (see ``kquants``):
-every value and constant is float32 (C's ``f`` literals; an int meeting a float is converted to
-float first, as in C), sums run in index order, and there is no fastmath, so LLVM neither
-contracts ``a*b + c`` into an FMA nor reassociates a sum: each operation rounds once, as in
-ggml-base, which is built without FMA. A float64 creeping in would change bits, so every constant
-is a named float32 and each accumulator starts from one.
-
-``nearest_int`` is C's magic-number trick. In its valid range (|v| <= 2**22 - 1) ``(v + M) - M``
-is exactly the rounded value; outside it (and for inf/NaN) the kernels reinterpret the float's
-bits through a one-element scratch array, as C's memcpy does, so garbage is reproduced too.
+Importing this module imports numba; only ``jit.kquant_kernels()`` does, lazily. Every value and
+constant is a named float32, sums run in index order, and there is no fastmath (no FMA contraction,
+no reassociation), as ggml-base is built: a float64 creeping in would change bits. ``nearest_int``
+reproduces C's magic-number trick, garbage outside |v| <= 2**22 - 1 included.
+Specification: docs/quantizers.md, "K-quants".
 """
 
 from __future__ import annotations
