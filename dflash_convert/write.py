@@ -1,12 +1,9 @@
 """Streaming, atomic GGUF writer.
 
-The header (metadata and tensor table) is computed up front from shapes and types alone; tensor
-data is then produced chunk by chunk and written in order, so memory does not grow with model
-size. Everything goes to a ``outputs.TemporaryOutput`` in the destination folder (an exclusive,
-unpredictable name), written, patched and verified through its descriptor, and renamed into place
-only when complete, never over a file that appeared meanwhile unless ``replace``; on any error or
-signal the temporary file is removed. Late values (source file hashes computed while converting)
-are fixed-size strings patched into the header at the end.
+The header is computed up front from shapes and types; tensor data is produced chunk by chunk, so
+memory does not grow with the model. Everything goes to an ``outputs.TemporaryOutput`` renamed into
+place only when complete and verified; late values (source hashes) are fixed-size strings patched
+into the header at the end. Specification: docs/conversion.md, "How every output is written".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The program: ``main()`` runs one command line under the process guard; the exit-code table.
 
-Exit codes, every command (README.md says it once): 0 success or every check passed; 1 refused, a
-check failed, or the machine stopped the command (a full disk, out of memory); 2 an input cannot be
-read; 64 the command line itself is wrong (EX_USAGE of sysexits.h: an unknown option, a missing
-argument, a value out of range), so a CI gate tells its own typo from a bad file; 128 + N killed by
-signal N (130 SIGINT, 141 SIGPIPE: the reader of stdout went away, 143 SIGTERM).
-
-The guard: closed standard streams reopened, SIGINT and SIGTERM unwound, every error one line.
+Exit codes (README.md says them once): 0 success; 1 refused, a check failed, or the machine stopped
+the command; 2 an input cannot be read; 64 the command line is wrong (sysexits' EX_USAGE), so a CI
+gate tells its own typo from a bad file; 128 + N killed by signal N. The guard: closed standard
+streams reopened, SIGINT and SIGTERM unwound, every error one line.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""numba ports of ggml's legacy block quantizers (Q4_0, Q4_1, Q5_0, Q5_1), with the half-precision
-conversions they need (see ``jit`` for when they run).
+"""numba ports of ggml's legacy block quantizers (Q4_0 to Q5_1) and the float16 conversions they need.
 
-Importing this module imports numba; only ``jit.legacy_kernels()`` does, lazily. The kernels follow
-the rules of the K-quant kernels (``_kquant_kernels``): every value and constant float32, sums in
-index order, no fastmath, so each operation rounds once as in ggml-base. The float16 conversions are
-LLVM intrinsics; ``widen_f16`` (floats.py's F16 -> F32) is here because it is built on the same one.
-Every helper a kernel calls lives in this file: numba's on-disk cache is keyed on the file of the
-function it compiled, so a kernel would keep running a stale copy of a helper edited in another file.
+Imported (with numba) only by ``jit.legacy_kernels()``. Same rules as ``_kquant_kernels``: float32
+throughout, sums in index order, no fastmath. Every helper a kernel calls lives in this file:
+numba's on-disk cache is keyed on the compiled function's file, so a helper edited elsewhere would
+leave a stale copy running.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Bit-exact ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
-Each function returns the bytes ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same float32
-input, which is what ``llama-quantize`` writes without an importance matrix. With numba installed
-the per-group searches and the final rounding run as compiled kernels (``_kquant_kernels``) and only the
-super-block scales and the packing stay here; the numpy tiles are the fallback, with the same
-bytes. Nothing is refused: a tile holding inf or NaN takes loops that mirror C's scans. The
-functions are pure (scratch per call) and can run on a thread pool.
-
-Specification (C's summation order, ``nearest_int``, strict maxima, fp16, the tiles' layout):
-docs/quantizers.md, "K-quants: Q4_K, Q5_K, Q6_K".
+Each function returns the bytes ``quantize_row_q{4,5,6}_K_ref`` write (llama-quantize without an
+imatrix). With numba the per-group searches run as ``_kquant_kernels``; the numpy tiles here are the
+fallback, with the same bytes. Nothing is refused: inf and NaN take loops that mirror C's scans.
+Pure functions, safe on a thread pool. Specification: docs/quantizers.md, "K-quants".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
-This is what llama-quantize runs for these types without an importance matrix, so the bytes must be
-its bytes. With numba installed the sub-block searches, the requantization and the packing run as
-compiled kernels (``_kquant_kernels``); the numpy code here is the fallback, with the same bytes. Nothing
-is refused: degenerate sub-blocks (NaN, infinities, huge ratios) store the clamped values C stores.
-The functions are pure; every buffer is local to a call.
-
-Specification (the ``[16, n_sub]`` layout, sequential sums, masks for C's branches, signed zeros,
-fp16 scales): docs/quantizers.md, "Q2_K and Q3_K".
+What llama-quantize runs without an importance matrix. With numba the searches and packing run as
+``_kquant_kernels``; the numpy code here is the fallback, with the same bytes. Nothing is refused:
+degenerate sub-blocks store the clamped values C stores. Pure functions.
+Specification: docs/quantizers.md, "Q2_K and Q3_K".
 """
 
 from __future__ import annotations

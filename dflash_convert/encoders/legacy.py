@@ -1,13 +1,9 @@
 """Bit-exact ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
-Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
-input, which is what ``llama-quantize`` writes for these types without an importance matrix. With
-numba installed one compiled kernel (``_legacy_kernels.legacy_quantize``) does the work; the numpy code
-here is the fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are
-reproduced as C computes them. The functions are pure and can run on a thread pool.
-
-Specification (float32 order, the extreme element, the int8 truncation, fp16 and NaN):
-docs/quantizers.md, "Legacy types".
+Each function returns the bytes ``quantize_row_q{4,5}_{0,1}_ref`` write (llama-quantize without an
+imatrix). With numba one compiled kernel (``_legacy_kernels``) does the work; the numpy code is the
+fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are reproduced.
+Pure functions. Specification: docs/quantizers.md, "Legacy types".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF: data tables and their rule.
 
-Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix: the
-file types, which tensors are quantizable at all, the ``_S/_M/_L`` mix rules by tensor category
-(``MIX_RULES``), the block-size fallbacks (``FALLBACK``) and the per-tensor overrides
-(``TypeOverrides``), applied in llama-quantize's order by ``choose_quant_types``. It reads no file;
-it refuses an unknown type name (``resolve_ftype``) and nothing else.
-
-Specification (llama-quantize's decision order, its running counters, the metadata it rewrites):
-docs/quantizers.md, "Which type each tensor gets".
+Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix
+(``MIX_RULES``, ``FALLBACK``, ``TypeOverrides``, applied by ``choose_quant_types``). Reads no file;
+refuses an unknown type name (``resolve_ftype``) and nothing else. Specification: docs/quantizers.md,
+"Which type each tensor gets".
 """
 
 from __future__ import annotations
