@@ -77,12 +77,10 @@ class StrArray(Sequence):
     is the buffer's end).
 
     Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
-    list of bytes); each item is made only when asked for, so holding a vocabulary costs its bytes
-    and 12 or 16 bytes an item, not a Python object (about 40 bytes or more) an item. Kept in the
-    file's own form, reading it is one walk over the length prefixes and a copy of the region
-    (building item bytes one by one was most of the time a quantize of a 248k vocabulary spent
-    before its first tensor), and writing it back is that buffer.
+    list of bytes); each item is made only when asked for, so a vocabulary costs its bytes and an
+    offset an item, and writing it back is the buffer itself.
     """
+
 
     __slots__ = ("data", "offsets")
 

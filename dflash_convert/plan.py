@@ -318,12 +318,11 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
                      options: QuantizeOptions | None = None) -> tuple[list[PlannedTensor], int]:
     """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders.
 
-    Each PlannedTensor's current ggml type is what llama-quantize would read; its encoder is
-    extended to produce the new type from the same source (so a conversion and a quantization
-    run in one pass). Returns (planned tensors in llama-quantize's order, number of fallbacks);
-    the file's general.file_type is ``ftype.value``. ``options``: llama-quantize's per-tensor flags and --prune-layers (the
-    tensors of pruned layers dropped, the others renumbered, as its remap_layer does).
+    Each encoder is extended to produce the new type from the same source (one pass). Returns (planned
+    tensors in llama-quantize's order, number of fallbacks). ``options``: llama-quantize's per-tensor
+    flags and --prune-layers (pruned layers dropped, the others renumbered, as remap_layer does).
     """
+
     options = options or QuantizeOptions()
     if options.prune_layers:
         order = loader_order([p.tensor.gguf_name for p in planned])

@@ -171,13 +171,11 @@ def _exit_broken_pipe() -> None:
 def guard(command: Callable[[], int]) -> None:
     """Run ``command`` as the process: one error line and an exit code, whatever happens.
 
-    SIGINT and SIGTERM raise Interrupted while a command runs (the writer removes its temporary
-    file as it unwinds) and exit 130 / 143 without a traceback. Once the command is over, a late
-    signal is only recorded: the process still exits 128 + signal, and nothing is left half done.
-    A reader of stdout that goes away exits 141 (SIGPIPE's status) with nothing more printed; a
-    stdout closed from the start swallows the output (one warning says so) and changes no exit code.
-    Anything unforeseen is still one line ("internal error"; DFLASH_CONVERT_TRACEBACK=1 shows it).
+    SIGINT and SIGTERM unwind a running command (its temporary files removed); a signal after it is
+    only recorded, the exit still 128 + signal. Anything unforeseen is one "internal error" line
+    (DFLASH_CONVERT_TRACEBACK=1 shows the traceback). The codes: README.md, "Errors and exit codes".
     """
+
     closed_stdout = _open_standard_streams()
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -78,12 +78,7 @@ def f16_to_bf16(words: np.ndarray) -> np.ndarray:
 
 
 def bf16_to_f16(words: np.ndarray) -> np.ndarray:
-    """bfloat16 words -> float16 words, equal to widening to float32 and rounding to f16 (RNE).
-
-    Where the value is a normal f16 number the conversion is exact (bf16 has 7 mantissa bits,
-    f16 has 10): only the exponent is rebiased and the mantissa shifted, in integer ops. The rest
-    (f16 subnormals and zero, overflow, inf, NaN: rare in weights) goes through numpy's float cast.
-    """
+    """bfloat16 words -> float16 words, equal to widening to float32 and rounding to f16 (RNE)."""
     e = (words >> 7) & np.uint16(0xFF)
     out = (words & np.uint16(0x8000)) | ((e - np.uint16(112)) << 10) | ((words & np.uint16(0x7F)) << 3)
     slow = np.flatnonzero((e < 113) | (e > 142))

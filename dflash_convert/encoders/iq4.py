@@ -56,11 +56,7 @@ _LUT_INDEX, _LUT_VALUE = _tables()
 
 
 def _reduce_is_sequential() -> bool:
-    """Does ``np.add.reduce(a, axis=0, initial=0)`` on our scratch layout add rows in index order?
-
-    Data on which any other order rounds differently: 1 then half-ulps of 1 (left to right each
-    rounds back to 1; any pairing of the small terms first ends above 1), in every column.
-    """
+    """Does ``np.add.reduce(a, axis=0, initial=0)`` on our scratch layout add rows in index order?"""
     for shape in ((32, 2, 1), (32, 2, 3), (32, 2, 257), (32, 3, 40)):
         a = np.full(shape, _F32(2.0**-24), _F32)
         a[0] = 1
@@ -96,12 +92,8 @@ _PAGE = 4096
 
 
 def _staggered(nbytes: int, slot: int) -> np.ndarray:
-    """Uninitialised bytes starting ``slot * 320`` bytes into a page.
+    """Uninitialised bytes starting ``slot * 320`` bytes into a page, so one ufunc's loads and stores never 4K-alias."""
 
-    The tile arrays have rows of a whole number of pages, so without this the load and store
-    streams of one ufunc would 4K-alias (same address bits 0-11) and stall; staggering the arrays
-    against each other avoids that.
-    """
     raw = np.empty(nbytes + 2 * _PAGE, np.uint8)
     start = (-raw.ctypes.data) % _PAGE + (slot * 320) % _PAGE
     return raw[start:start + nbytes]
@@ -245,11 +237,7 @@ def _pack(L: np.ndarray) -> np.ndarray:
 
 
 def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices.
-
-    Each value is stored as the index of the nearest ``kvalues_iq4nl`` entry to ``x/d``; ``d`` is the
-    best least-squares scale over the 16 candidates ggml tries (see the module docstring).
-    """
+    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices."""
     xb = as_blocks(x, QK4_NL)
     nb = xb.shape[0]
     out = np.empty(nb, BLOCK_IQ4_NL)
@@ -266,13 +254,7 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``.
-
-    Layout: fp16 super-block scale ``d``, uint16 ``scales_h`` (2 high bits of each 6-bit block scale),
-    4 bytes ``scales_l`` (low nibbles), 128 bytes of 4-bit ``kvalues_iq4nl`` indices. The 8 block
-    scales from the search are stored as ``l in [-32, 31]`` times ``d = -max_scale/32``, and the
-    values are requantized with the stored scale ``d*l``.
-    """
+    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``."""
     xb = as_blocks(x, QK_K).reshape(-1, QK4_NL)
     nb = xb.shape[0]
     out = np.empty(nb // 8, BLOCK_IQ4_XS)
