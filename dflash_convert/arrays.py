@@ -81,7 +81,6 @@ class StrArray(Sequence):
     offset an item, and writing it back is the buffer itself.
     """
 
-
     __slots__ = ("data", "offsets")
 
     def __init__(self, data: bytes | bytearray, offsets: np.ndarray) -> None:

@@ -136,7 +136,6 @@ class Drafter:
     tensors: list[DrafterTensor] = field(default_factory=list)
     tokenizer: Metadata | None = field(default=None, repr=False)  # the tokenizer.* keys
 
-
     @property
     def source(self) -> Path:
         """The checkpoint directory or file the drafter was read from."""

@@ -38,7 +38,6 @@ def recycle_chunk_memory() -> None:
     memory back in; raised mmap and trim thresholds reuse the heap pages (bounded by the look-ahead
     window). No effect outside glibc.
     """
-
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt

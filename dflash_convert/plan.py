@@ -322,7 +322,6 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
     tensors in llama-quantize's order, number of fallbacks). ``options``: llama-quantize's per-tensor
     flags and --prune-layers (pruned layers dropped, the others renumbered, as remap_layer does).
     """
-
     options = options or QuantizeOptions()
     if options.prune_layers:
         order = loader_order([p.tensor.gguf_name for p in planned])

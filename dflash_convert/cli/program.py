@@ -175,7 +175,6 @@ def guard(command: Callable[[], int]) -> None:
     only recorded, the exit still 128 + signal. Anything unforeseen is one "internal error" line
     (DFLASH_CONVERT_TRACEBACK=1 shows the traceback). The codes: README.md, "Errors and exit codes".
     """
-
     closed_stdout = _open_standard_streams()
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):

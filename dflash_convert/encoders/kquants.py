@@ -531,7 +531,6 @@ class _QxTile:
 
         Leaves scale in ST[0], the accepted iscale in ST[1]; returns the ``zero`` mask (amax < GROUP_MAX_EPS).
         """
-
         X, VT, ST, mx, B = self.X, self.VT, self.ST, self.mx, self.B
         cand, iscale = VT
         sumlx, suml2 = self.sumv

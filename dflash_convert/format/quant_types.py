@@ -118,7 +118,6 @@ OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
 # FALLBACK and LAST_RESORT_TYPE (tensor_type_fallback) live in rules.py
 
 # notes: every choice says why; these prefixes let a caller count or filter them
-
 NOTE_KEPT = "kept"
 NOTE_FALLBACK = "fallback"
 # the type reported for a tensor llama-quantize leaves alone when the caller gave no input types
@@ -268,7 +267,6 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     ``tensors`` are (GGUF name, ggml ne) in file order; ``input_types`` names the types of tensors left
     alone (else ``"keep"``) and refuses a requantization; omitted head and layer counts are read off
     the tensors. Spec: docs/quantizers.md, "Which type each tensor gets".
-
     """
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]
