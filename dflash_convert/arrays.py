@@ -1,9 +1,8 @@
 """GGUF's array values as the reader makes them and the writer writes them: compact, never a list.
 
-A numeric array is one numpy copy of its bytes (``NumArray``); a string array is one buffer in
-GGUF's own form with an offsets array (``StrArray``). Either reads like the list it stands for, and
-makes Python objects only when a caller asks for an item. The GGUF reader (sources/gguf.py) builds
-them, ``Metadata`` holds them, the writer (write.py) and the tokenizer cache store them as they are.
+``NumArray`` is one numpy copy of a numeric array's bytes, ``StrArray`` one buffer of a string
+array in GGUF's own form; both read like the list they stand for and make Python objects only
+when an item is asked for.
 """
 
 from __future__ import annotations

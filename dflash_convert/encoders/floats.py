@@ -1,10 +1,8 @@
 """Element conversions between float types (F64, F32, F16, BF16), chunk by chunk.
 
-Results are bit-exact with llama.cpp's converter (which widens everything that is not F16/F32 to
-F32, then narrows with round-to-nearest-even). Each function takes a 1-D chunk of raw words
-(BF16 as uint16 words), so callers stream a tensor in pieces of any size. Pure numpy: its
-element-wise kernels release the GIL, so chunks run on all cores from a thread pool
-(pipeline.py), and importing it costs a tenth of torch's memory.
+Bit-exact with llama.cpp's converter (non-F16/F32 widened to F32, narrowed round-to-nearest-even).
+Each function takes a 1-D chunk of raw words (BF16 as uint16), so a tensor streams in pieces. Pure
+numpy, whose kernels release the GIL: chunks run on a thread pool (pipeline.py).
 """
 
 from __future__ import annotations

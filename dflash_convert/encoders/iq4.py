@@ -1,13 +1,8 @@
 """Bit-exact ports of ggml's 4-bit non-linear quantizers: IQ4_NL and IQ4_XS.
 
-What ``llama-quantize`` runs for these types without an importance matrix is
-``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not ``quantize_row_iq4_nl_ref``, which skips the
-scale search), so the 15-trial scale search is reproduced here. Nothing is refused: a tile holding
-inf or NaN takes the general path (table lookup with clamping in every trial). The functions are
-pure: scratch is allocated per call.
-
-Specification (the C algorithm per block, why two table lookups replace the 15 trials, fp16):
-docs/quantizers.md, "IQ4_NL and IQ4_XS".
+llama-quantize without an imatrix runs ``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not the
+``_ref``), so the 15-trial scale search is reproduced. Nothing is refused: inf or NaN take the
+general path. Pure functions. Specification: docs/quantizers.md, "IQ4_NL and IQ4_XS".
 """
 
 from __future__ import annotations
@@ -187,9 +182,8 @@ def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
             np.take(_LUT_VALUE, i3, out=t3, mode="wrap")  # t3 now holds the quant values
             _sums(_terms(w, x, t3[0], wq, p), sums[0])
 
-            # In every trial an element's q is one of its q at itry = -7 and +7 (see the module
-            # docstring): the larger where al >= their midpoint. So the terms of both candidates
-            # are computed once, and each trial selects bitwise: p = hi ^ ((hi ^ lo) & mask).
+            # In every trial an element's q is its q at itry = -7 or +7 (docs/quantizers.md): both
+            # candidates' terms once, then each trial selects bitwise: p = hi ^ ((hi ^ lo) & mask).
             hi, diff, mid, mask = s["hi"], s["diff"], s["mid"], s["mask"]
             np.maximum(t3[1], t3[2], out=q)
             np.minimum(t3[1], t3[2], out=t3[0])

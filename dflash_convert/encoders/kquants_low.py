@@ -108,7 +108,7 @@ def _first_max(vals: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
-    """GGML_FP32_TO_FP16 (see the module docstring), as little-endian fp16."""
+    """GGML_FP32_TO_FP16 (docs/quantizers.md, fp16 scales), as little-endian fp16."""
     return v.astype(np.float16).astype("<f2", copy=False)
 
 

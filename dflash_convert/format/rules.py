@@ -1,10 +1,8 @@
 """What llama.cpp 0c1e57098 demands of a DFlash drafter GGUF and of its target, as data tables.
 
-The validator (``dflash_convert.checks``) reads these tables and never spells a key or a tensor
-name itself. Keys are short names from ``format.keys.KEYS``; tensor names and the PyTorch shapes
-of the classic tensors come from ``format.tensors`` (a ggml shape is the PyTorch shape reversed).
-Sources: src/models/dflash.cpp, src/llama-model.cpp, src/llama-model-loader.cpp,
-common/speculative.cpp (see ../shared/spec/dflash-gguf-format.md sections 1, 2 and 4).
+validate reads these tables and never spells a key or a tensor name itself. Sources:
+src/models/dflash.cpp, src/llama-model.cpp, src/llama-model-loader.cpp, common/speculative.cpp
+(../shared/spec/dflash-gguf-format.md sections 1, 2 and 4).
 """
 
 from __future__ import annotations
