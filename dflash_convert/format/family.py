@@ -82,8 +82,7 @@ CONV_BASE_TYPE = "F32"
 # DFlash2: upstream writes all four (when dflash_config has conv_kernel_size) or none; the loader
 # needs all four (and dflash.block_size) > 0 once selector_hidden.weight exists
 CONV_SELECTOR_KEYS: tuple[str, ...] = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# Gemma-4 DSpark: upstream writes the generic text-model keys from the config, then sets the Gemma-4
-# values of these, in this order; a key the config did not give lands at the end instead (Drafter.late_keys)
+# Gemma-4 DSpark: set after the generic keys, in this order; one the config lacked goes last (Drafter.late_keys)
 GEMMA4_OVERRIDDEN_KEYS: tuple[str, ...] = ("head_count_kv", "key_length", "value_length", "rope_dimension_count",
                                            "embedding_scale")
 # the generated RoPE factors of Gemma-4 DSpark's proportional RoPE: 1 for rotated pairs, this for the rest
