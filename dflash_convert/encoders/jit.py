@@ -25,8 +25,7 @@ def kquant_kernels() -> ModuleType | None:
     if not _wanted():
         return None
     try:
-        # lazy: numba is optional and takes about half a second to import (llvmlite with it);
-        # commands that never quantize should not pay for it
+        # lazy: numba is optional and slow to import; commands that never quantize do not pay for it
         from . import _kquant_kernels
     except Exception:  # not only ImportError: numba refusing this numpy, or finding no writable cache dir, raises others
         return None
@@ -39,7 +38,6 @@ def legacy_kernels() -> ModuleType | None:
     if not jit_available():
         return None
     try:
-        # lazy, as _kquant_kernels above: it imports numba
         from . import _legacy_kernels
     except Exception:  # as above: numba can fail in ways other than ImportError
         return None
@@ -52,7 +50,6 @@ def float_kernels() -> ModuleType | None:
     if not jit_available():
         return None
     try:
-        # lazy, as _kquant_kernels above: it imports numba
         from . import _float_kernels
     except Exception:  # as above: numba can fail in ways other than ImportError
         return None
