@@ -14,12 +14,7 @@ import numpy as np
 
 
 class NumArray(Sequence):
-    """A numeric GGUF array held as one compact numpy copy of its bytes.
-
-    Reads like a list of Python numbers (len, index, iterate, compare with a list); the Python
-    objects are made only when a caller asks for them, so parsing never allocates more than the
-    bytes the file holds.
-    """
+    """A numeric GGUF array held as one compact numpy copy of its bytes."""
 
     __slots__ = ("data",)
 

@@ -126,12 +126,7 @@ def prefer_direct_io(total_bytes: int) -> bool:
 
 
 class _OutputFile:
-    """Sequential writer, through the page cache or past it (O_DIRECT) where the filesystem allows.
-
-    With ``direct``, data is staged in a page-aligned buffer and written in whole aligned blocks;
-    the tail is padded to a block and the file truncated to its true length on close. Filesystems
-    without O_DIRECT (tmpfs) get ordinary buffered writes; ``prefer_direct_io`` chooses.
-    """
+    """Sequential writer, through the page cache or past it (O_DIRECT) where the filesystem allows."""
 
     STAGE = 8 << 20  # bytes per direct write; a multiple of any logical block size
 
