@@ -44,7 +44,7 @@ def command_errors(output: str | os.PathLike | None) -> Iterator[None]:
 
 def convert(src_dir: Path, outfile: str | None, force: bool, dry_run: bool, no_cache: bool, quiet: bool, **options: Any) -> int:
     """convert: plan the file (printed with --dry-run), write it."""
-    from ..conversion import plan_conversion, write_plan
+    from ..conversion import plan_conversion, write_plan  # tokenizers, gguf-py: only the commands that convert pay for them
 
     quiet_logs(quiet)
     with command_errors(outfile):
@@ -61,11 +61,11 @@ def convert(src_dir: Path, outfile: str | None, force: bool, dry_run: bool, no_c
 def inspect(path: Path, drafter: bool) -> int:
     """inspect: the keys and tensors as stored and how to pair the drafter, or (--drafter) its Drafter as JSON."""
     if drafter:
-        from ..sources.gguf_drafter import describe, read_drafter
+        from ..sources.gguf_drafter import describe, read_drafter  # start-up: parsing and -h import none of this
 
         echo(json.dumps(describe(read_drafter(path)), indent=1))
         return 0
-    from ..inspect_gguf import read_summary
+    from ..inspect_gguf import read_summary  # start-up: as above
 
     say(read_summary(path).lines())
     return 0
@@ -73,8 +73,8 @@ def inspect(path: Path, drafter: bool) -> int:
 
 def validate(path: Path, target: Path | None, json_out: bool, deep: bool) -> int:
     """validate: the report (text or JSON); an unreadable input is its one error line."""
-    from ..validate import validate as run_validate
-    from ..validate.report import render_json, render_text
+    from ..validate import validate as run_validate  # gguf-py and the target readers: only when validating
+    from ..validate.report import render_json, render_text  # start-up: as above
 
     report = run_validate(path, target, deep=deep)
     if json_out:
@@ -88,7 +88,7 @@ def validate(path: Path, target: Path | None, json_out: bool, deep: bool) -> int
 
 def migrate(src: Path, out: str, force: bool, **options: Any) -> int:
     """migrate: rewrite, validate once, print the file and validate's verdict."""
-    from ..migrate import migrate as run_migrate
+    from ..migrate import migrate as run_migrate  # the writers and gguf-py: only when migrating
 
     with command_errors(out):
         result = run_migrate(src, out, force=force, **options)
@@ -105,7 +105,7 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
     quiet_logs(quiet)
     if min_acceptance is not None:
         return quantize_for_acceptance(src, out, qtype, features, min_acceptance, threads, dry_run, force, quiet, target)
-    from ..quantize import plan_quantize, quantize_options, write_quantize
+    from ..quantize import plan_quantize, quantize_options, write_quantize  # the encoders, gguf-py: only when quantizing
 
     with command_errors(out):
         # llama-quantize applies --tensor-type items and the file's in command-line order
@@ -124,7 +124,7 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
 def quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, min_acceptance: float, threads: int | None,
                             dry_run: bool, force: bool, quiet: bool, target: dict[str, Any]) -> int:
     """quantize --min-acceptance: the smallest mix that keeps that share of the input's acceptance, and its recipe."""
-    from ..quantize import quantize_for_acceptance as choose
+    from ..quantize import quantize_for_acceptance as choose  # torch and the encoders: only this command pays for them
 
     chosen = choose(src, out, qtype, features, min_acceptance, force=force, dry_run=dry_run, progress=not quiet,
                     threads=threads, log=None if quiet else say, **target)
@@ -136,6 +136,7 @@ def quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, min
 
 def sweep(src: Path, features: Path, types: str, json_out: bool, plot: Path | None, force: bool, **options: Any) -> int:
     """sweep: every type's size against its acceptance (a table, JSON, or a plot)."""
+    # torch and the encoders: only this command pays for them
     from ..quantize import plot_sweep, plot_sweep_ready
     from ..quantize import sweep as run_sweep
 
@@ -154,7 +155,7 @@ def sweep(src: Path, features: Path, types: str, json_out: bool, plot: Path | No
 
 def check(draft: Path, checkpoint: Path, json_out: bool, **options: Any) -> int:
     """check: run the GGUF and the checkpoint on the same inputs, print the verdict."""
-    from ..check import check as run_check
+    from ..check import check as run_check  # imports torch: only this command pays for it
 
     report = run_check(draft, checkpoint, **options)
     echo(report.to_json() if json_out else report.render_text())
@@ -163,7 +164,7 @@ def check(draft: Path, checkpoint: Path, json_out: bool, **options: Any) -> int:
 
 def capture(out: str, quiet: bool, **options: Any) -> int:
     """capture: run the target over the prompts, write the features file."""
-    from ..capture import capture as run_capture
+    from ..capture import capture as run_capture  # imports torch and transformers: only this command pays for them
 
     quiet_logs(quiet)
     with command_errors(out):
@@ -177,7 +178,7 @@ def capture(out: str, quiet: bool, **options: Any) -> int:
 
 def accept(drafts: list[Path], features: Path, json_out: bool, **options: Any) -> int:
     """accept: each file's accepted tokens on the captured sequences."""
-    from ..accept import accept as run_accept
+    from ..accept import accept as run_accept  # imports torch: only this command pays for it
 
     report = run_accept(drafts, features, **options)
     echo(report.to_json() if json_out else report.render_text())
@@ -187,7 +188,7 @@ def accept(drafts: list[Path], features: Path, json_out: bool, **options: Any) -
 def publish(src_dir: Path, target_model_dir: Path, out_dir: str, upload: str | None, dry_run: bool, quiet: bool,
             **options: Any) -> int:
     """publish: convert, quantize and validate every type into a release directory (and upload it)."""
-    from ..publish import publish as run_publish
+    from ..publish import publish as run_publish  # every command's dependencies: only a release pays for them
 
     quiet_logs(quiet)
     with command_errors(out_dir):
