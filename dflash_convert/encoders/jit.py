@@ -38,6 +38,7 @@ def legacy_kernels() -> ModuleType | None:
     if not jit_available():
         return None
     try:
+        # lazy, as _kquant_kernels above: it imports numba
         from . import _legacy_kernels
     except Exception:  # as above: numba can fail in ways other than ImportError
         return None
@@ -50,6 +51,7 @@ def float_kernels() -> ModuleType | None:
     if not jit_available():
         return None
     try:
+        # lazy, as _kquant_kernels above: it imports numba
         from . import _float_kernels
     except Exception:  # as above: numba can fail in ways other than ImportError
         return None
