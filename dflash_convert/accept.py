@@ -1,17 +1,9 @@
 """``dflash-convert accept``: how many drafted tokens each drafter file gets accepted, as llama.cpp counts.
 
-Only the drafters run (the target ran once, in ``capture``): for each file, along each captured
-sequence, the drafts from every anchor (``runtime.accept.anchor_drafts``, batched, context K/V
-computed once per sequence), then
-
-* the live loop of ``llama-speculative-simple`` (greedy, ``--spec-draft-n-max n_max``, ``-n`` the
-  captured ``new_tokens``): ``n_drafted``, ``n_accept``, ``accept`` with its definitions, and the
-  drafted tokens accepted per step;
-* every anchor: the accepted prefix from every position of the continuation, and the per-slot
-  acceptance curve (the probability that slot k is accepted given the slots before it were).
-
-Several files at once give a table with each file's size, type and acceptance, and its difference
-to the first file (or to ``--checkpoint``, run through the reference forward, llama.cpp semantics).
+Only the drafters run (the target ran once, in ``capture``): llama-speculative-simple's live loop
+(``n_drafted``, ``n_accept``, ``accept``) and, from every anchor, the accepted prefix and the
+per-slot acceptance curve. Several files give a table with each file's difference to the first (or
+to ``--checkpoint`` through the reference forward). Specification: docs/acceptance.md, "accept".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """GGUF's array values as the reader makes them and the writer writes them: compact, never a list.
 
-A numeric array is one numpy copy of its bytes (``NumArray``); a string array is one buffer in
-GGUF's own form with an offsets array (``StrArray``). Either reads like the list it stands for, and
-makes Python objects only when a caller asks for an item. The GGUF reader (sources/gguf.py) builds
-them, ``Metadata`` holds them, the writer (write.py) and the tokenizer cache store them as they are.
+``NumArray`` is one numpy copy of a numeric array's bytes, ``StrArray`` one buffer of a string
+array in GGUF's own form; both read like the list they stand for and make Python objects only
+when an item is asked for.
 """
 
 from __future__ import annotations
@@ -15,12 +14,7 @@ import numpy as np
 
 
 class NumArray(Sequence):
-    """A numeric GGUF array held as one compact numpy copy of its bytes.
-
-    Reads like a list of Python numbers (len, index, iterate, compare with a list); the Python
-    objects are made only when a caller asks for them, so parsing never allocates more than the
-    bytes the file holds.
-    """
+    """A numeric GGUF array held as one compact numpy copy of its bytes."""
 
     __slots__ = ("data",)
 
@@ -77,11 +71,8 @@ class StrArray(Sequence):
     is the buffer's end).
 
     Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
-    list of bytes); each item is made only when asked for, so holding a vocabulary costs its bytes
-    and 12 or 16 bytes an item, not a Python object (about 40 bytes or more) an item. Kept in the
-    file's own form, reading it is one walk over the length prefixes and a copy of the region
-    (building item bytes one by one was most of the time a quantize of a 248k vocabulary spent
-    before its first tensor), and writing it back is that buffer.
+    list of bytes); each item is made only when asked for, so a vocabulary costs its bytes and an
+    offset an item, and writing it back is the buffer itself.
     """
 
     __slots__ = ("data", "offsets")

@@ -44,11 +44,7 @@ CONVERTER_NAME = "dflash-convert"
 
 
 class SourceHasher:
-    """SHA-256 of the source files, computed on a background thread from the moment they are known.
-
-    Started right after the checkpoint is indexed, it overlaps tokenizer work and tensor
-    streaming instead of adding to either (hashlib releases the GIL).
-    """
+    """SHA-256 of the source files, computed on a background thread from the moment they are known."""
 
     def __init__(self, files: list[Path]) -> None:
         self.files = files

@@ -1,11 +1,7 @@
 """The normalised description of a DFlash drafter that every reader produces and every writer reads.
 
-Layer-id convention, stated once: ``target_layers`` holds llama.cpp's indices, i.e. the index of
-the target layer whose *input* residual stream is tapped (0 = token embeddings). A z-lab config's
-``target_layer_ids`` index decoder-layer *outputs* (the reference code reads hidden_states[id+1]),
-so target_layers = target_layer_ids + 1. A speculators config's ``aux_hidden_state_layer_ids``
-index HF ``hidden_states`` (0 = embeddings), which *is* llama.cpp's convention: target_layers =
-aux ids. Readers convert; nothing downstream adds or subtracts.
+``target_layers`` holds llama.cpp's layer-input indices (0 = token embeddings); readers convert
+to it once, nothing downstream adds or subtracts (docs/layer-ids.md).
 """
 
 from __future__ import annotations
@@ -21,12 +17,7 @@ from .tensor_source import TensorSource
 
 @dataclass
 class DrafterTensor:
-    """One tensor of the drafter under its GGUF name, and where its values come from.
-
-    ``source`` is any TensorSource: a safetensors tensor, a GGUF tensor, a computed array, or one
-    of those under a value transform (NeoX row permutation, a replaced row). ``hf_name`` says
-    where it came from, for messages.
-    """
+    """One tensor of the drafter under its GGUF name, and where its values come from."""
 
     gguf_name: str
     hf_name: str
@@ -99,10 +90,8 @@ class Origin:
 class Drafter:
     """Hyper-parameters and tensors of one drafter, as llama.cpp's dflash runtime sees them.
 
-    Float values are float32-valued (GGUF stores them as F32), so a drafter read back from a
-    GGUF file compares equal to the one it was written from. Read leniently from a broken GGUF
-    (validate), a value the file lacks or mistypes is None whatever its annotation says; strict
-    readers never produce None for a required field.
+    Floats are float32-valued, so a drafter read back from its GGUF compares equal. Read leniently
+    (validate), a value the file lacks or mistypes is None whatever its annotation says.
     """
 
     origin: Origin
@@ -116,21 +105,18 @@ class Drafter:
     rms_eps: float
     vocab_size: int  # the target vocabulary the drafter's token ids live in
     mask_token_id: int
-    target_layers: list[int]  # llama.cpp convention, see module docstring
+    target_layers: list[int]  # llama.cpp convention (docs/layer-ids.md)
     block_size: int = 16
     rope_theta: float | None = None
     rope_theta_swa: float | None = None
     rope_scaling: RopeScaling | None = None
-    # rope.dimension_sections as written; upstream writes the draft's own mrope_section among the
-    # generic keys (early) and [head_dim/2, 0, 0, 0] for an M-RoPE target late, overwriting an
-    # early value in place: ``rope_sections_early`` keeps that key position
+    # *_early / late_keys: where upstream writes the key (among the generic keys or late), to
+    # reproduce its key order
     rope_sections: list[int] | None = None
     rope_sections_early: bool = False
     n_rot: int | None = None  # rotated dimensions per head (partial rotary); None: all of head_dim
     sliding_window: int | None = None
     swa_pattern: list[bool] | None = None
-    # attention.causal as written; a config with top-level is_causal false gets it among the
-    # generic keys (early), dflash_config.causal late: ``causal_early`` keeps that key position
     causal: bool | None = None
     causal_early: bool = False
     value_scale: float | None = None
@@ -140,20 +126,16 @@ class Drafter:
     hidden_act: str = "silu"
     draft_vocab_size: int | None = None  # own output vocabulary (d2t) when below vocab_size
     # --- the other members of the dflash architecture (format/family.py); None: absent
-    conv: ConvPart | None = None  # DFlash2 (its keys are written together with the selector's)
+    conv: ConvPart | None = None  # DFlash2
     selector: SelectorPart | None = None  # DFlash2
     markov: MarkovPart | None = None  # DSpark
     sample_from_anchor: bool | None = None  # DSpark: dflash.sample_from_anchor (None: key not written)
     has_confidence_head: bool | None = None  # DSpark: dflash.has_confidence_head (None: key not written)
     attention_scale: float | None = None  # dflash.attention.scale (Gemma-4 DSpark writes 1.0)
-    # Gemma-4 DSpark key positions: upstream overwrites these generic keys with the Gemma-4 values
-    # in place, but writes those the config lacked at the end; ``late_keys`` names them (short names)
-    late_keys: tuple[str, ...] = ()
+    late_keys: tuple[str, ...] = ()  # Gemma-4 DSpark: generic keys upstream writes at the end
     tensors: list[DrafterTensor] = field(default_factory=list)
-    # the tokenizer.* keys the file carries: borrowed from the target by convert, read back from a GGUF
-    tokenizer: Metadata | None = field(default=None, repr=False)
+    tokenizer: Metadata | None = field(default=None, repr=False)  # the tokenizer.* keys
 
-    # --- compatibility names for provenance
     @property
     def source(self) -> Path:
         """The checkpoint directory or file the drafter was read from."""

@@ -1,16 +1,9 @@
 """How every input file is opened: only a regular file (or a directory, where one is expected).
 
-A FIFO, a socket or a device gets one clear line instead of a read that blocks forever or never
-ends. The check is made on the opened descriptor (``open_regular``), so a path swapped between
-check and open cannot slip through. Tensor data is read by position through ``pread_into``, with
-one descriptor per file for a whole pass (``FdCache``). Where outputs may go is ``outputs.py``.
-
-Every JSON input (configs, tokenizer files, a shard index, a safetensors header, a features file's
-metadata, JSONL prompts) is parsed by ``parse_json``: nesting is bounded (``MAX_JSON_DEPTH``) before
-the parser sees it, so a file nested thousands deep is one error line, not a RecursionError.
-
-Where the Hugging Face cache lies (``hub_cache_dir``) is read from the environment on every call:
-inputs given as repo ids are found there (sources/hub.py), and no output is written there.
+A FIFO, a socket or a device is one error line, checked on the opened descriptor so a swapped path
+cannot slip through. Tensor data is read by position (``pread_into``, ``FdCache``); every JSON input
+goes through ``parse_json``, whose nesting is bounded (``MAX_JSON_DEPTH``). ``hub_cache_dir`` reads
+the environment on every call. Where outputs may go is ``outputs.py``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Hyper-parameter keys of a drafter GGUF: one function per key family, and the order they go in.
 
-Each family function writes its keys into a Metadata. ``write_hparams`` calls them in the order
-llama.cpp's converter does (generic text-model keys, then the dflash ones), so the key order of
-our files matches upstream's. Validation that needs the config happened in the reader; what is
-checked here is what only the combination with the target can tell.
+``write_hparams`` calls the families in upstream's converter's order, so our key order matches.
+Checks that need the config happened in the reader; here only what the target can tell.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """migrate(): rewrite another fork's DFlash GGUF into upstream llama.cpp's ``dflash`` dialect.
 
-Keys and tensor names are renamed from the dialect table (format/dialects.py); tensor data is
-copied byte for byte, streamed from the input (never loaded whole), through the atomic writer.
-The tapped layer ids are the one value whose meaning differs between dialects: where the dialect
-documents its convention the offset is applied and said so; where the file cannot tell, migrate
-stops and asks for ``--target-layers-offset``. It never guesses, and it never writes over its
-input. The output is validated once, before it is renamed into place (``validate.gate``).
+Keys and tensor names renamed from format/dialects.py, tensor data streamed byte for byte through
+the atomic writer, the output validated before it is renamed into place. The tapped layer ids are
+offset where the dialect documents its convention; where the file cannot tell, migrate stops and
+asks for ``--target-layers-offset``. It never guesses and never writes over its input.
 """
 
 from __future__ import annotations

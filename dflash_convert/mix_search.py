@@ -1,25 +1,11 @@
 """Choosing a drafter's quantization by acceptance: measure a mix without writing it, and search for
 the smallest one that keeps a given fraction of the full-precision file's accepted tokens.
 
-Why here and not in llama-quantize's tables: its mixes were tuned on the perplexity of whole
-language models. A drafter is small next to its target, so a few more bytes in the right tensor
-group are cheap, and what its user loses is accepted tokens, which ``capture`` lets us count
-without the target (``runtime.accept``).
-
 ``MixEvaluator`` measures any per-tensor type assignment of one F16/BF16/F32 drafter file on the
-captured sequences, as llama-speculative-simple's live loop counts (``runtime.accept.live_loop``):
-each candidate tensor is quantized once (our quantizers, the bytes llama-quantize writes) and
-decoded once; each sequence's context K/V is kept per layer, keyed by the types it depends on (fc
-and that layer's K/V projections), so a step that raises one layer's FFN recomputes no context.
-
-``search_mix`` starts from a llama-quantize mix and raises one tensor group at a time (per layer:
-attention, FFN; ``fc``; the drafter's own output head) to its tensors' next type in
-``RAISE_LADDER``, taking at each step the group with the most expected accepted tokens gained per
-byte on a calibration half of the sequences (``MixEvaluator.expected_length``: smooth where the live
-loop's count moves in whole tokens), until the held-out half's live-loop acceptance reaches the
-fraction asked for.
-``recipe`` turns the chosen types into ``--tensor-type`` items that reproduce them through
-llama-quantize's own rules (every tensor whose type differs pinned by its exact name).
+captured sequences, as llama-speculative-simple's live loop counts; ``search_mix`` raises one tensor
+group at a time along ``RAISE_LADDER``; ``recipe`` turns the chosen types into ``--tensor-type``
+items. Specification (the groups, the calibration score, the cost bounds, the keys written):
+docs/quantize.md, "Choosing by acceptance".
 """
 
 from __future__ import annotations
@@ -235,10 +221,8 @@ class MixEvaluator:
 
     @torch.no_grad()
     def expected_length(self, types: Types, indices: list[int], stride: int = ANCHOR_STRIDE) -> float:
-        """The search's calibration score: the expected accepted length, sum over k of prod_{j<=k} p_j with
-        p_j the drafter's probability of the target's token at slot j, averaged over every ``stride``-th
-        anchor of sequences ``indices``. The live loop's count moves in whole tokens and saturates on a
-        few sequences; this moves with every logit, and is highest where greedy drafts are accepted."""
+        """The search's calibration score: the expected accepted length over every ``stride``-th anchor
+        (docs/quantize.md, "Choosing by acceptance")."""
         memo = ("soft", tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices), stride)
         if memo in self._results:
             return self._results[memo]  # type: ignore[return-value]
@@ -317,6 +301,8 @@ def raise_group(state: Types, names: list[str], ncols: dict[str, int]) -> Types 
 
 @dataclass
 class SearchStep:
+    """One raise of the search: the group, the mix's size and both halves' scores after it."""
+
     group: str
     tensor_bytes: int
     calibration: float  # expected accepted length on the calibration half after the step
@@ -325,7 +311,10 @@ class SearchStep:
 
 @dataclass
 class SearchResult:
+    """What ``search_mix`` chose, and the held-out counts it is judged by."""
+
     ftype: str
+
     min_acceptance: float
     baseline: LoopCount  # the unquantized file, held-out half
     plain: LoopCount  # llama-quantize's mix, held-out half

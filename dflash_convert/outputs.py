@@ -1,15 +1,9 @@
 """Where a command may write, and how: never over an input, never over an existing file without --force.
 
-An output may never be a file the command reads (by resolved path and by device and inode, so hard
-links and symlinks count), nor a name an input directory's reader would pick up, nor anything in
-the Hugging Face cache; ``--force`` lifts none of this. Every file is written as a
-``TemporaryOutput`` beside its destination (created exclusively under a random name, renamed into
-place without replacing a file that appeared meanwhile, unless ``--force``); temporary files a
-killed run left behind are reported, and removed with ``--force``.
-The writer holds an exclusive flock on its temporary file for as long as it lives, and the file's
-name carries this boot's id: a temporary file of ours, of this boot, whose lock nobody holds, is a
-killed run's, and the next command that writes into the folder removes it with one line saying so.
-
+An output may not be a file the command reads (by path and by inode), a name an input directory's
+reader would pick up, or anything in the Hugging Face cache; ``--force`` lifts none of this. Every
+file is written as a ``TemporaryOutput`` beside its destination and renamed into place; a killed
+run's temporary files (unlocked, this boot's) are removed by the next writer with one line.
 Specification: docs/conversion.md, "How every output is written".
 """
 

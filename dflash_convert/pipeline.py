@@ -34,11 +34,9 @@ SMALL_CHUNK_TYPES = frozenset({GGMLType.Q8_0})
 def recycle_chunk_memory() -> None:
     """Keep freed chunk buffers in the process instead of returning them to the kernel.
 
-    Every chunk allocates a few MB of numpy temporaries. glibc serves such sizes with fresh
-    mmaps and unmaps them on free, so each chunk page-faults its memory back in; on the 2-core
-    VM this costs seconds per 3 GB converted (bench/). Raising the mmap and trim thresholds makes
-    glibc reuse the same heap pages; memory stays bounded by the look-ahead window. No effect
-    (and no error) outside glibc.
+    glibc serves a chunk's few-MB temporaries with fresh mmaps, so each chunk would page-fault its
+    memory back in; raised mmap and trim thresholds reuse the heap pages (bounded by the look-ahead
+    window). No effect outside glibc.
     """
     try:
         libc = ctypes.CDLL(None)

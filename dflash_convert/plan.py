@@ -1,12 +1,8 @@
-"""The per-tensor plan convert and quantize share: which ggml type each tensor gets, its GGUF shape
-and size, and its encoder; how a type name is resolved; and the key rule of a quantized file.
+"""The per-tensor plan convert and quantize share: each tensor's ggml type, GGUF shape, size and encoder.
 
-Type rules come from the tables in format/: the converter's storage table (format/rules.py:
-storage_class / storage_type, with its fallback: Q8_0 rows that are not whole blocks become F16,
-with a warning, as upstream) and llama-quantize's choices (format/quant_types.py). ``--outtype``
-is resolved once, by ``resolve_outtype``, into an ``OutType``; a quantization plan
-(``quantize_planned``) extends a float plan's encoders, so a conversion and a quantization run in
-one pass over the data.
+Types come from format/'s tables (the converter's storage table with upstream's Q8_0 -> F16 fallback,
+llama-quantize's choices); ``--outtype`` is resolved once, by ``resolve_outtype``; a quantization plan
+(``quantize_planned``) extends a float plan's encoders, so conversion and quantization are one pass.
 """
 
 from __future__ import annotations
@@ -322,11 +318,9 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
                      options: QuantizeOptions | None = None) -> tuple[list[PlannedTensor], int]:
     """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders.
 
-    Each PlannedTensor's current ggml type is what llama-quantize would read; its encoder is
-    extended to produce the new type from the same source (so a conversion and a quantization
-    run in one pass). Returns (planned tensors in llama-quantize's order, number of fallbacks);
-    the file's general.file_type is ``ftype.value``. ``options``: llama-quantize's per-tensor flags and --prune-layers (the
-    tensors of pruned layers dropped, the others renumbered, as its remap_layer does).
+    Each encoder is extended to produce the new type from the same source (one pass). Returns (planned
+    tensors in llama-quantize's order, number of fallbacks). ``options``: llama-quantize's per-tensor
+    flags and --prune-layers (pruned layers dropped, the others renumbered, as remap_layer does).
     """
     options = options or QuantizeOptions()
     if options.prune_layers:

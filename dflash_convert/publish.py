@@ -1,13 +1,9 @@
 """publish(): one drafter checkpoint -> a release directory of validated GGUF files, sums and a model card.
 
-The checkpoint is converted once (the release's first full-precision type, else a scratch ``auto``
-conversion that is not released), every quantized type is quantized from that one file, and each
-file is validated against the target, read once, right after it is written: the first that fails
-stops the release (with ``check``, so does the first that fails ``check``). Everything is written
-into a ``TemporaryDirectory`` beside the release directory and committed as every output is
-(outputs.py); an error or a signal leaves no directory. The card and sums are release_card.py's,
-the source card is the one ``convert`` read (sources/model_card.py), and ``upload`` (upload.py)
-is checked before anything is built and runs only for a complete release. Specification: docs/publish.md.
+Converted once, every quantized type quantized from that file, each file validated right after it
+is written: the first failure stops the release. Everything is staged beside the release directory
+and committed as every output is (outputs.py); an error or a signal leaves no directory.
+Specification: docs/publish.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """quantize(): a dflash GGUF in, the same drafter in another type out, bit-identical to llama-quantize.
 
-``read_drafter`` gives the Drafter and its GGUF tensor sources; ``format.quant_types`` decides each
-tensor's type exactly as llama-quantize does for arch ``dflash`` (mixes, output rule, fallbacks),
-``--keep-type`` overrides it for chosen tensors; the encoders of ``encoders/`` (numpy, bit-exact
-with ggml's reference quantizers) run in the one streaming pipeline, and the atomic writer
-writes the file. Keys are copied as llama-quantize copies them; tensors go out in its order.
-
-The same plan applies on top of a conversion (``convert --outtype Q4_K_M``): see
-``plan.quantize_planned``, which both use.
+Each tensor's type is decided as llama-quantize does for arch ``dflash`` (``format.quant_types``,
+``--keep-type`` on top); the bit-exact encoders run in the one streaming pipeline and the atomic
+writer writes the file, keys and tensors in llama-quantize's order. ``convert --outtype Q4_K_M``
+applies the same plan (``plan.quantize_planned``). Specification: docs/quantize.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The one description of a target model, whether read from its Hugging Face directory or its GGUF.
 
-Convert, validate and the runner all ask the same questions of a target: its architecture,
-hidden size, how many decoder layers publish their inputs, its vocabulary size, whether it uses
-M-RoPE, its tokenizer keys, and where its embedding and output head are. This is plain data; the
-readers (``sources/target.py``) fill it, and resolve the embedding and head into tensor sources
-when a caller asks for them (``sources.target.target_tensors``).
+Plain data: what convert, validate and the runner ask of a target (architecture, sizes, published
+layers, M-RoPE, tokenizer keys, where its embedding and head are). ``sources/target.py`` fills it.
 """
 
 from __future__ import annotations

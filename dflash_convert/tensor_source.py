@@ -1,15 +1,9 @@
 """Where a drafter tensor's values come from: one interface, whatever the input format.
 
-A ``TensorSource`` has a PyTorch-order shape, an element type (a safetensors dtype name such as
-``BF16``, or a ggml type name such as ``Q8_0`` for GGUF tensors), and hands out whole rows as
-raw little-endian words (float types) or raw block bytes (quantized types). A row is the last
-dimension: ggml's ne[0], the unit every ggml type is stored and quantized in.
-
-Readers provide the concrete sources (``sources/safetensors.py``, ``sources/gguf.py``); this
-module holds the ones that need no reader: computed arrays, and the value transforms
-(interleaved-to-NeoX rows, one replaced row). Transforms wrap a source, so every consumer
-(writer, validator, runner) reads the same values. Nothing here imports a reader; the
-descriptors rows are read through come from ``files.FdCache``.
+A ``TensorSource`` has a PyTorch-order shape, an element type (a safetensors dtype or a ggml type
+name) and hands out whole rows (ggml's ne[0]) as raw little-endian words or block bytes. Readers
+provide the concrete sources; this module holds those that need none: computed arrays and the value
+transforms (NeoX rows, one replaced row), which wrap a source so every consumer reads the same values.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Text from files made safe to print: no byte a terminal acts on reaches it raw.
 
-Key names, string values, tensor names and paths come from files; printed raw, an escape sequence
-can rewrite what a user reads and a newline can forge a line of our output (a ``result: PASS``
-under a failing file). ``visible`` writes every character that is not printable (C0 and C1
-controls, DEL, line breaks, bidirectional overrides, ...) as a Python-style escape, and the
-undecodable bytes of a non-UTF-8 path as ``\\xNN``; printable text, non-ASCII letters included, is
-unchanged. ``json_safe`` writes the characters JSON leaves raw as ``\\uXXXX`` escapes, which decode
-to the same string.
-
-``human_size`` writes a byte count as people read it.
-Specification: docs/validate.md, "Hostile files".
+An escape sequence could rewrite what a user reads, a newline forge a line of our output.
+``visible`` escapes every non-printable character (controls, line breaks, bidirectional overrides)
+and undecodable path bytes; ``json_safe`` escapes what JSON leaves raw; ``human_size`` writes a byte
+count. Specification: docs/validate.md, "Hostile files".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """publish --upload: whether this run can upload (asked before anything is built), and the upload.
 
-``upload_check`` refuses, in one error line, a run that could build a release and then not send it:
-huggingface_hub missing or older than 1.0, a repo id that is not ``org/name``, ``HF_HUB_OFFLINE``
-set, no token. ``upload_release`` pushes a finished release directory in one commit through
-huggingface_hub's HTTP client, given a connect and a read timeout (the client's own default waits
-forever on an endpoint that accepts the connection and never answers); huggingface_hub retries a
-timed-out transfer a few times, then the upload fails with one error line. The release stays on
-disk either way. Specification: docs/publish.md.
+``upload_check`` refuses, in one line, a run that could build a release and then not send it (no
+huggingface_hub >= 1.0, a bad repo id, ``HF_HUB_OFFLINE``, no token). ``upload_release`` pushes a
+finished release in one commit, with connect and read timeouts (the client's default waits forever
+on a silent endpoint); the release stays on disk either way. Specification: docs/publish.md.
 """
 
 from __future__ import annotations

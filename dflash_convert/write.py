@@ -1,12 +1,9 @@
 """Streaming, atomic GGUF writer.
 
-The header (metadata and tensor table) is computed up front from shapes and types alone; tensor
-data is then produced chunk by chunk and written in order, so memory does not grow with model
-size. Everything goes to a ``outputs.TemporaryOutput`` in the destination folder (an exclusive,
-unpredictable name), written, patched and verified through its descriptor, and renamed into place
-only when complete, never over a file that appeared meanwhile unless ``replace``; on any error or
-signal the temporary file is removed. Late values (source file hashes computed while converting)
-are fixed-size strings patched into the header at the end.
+The header is computed up front from shapes and types; tensor data is produced chunk by chunk, so
+memory does not grow with the model. Everything goes to an ``outputs.TemporaryOutput`` renamed into
+place only when complete and verified; late values (source hashes) are fixed-size strings patched
+into the header at the end. Specification: docs/conversion.md, "How every output is written".
 """
 
 from __future__ import annotations
@@ -129,12 +126,7 @@ def prefer_direct_io(total_bytes: int) -> bool:
 
 
 class _OutputFile:
-    """Sequential writer, through the page cache or past it (O_DIRECT) where the filesystem allows.
-
-    With ``direct``, data is staged in a page-aligned buffer and written in whole aligned blocks;
-    the tail is padded to a block and the file truncated to its true length on close. Filesystems
-    without O_DIRECT (tmpfs) get ordinary buffered writes; ``prefer_direct_io`` chooses.
-    """
+    """Sequential writer, through the page cache or past it (O_DIRECT) where the filesystem allows."""
 
     STAGE = 8 << 20  # bytes per direct write; a multiple of any logical block size
 

@@ -1,14 +1,10 @@
 """A small command-line parser: commands and their parameters as data, parsed into keyword arguments.
 
-The command table (cli/commands.py) declares each command as a ``Command`` (its handler, summary and
-``Param`` list); ``parse`` turns argv into the handler's keyword arguments or raises ``UsageError``
-with the one line the user sees; ``render_help`` writes the help page. Standard library only.
-
-Accepted: ``--name value``, ``--name=value``, ``-o value``, ``-ovalue``, flags, repeatable options,
-``--`` to end the options, ``-h``/``--help`` anywhere. Refused, in click's words: an unknown option
-or command (with the nearest names), a missing argument or option, a value of the wrong type, out of
-its range, not finite or not one of its choices, and options given without the ones they need or
-with ones they exclude. Options that share ``in_order`` also reach the handler in command-line order.
+``parse`` turns argv into the handler's keyword arguments of a ``Command`` (cli/commands.py) or
+raises ``UsageError`` with the one line the user sees; ``render_help`` writes the help page.
+Refused, in click's words: an unknown option or command (with the nearest names), a missing or
+ill-typed value, one out of range, not finite or not a choice, and options without the ones they
+need or with ones they exclude. Options sharing ``in_order`` reach the handler in command-line order.
 """
 
 from __future__ import annotations

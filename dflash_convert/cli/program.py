@@ -1,12 +1,9 @@
 """The program: ``main()`` runs one command line under the process guard; the exit-code table.
 
-Exit codes, every command (README.md says it once): 0 success or every check passed; 1 refused, a
-check failed, or the machine stopped the command (a full disk, out of memory); 2 an input cannot be
-read; 64 the command line itself is wrong (EX_USAGE of sysexits.h: an unknown option, a missing
-argument, a value out of range), so a CI gate tells its own typo from a bad file; 128 + N killed by
-signal N (130 SIGINT, 141 SIGPIPE: the reader of stdout went away, 143 SIGTERM).
-
-The guard: closed standard streams reopened, SIGINT and SIGTERM unwound, every error one line.
+Exit codes (README.md says them once): 0 success; 1 refused, a check failed, or the machine stopped
+the command; 2 an input cannot be read; 64 the command line is wrong (sysexits' EX_USAGE), so a CI
+gate tells its own typo from a bad file; 128 + N killed by signal N. The guard: closed standard
+streams reopened, SIGINT and SIGTERM unwound, every error one line.
 """
 
 from __future__ import annotations
@@ -174,12 +171,9 @@ def _exit_broken_pipe() -> None:
 def guard(command: Callable[[], int]) -> None:
     """Run ``command`` as the process: one error line and an exit code, whatever happens.
 
-    SIGINT and SIGTERM raise Interrupted while a command runs (the writer removes its temporary
-    file as it unwinds) and exit 130 / 143 without a traceback. Once the command is over, a late
-    signal is only recorded: the process still exits 128 + signal, and nothing is left half done.
-    A reader of stdout that goes away exits 141 (SIGPIPE's status) with nothing more printed; a
-    stdout closed from the start swallows the output (one warning says so) and changes no exit code.
-    Anything unforeseen is still one line ("internal error"; DFLASH_CONVERT_TRACEBACK=1 shows it).
+    SIGINT and SIGTERM unwind a running command (its temporary files removed); a signal after it is
+    only recorded, the exit still 128 + signal. Anything unforeseen is one "internal error" line
+    (DFLASH_CONVERT_TRACEBACK=1 shows the traceback). The codes: README.md, "Errors and exit codes".
     """
     closed_stdout = _open_standard_streams()
     received: list[int] = []

@@ -1,12 +1,8 @@
 """Encoders: raw source words of one chunk -> the bytes of a ggml type, keyed by (source, destination).
 
-A source element type is a safetensors dtype name or a ggml type name (they agree for F32, F16,
-BF16, F64, I32, I64). Conversions between float types live in ``floats``; each quantized
-destination has its quantizer module, fed float32. ``COPY`` passes bytes through unchanged: what
-migrate does, and what quantize does for a tensor that keeps its type.
-
-Conversion quirk kept on purpose: llama.cpp's converter sends BF16 through float32 and back, which
-quiets signalling NaNs, so a BF16 checkpoint tensor written as BF16 gets ``quiet_bf16_nans``.
+Float-to-float conversions live in ``floats``; each quantized type has its module, fed float32;
+``COPY`` passes bytes through (migrate, and a tensor quantize keeps). Kept on purpose: upstream sends
+BF16 through float32 and back, which quiets signalling NaNs, so BF16 -> BF16 gets ``quiet_bf16_nans``.
 """
 
 from __future__ import annotations

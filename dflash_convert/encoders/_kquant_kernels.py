@@ -1,16 +1,10 @@
 """numba ports of ggml's per-group K-quant searches, loop for loop (see ``jit`` for when they run).
 
-Importing this module imports numba; only ``jit.kquant_kernels()`` does, lazily. Each kernel is the C
-code of ``ggml-quants.c`` written again, with the rules the numpy ports follow (see ``kquants``):
-every value and constant is float32 (C's ``f`` literals; an int meeting a float is converted to
-float first, as in C), sums run in index order, and there is no fastmath, so LLVM neither
-contracts ``a*b + c`` into an FMA nor reassociates a sum: each operation rounds once, as in
-ggml-base, which is built without FMA. A float64 creeping in would change bits, so every constant
-is a named float32 and each accumulator starts from one.
-
-``nearest_int`` is C's magic-number trick. In its valid range (|v| <= 2**22 - 1) ``(v + M) - M``
-is exactly the rounded value; outside it (and for inf/NaN) the kernels reinterpret the float's
-bits through a one-element scratch array, as C's memcpy does, so garbage is reproduced too.
+Importing this module imports numba; only ``jit.kquant_kernels()`` does, lazily. Every value and
+constant is a named float32, sums run in index order, and there is no fastmath (no FMA contraction,
+no reassociation), as ggml-base is built: a float64 creeping in would change bits. ``nearest_int``
+reproduces C's magic-number trick, garbage outside |v| <= 2**22 - 1 included.
+Specification: docs/quantizers.md, "K-quants".
 """
 
 from __future__ import annotations
@@ -220,11 +214,9 @@ def qx_final_levels(x, d, L):
 
 
 # ---------------------------------------------------------------------------------------------
-# Lane kernels: the same searches for LANES groups at once, so that LLVM vectorises across groups
-# (each group's sums still run in index order: a lane is one group). C's per-group branches become
-# per-lane selects. Rounding takes the in-range form of nearest_int only; a tile where any
-# argument falls outside it (only non-finite or absurdly spread input) is redone by the exact
-# kernel, so the result is C's either way.
+# Lane kernels: LANES groups at once so LLVM vectorises across groups (a lane's sums still run in
+# index order); C's branches become selects. A tile with any rounding outside nearest_int's fast
+# range is redone by the exact kernel.
 # ---------------------------------------------------------------------------------------------
 
 LANES = 64  # groups per tile: x, weights and levels [32, 64] float32 are 8 KiB each, in L1
@@ -545,12 +537,9 @@ def q3_search_exact(xg, scales, L, g_start, g_end):
         scales[g] = sumlx / suml2 if suml2 > _ZERO else _ZERO
 
 
-# Q3_K's sweeps. C sweeps each group until a sweep changes nothing (at most five); most groups
-# stop after one (80% on the bench drafter, 1.26 sweeps on average), but a lane tile that sweeps
-# until its last lane settles ran 3.6 on average. So lanes are compacted between sweeps: a tile
-# of groups sweeps once, the settled ones are written out and the others move to the queue of
-# the next sweep, which runs when it holds a full tile (or at the end). Each queue receives at
-# most one tile per tile of input, so two tiles of room is enough.
+# Q3_K's sweeps (C: until one changes nothing, at most five; most groups stop after one). Lanes are
+# compacted between sweeps: settled groups are written out, the others queue for the next sweep,
+# which runs on a full tile (or at the end); a queue gets at most one tile per input tile.
 
 Q3_SWEEPS = 5
 _inline = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False, inline="always")
@@ -605,10 +594,7 @@ def _q3_move(QX, QW, QWX, QLF, Qsx, Qs2, Qg, k, b, j, c):
 
 @_njit
 def q3_search(xg, scales, L):
-    """``q3_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups per sweep.
-
-    A group with any rounding outside nearest_int's fast range (only non-finite or absurdly
-    spread input) is redone by the exact kernel, so the result is C's either way."""
+    """``q3_search_exact`` for every group (row) of ``xg`` [G, 16], LANES groups per sweep (see the lane kernels)."""
     G = xg.shape[0]
     B = LANES
     S = Q3_SWEEPS

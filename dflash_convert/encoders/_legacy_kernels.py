@@ -1,12 +1,9 @@
-"""numba ports of ggml's legacy block quantizers (Q4_0, Q4_1, Q5_0, Q5_1), with the half-precision
-conversions they need (see ``jit`` for when they run).
+"""numba ports of ggml's legacy block quantizers (Q4_0 to Q5_1) and the float16 conversions they need.
 
-Importing this module imports numba; only ``jit.legacy_kernels()`` does, lazily. The kernels follow
-the rules of the K-quant kernels (``_kquant_kernels``): every value and constant float32, sums in
-index order, no fastmath, so each operation rounds once as in ggml-base. The float16 conversions are
-LLVM intrinsics; ``widen_f16`` (floats.py's F16 -> F32) is here because it is built on the same one.
-Every helper a kernel calls lives in this file: numba's on-disk cache is keyed on the file of the
-function it compiled, so a kernel would keep running a stale copy of a helper edited in another file.
+Imported (with numba) only by ``jit.legacy_kernels()``. Same rules as ``_kquant_kernels``: float32
+throughout, sums in index order, no fastmath. Every helper a kernel calls lives in this file:
+numba's on-disk cache is keyed on the compiled function's file, so a helper edited elsewhere would
+leave a stale copy running.
 """
 
 from __future__ import annotations
@@ -45,10 +42,7 @@ def _k(v: int) -> ir.Constant:
 
 @intrinsic
 def f16_to_f32(typingctx, bits):
-    """The float32 of float16 bits (uint16), exactly as numpy's cast (NaN payloads kept, signalling
-    or not). A normal number, inf or NaN has its exponent rebiased (127 - 15; inf/NaN to all ones)
-    and its mantissa moved into place; a subnormal or zero is m * 2**-24 (exact in float32); the
-    sign goes on last. Selects only."""
+    """The float32 of float16 bits (uint16), exactly as numpy's cast (NaN payloads kept); selects only."""
     if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
         return None
 
@@ -66,10 +60,9 @@ def f16_to_f32(typingctx, bits):
 
 @intrinsic
 def f32_to_f16_bits(typingctx, value):
-    """``GGML_FP32_TO_FP16`` of a float32, as an int32 in 0..0xFFFF: round to nearest even, overflow
-    to inf, every NaN to ``sign | 0x7E00`` (ggml's software conversion; numpy's cast equals it but
-    for NaN). Normal halves round by adding 0xFFF plus the lowest kept bit, then shifting;
-    subnormal ones by one float add of 0.5, whose ulp is the half's 2**-24: exact RNE too."""
+    """``GGML_FP32_TO_FP16`` of a float32, as an int32 in 0..0xFFFF (RNE, overflow to inf, NaN to ``sign | 0x7E00``).
+
+    Subnormal halves round by one float add of 0.5, whose ulp is the half's 2**-24: exact RNE too."""
     if not isinstance(value, types.Float) or value.bitwidth != 32:
         return None
 
@@ -90,9 +83,7 @@ def f32_to_f16_bits(typingctx, value):
 
 @numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 def widen_f16(words, out):
-    """float16 words (uint16) -> float32 ``out``, the values (and bits) numpy's cast gives, in one
-    vectorised pass (``f16_to_f32``): several times faster than numpy's cast, which converts one
-    value at a time."""
+    """float16 words (uint16) -> float32 ``out``, bit for bit numpy's cast, in one vectorised pass (numpy's is scalar)."""
     for i in range(words.shape[0]):
         out[i] = f16_to_f32(words[i])
 
@@ -151,9 +142,7 @@ def legacy_quantize(xb, kind, out):
 
 @_njit
 def legacy_quantize_f16(words, kind, out):
-    """``legacy_quantize`` straight from F16 words (uint16 [nb, 32]): each block's 32 halves widened
-    in one contiguous vectorised pass (exactly, ``f16_to_f32``), then moved into its lane. Widening
-    per tile, in cache, saves a whole-tensor float32 copy and the pass that makes it."""
+    """``legacy_quantize`` straight from F16 words (uint16 [nb, 32]), widened per tile (no whole-tensor float32 copy)."""
     X, lo, hi, idb, dd, QF, HL, HH, bad = _legacy_scratch()
     row = np.empty(32, np.float32)
     B = LANES
@@ -190,8 +179,7 @@ def _legacy_tile(X, n, g0, kind, out, lo, hi, idb, dd, QF, HL, HH, bad):
         for j in range(32):
             for b in range(n):
                 v = X[j, b]
-                # fabsf as a select: numba's abs() here kept the loop scalar (5x slower); -0.0 and NaN
-                # staying as they are changes nothing, neither passes `lo < a`
+                # fabsf as a select (numba's abs() keeps the loop scalar); -0.0 and NaN never pass `lo < a`
                 a = -v if v < _ZERO else v
                 amax = lo[b]
                 vmax = hi[b]

@@ -1,10 +1,8 @@
 """Element conversions between float types (F64, F32, F16, BF16), chunk by chunk.
 
-Results are bit-exact with llama.cpp's converter (which widens everything that is not F16/F32 to
-F32, then narrows with round-to-nearest-even). Each function takes a 1-D chunk of raw words
-(BF16 as uint16 words), so callers stream a tensor in pieces of any size. Pure numpy: its
-element-wise kernels release the GIL, so chunks run on all cores from a thread pool
-(pipeline.py), and importing it costs a tenth of torch's memory.
+Bit-exact with llama.cpp's converter (non-F16/F32 widened to F32, narrowed round-to-nearest-even).
+Each function takes a 1-D chunk of raw words (BF16 as uint16), so a tensor streams in pieces. Pure
+numpy, whose kernels release the GIL: chunks run on a thread pool (pipeline.py).
 """
 
 from __future__ import annotations
@@ -78,12 +76,7 @@ def f16_to_bf16(words: np.ndarray) -> np.ndarray:
 
 
 def bf16_to_f16(words: np.ndarray) -> np.ndarray:
-    """bfloat16 words -> float16 words, equal to widening to float32 and rounding to f16 (RNE).
-
-    Where the value is a normal f16 number the conversion is exact (bf16 has 7 mantissa bits,
-    f16 has 10): only the exponent is rebiased and the mantissa shifted, in integer ops. The rest
-    (f16 subnormals and zero, overflow, inf, NaN: rare in weights) goes through numpy's float cast.
-    """
+    """bfloat16 words -> float16 words, equal to widening to float32 and rounding to f16 (RNE)."""
     e = (words >> 7) & np.uint16(0xFF)
     out = (words & np.uint16(0x8000)) | ((e - np.uint16(112)) << 10) | ((words & np.uint16(0x7F)) << 3)
     slow = np.flatnonzero((e < 113) | (e > 142))

@@ -1,13 +1,8 @@
 """Bit-exact ports of ggml's 4-bit non-linear quantizers: IQ4_NL and IQ4_XS.
 
-What ``llama-quantize`` runs for these types without an importance matrix is
-``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not ``quantize_row_iq4_nl_ref``, which skips the
-scale search), so the 15-trial scale search is reproduced here. Nothing is refused: a tile holding
-inf or NaN takes the general path (table lookup with clamping in every trial). The functions are
-pure: scratch is allocated per call.
-
-Specification (the C algorithm per block, why two table lookups replace the 15 trials, fp16):
-docs/quantizers.md, "IQ4_NL and IQ4_XS".
+llama-quantize without an imatrix runs ``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not the
+``_ref``), so the 15-trial scale search is reproduced. Nothing is refused: inf or NaN take the
+general path. Pure functions. Specification: docs/quantizers.md, "IQ4_NL and IQ4_XS".
 """
 
 from __future__ import annotations
@@ -56,11 +51,7 @@ _LUT_INDEX, _LUT_VALUE = _tables()
 
 
 def _reduce_is_sequential() -> bool:
-    """Does ``np.add.reduce(a, axis=0, initial=0)`` on our scratch layout add rows in index order?
-
-    Data on which any other order rounds differently: 1 then half-ulps of 1 (left to right each
-    rounds back to 1; any pairing of the small terms first ends above 1), in every column.
-    """
+    """Does ``np.add.reduce(a, axis=0, initial=0)`` on our scratch layout add rows in index order?"""
     for shape in ((32, 2, 1), (32, 2, 3), (32, 2, 257), (32, 3, 40)):
         a = np.full(shape, _F32(2.0**-24), _F32)
         a[0] = 1
@@ -96,12 +87,8 @@ _PAGE = 4096
 
 
 def _staggered(nbytes: int, slot: int) -> np.ndarray:
-    """Uninitialised bytes starting ``slot * 320`` bytes into a page.
+    """Uninitialised bytes starting ``slot * 320`` bytes into a page, so one ufunc's loads and stores never 4K-alias."""
 
-    The tile arrays have rows of a whole number of pages, so without this the load and store
-    streams of one ufunc would 4K-alias (same address bits 0-11) and stall; staggering the arrays
-    against each other avoids that.
-    """
     raw = np.empty(nbytes + 2 * _PAGE, np.uint8)
     start = (-raw.ctypes.data) % _PAGE + (slot * 320) % _PAGE
     return raw[start:start + nbytes]
@@ -195,9 +182,8 @@ def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
             np.take(_LUT_VALUE, i3, out=t3, mode="wrap")  # t3 now holds the quant values
             _sums(_terms(w, x, t3[0], wq, p), sums[0])
 
-            # In every trial an element's q is one of its q at itry = -7 and +7 (see the module
-            # docstring): the larger where al >= their midpoint. So the terms of both candidates
-            # are computed once, and each trial selects bitwise: p = hi ^ ((hi ^ lo) & mask).
+            # In every trial an element's q is its q at itry = -7 or +7 (docs/quantizers.md): both
+            # candidates' terms once, then each trial selects bitwise: p = hi ^ ((hi ^ lo) & mask).
             hi, diff, mid, mask = s["hi"], s["diff"], s["mid"], s["mask"]
             np.maximum(t3[1], t3[2], out=q)
             np.minimum(t3[1], t3[2], out=t3[0])
@@ -245,11 +231,7 @@ def _pack(L: np.ndarray) -> np.ndarray:
 
 
 def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices.
-
-    Each value is stored as the index of the nearest ``kvalues_iq4nl`` entry to ``x/d``; ``d`` is the
-    best least-squares scale over the 16 candidates ggml tries (see the module docstring).
-    """
+    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices."""
     xb = as_blocks(x, QK4_NL)
     nb = xb.shape[0]
     out = np.empty(nb, BLOCK_IQ4_NL)
@@ -266,13 +248,7 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``.
-
-    Layout: fp16 super-block scale ``d``, uint16 ``scales_h`` (2 high bits of each 6-bit block scale),
-    4 bytes ``scales_l`` (low nibbles), 128 bytes of 4-bit ``kvalues_iq4nl`` indices. The 8 block
-    scales from the search are stored as ``l in [-32, 31]`` times ``d = -max_scale/32``, and the
-    values are requantized with the stored scale ``d*l``.
-    """
+    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``."""
     xb = as_blocks(x, QK_K).reshape(-1, QK4_NL)
     nb = xb.shape[0]
     out = np.empty(nb // 8, BLOCK_IQ4_XS)

@@ -1,15 +1,9 @@
 """Which quantizer backend runs: numba-compiled kernels when numba is installed, else pure numpy.
 
-The numpy quantizers are bound by memory traffic and numpy's per-call cost in the K-quant scale
-searches; the same C loops compiled by numba run in registers. Both backends are bit-identical with
-ggml (the tests run both), so the choice is only about speed: numba when it imports, unless
-``DFLASH_CONVERT_NO_JIT`` is set. The package works without numba, where it has no wheel or fails
-to import. The kernels compile on first use and are cached on disk (numba's ``cache=True``: beside
-the module, or under ``NUMBA_CACHE_DIR``), so later processes only load them.
-
-Three kernel modules, each self-contained: ``_kquant_kernels`` (the K-quant searches),
-``_legacy_kernels`` (Q4_0 to Q5_1, and the float16 conversions), ``_float_kernels`` (F16 -> BF16).
-Specification: docs/quantizers.md.
+Both backends are bit-identical with ggml (the tests run both), so the choice is only speed: numba
+when it imports, unless ``DFLASH_CONVERT_NO_JIT`` is set. Kernels compile on first use and are
+cached on disk (``cache=True``). Three self-contained kernel modules: ``_kquant_kernels``,
+``_legacy_kernels`` (and the float16 conversions), ``_float_kernels``. Specification: docs/quantizers.md.
 """
 
 from __future__ import annotations
@@ -31,8 +25,7 @@ def kquant_kernels() -> ModuleType | None:
     if not _wanted():
         return None
     try:
-        # lazy: numba is optional and takes about half a second to import (llvmlite with it);
-        # commands that never quantize should not pay for it
+        # lazy: numba is optional and slow to import; commands that never quantize do not pay for it
         from . import _kquant_kernels
     except Exception:  # not only ImportError: numba refusing this numpy, or finding no writable cache dir, raises others
         return None

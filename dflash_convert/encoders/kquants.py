@@ -1,14 +1,9 @@
 """Bit-exact ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
-Each function returns the bytes ggml's ``quantize_row_q{4,5,6}_K_ref`` write for the same float32
-input, which is what ``llama-quantize`` writes without an importance matrix. With numba installed
-the per-group searches and the final rounding run as compiled kernels (``_kquant_kernels``) and only the
-super-block scales and the packing stay here; the numpy tiles are the fallback, with the same
-bytes. Nothing is refused: a tile holding inf or NaN takes loops that mirror C's scans. The
-functions are pure (scratch per call) and can run on a thread pool.
-
-Specification (C's summation order, ``nearest_int``, strict maxima, fp16, the tiles' layout):
-docs/quantizers.md, "K-quants: Q4_K, Q5_K, Q6_K".
+Each function returns the bytes ``quantize_row_q{4,5,6}_K_ref`` write (llama-quantize without an
+imatrix). With numba the per-group searches run as ``_kquant_kernels``; the numpy tiles here are the
+fallback, with the same bytes. Nothing is refused: inf and NaN take loops that mirror C's scans.
+Pure functions, safe on a thread pool. Specification: docs/quantizers.md, "K-quants".
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ _MAGIC = _F32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low m
 _NI_LIMIT = 4194303.0  # nearest_int is round-half-even only for |x| <= 2**22 - 1
 _GROUP_MAX_EPS = _F32(1e-15)  # GROUP_MAX_EPS is the float literal 1e-15f
 
-# Groups per tile (512 super-blocks either way): numpy's per-call overhead against scratch falling
-# out of L2; multiples of 1024 make every scratch row whole pages (see _page_aligned).
+# Groups per tile (512 super-blocks): multiples of 1024 make every scratch row whole pages
 _QKX_TILE_GROUPS = 4096
 _QX_TILE_GROUPS = 8192
 _PAGE = 4096
@@ -43,11 +37,7 @@ _PAGE = 4096
 # --- helpers
 
 def _page_aligned(shape: tuple[int, ...], dtype: type = _F32, offset: int = 0) -> np.ndarray:
-    """Uninitialised scratch starting ``offset`` bytes into a page.
-
-    Big arrays start on a page, the per-group vectors they are combined with at half a page: a
-    ufunc then never loads from an address that 4K-aliases a store it has just issued.
-    """
+    """Uninitialised scratch starting ``offset`` bytes into a page (half a page keeps loads from 4K-aliasing stores)."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + _PAGE + offset, dtype=np.uint8)
     start = (-raw.ctypes.data) % _PAGE + offset
@@ -55,12 +45,7 @@ def _page_aligned(shape: tuple[int, ...], dtype: type = _F32, offset: int = 0) -
 
 
 def _nearest_int(v: np.ndarray) -> np.ndarray:
-    """ggml's ``nearest_int`` bit for bit, as a new int32 array.
-
-    C adds 12582912.f and reinterprets the float: ``(bits & 0x7fffff) - 0x400000``. For
-    |v| <= 2**22 - 1 that is round-half-even; beyond it (and for inf/NaN) it wraps, and the wrapped
-    value survives the clamps that follow, so it is reproduced rather than assumed away.
-    """
+    """ggml's ``nearest_int`` bit for bit, as a new int32 array: the wrap beyond |v| <= 2**22 - 1 included."""
     t = np.add(v, _MAGIC, dtype=_F32)
     i = t.view(np.int32)
     np.bitwise_and(i, np.int32(0x7FFFFF), out=i)
@@ -78,9 +63,9 @@ def _nearest_int_inplace(t: np.ndarray) -> np.ndarray:
 
 
 def _to_fp16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(fp16 bits as uint16, the fp16 value widened back to float32), as GGML_FP32_TO_FP16 then
-    GGML_FP16_TO_FP32 give them. numpy rounds to nearest-even and saturates to inf like ggml's
-    conversion; callers never pass NaN (their maxima skip NaN), where the payloads would differ."""
+    """(fp16 bits as uint16, the fp16 value as float32), as GGML_FP32_TO_FP16 / FP16_TO_FP32 give them.
+
+    Never passed NaN (the callers' maxima skip it), whose payload numpy would convert differently."""
     h = np.asarray(v, dtype=_F32).astype(np.float16)
     return h.view(np.uint16), h.astype(_F32)
 
@@ -88,12 +73,9 @@ def _to_fp16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _round_clamp(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, tmin: float, tmax: float, exact: bool) -> None:
     """``MAX(lo, MIN(hi, nearest_int(t)))`` as float32, in place.
 
-    ``lo``/``hi`` are arrays shaped like ``t`` filled with the bounds: a same-shape ufunc call runs
-    numpy's contiguous SIMD loop, a scalar bound (or ``np.clip``) a much slower one. ``tmin``/``tmax``
-    bound t (NaN when unknown). ``np.rint`` reproduces nearest_int only when every |t| <= 2**22 - 1,
-    otherwise (or when ``exact``) the integer re-implementation runs; clamps the bounds prove idle
-    are skipped. The float path can leave -0.0 where C has the integer 0; these values only feed
-    products summed into +0-started sums or squared, where a zero's sign vanishes.
+    ``lo``/``hi`` are bound-filled arrays shaped like ``t`` (numpy's fast same-shape loop); ``tmin``/
+    ``tmax`` bound t (NaN: unknown) and decide whether ``np.rint`` is exact. A -0.0 left where C has 0
+    only meets sums and squares, where its sign vanishes.
     """
     lo_v, hi_v = float(lo.flat[0]), float(hi.flat[0])
     if exact or not (-_NI_LIMIT <= tmin and tmax <= _NI_LIMIT):
@@ -110,12 +92,9 @@ def _round_clamp(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, tmin: float, tma
 
 @functools.lru_cache(maxsize=64)
 def _reduce_is_sequential(shape: tuple[int, ...], axis: int, bufsize: int) -> bool:
-    """Whether ``np.add.reduce(a, axis)`` on a contiguous ``shape`` array adds the slices along
-    ``axis`` one after the other, as C's loop does (checked bit for bit, with and without ``initial``).
+    """Whether ``np.add.reduce(a, axis)`` on this layout adds the slices in C's order, checked bit for bit.
 
-    It does in numpy 2 whenever ``axis`` is not the innermost one: the inner loop then adds a whole
-    slice into the running sums. That is the implementation, not the documented contract, hence the
-    check; the answer depends only on the layout (and the ufunc buffer size), so it is memoised.
+    numpy 2 does for a non-innermost axis, but that is its implementation, not its contract.
     """
     a = _page_aligned(shape)
     moved = np.moveaxis(a, axis, 0)
@@ -144,11 +123,9 @@ def _reduce_is_sequential(shape: tuple[int, ...], axis: int, bufsize: int) -> bo
 
 
 class _Sums:
-    """Sums over the position axis in C's order: ``float s = 0; s += a[0]; s += a[1]; ...``.
+    """Sums over the position axis in C's order (``np.sum`` pairs terms and rounds differently).
 
-    That order is what ggml's loops do; ``np.sum`` would pair terms up and round differently. One
-    ``np.add.reduce`` call does the same roundings as the explicit loop on the layouts used here
-    (see ``_reduce_is_sequential``) for a fraction of the Python overhead; the loop is the fallback.
+    One ``np.add.reduce`` where ``_reduce_is_sequential`` holds, else the explicit loop.
     """
 
     def __init__(self, *layouts: tuple[np.ndarray, int]) -> None:
@@ -207,11 +184,7 @@ _PROD_B = np.array([3, 2, 4, 2, 1, 4])  # ... multiplied pairwise: D = p0 - p1, 
 
 
 def _qkx_super_scales(scales: np.ndarray, mins: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The super-block half of quantize_row_q4_K_ref / q5_K_ref, from the groups' scales and mins [nb, 8].
-
-    Returns (ls, lm: the 6-bit scales and mins uint8 [nb, 8], d and dmin fp16 bits [nb], and per
-    group d = fp16(d)*ls, dm = fp16(dmin)*lm float32 [nb*8]).
-    """
+    """The super-block half of quantize_row_q4_K_ref / q5_K_ref: (ls, lm, d bits, dmin bits, d, dm)."""
     nb = scales.shape[0]
     # `if (scale > max_scale) max_scale = scale;` from 0, likewise for mins
     max_scale = np.zeros(nb, dtype=_F32)
@@ -289,13 +262,9 @@ class _QkxTile:
     def search(self, finite: bool) -> np.ndarray:
         """``make_qkx2_quants(32, nmax, x, weights, ..., use_mad=false)`` for every group at once.
 
-        Leaves scale in ST[1], min (C's ``min``, so the_min = -min) in VT[3], and the iscale and
-        min that produced the accepted levels in ST[2], ST[3]; returns the ``flat`` mask (C's
-        early return: levels 0, scale 0). The levels themselves are not carried through the search:
-        the caller overwrites nearly all of them and recomputes the rest from ST[2], ST[3].
-
-        Note the C quirk reproduced here: ``min`` is updated inside the search loop, so later steps
-        take both their iscale and ``x - min`` from the improved min.
+        Leaves scale in ST[1], C's ``min`` in VT[3], the accepted iscale and min in ST[2], ST[3]; returns
+        the ``flat`` mask (C's early return). As in C, ``min`` is updated inside the loop, so later steps
+        use the improved one.
         """
         X, W, T, S, VT, ST, V5 = self.X, self.W, self.T, self.S, self.VT, self.ST, self.V5
         cur, ts, iscale, m, tm = VT
@@ -468,20 +437,12 @@ def _pack_q5(o: np.ndarray, L64: np.ndarray) -> None:
 
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 256) -> block_q4_K bytes, identical to quantize_row_q4_K_ref.
-
-    Block layout (144 bytes): d (fp16), dmin (fp16), scales[12] (6-bit scales and mins), qs[128]
-    (4-bit levels; byte l of each 32-byte run holds value l in the low nibble, value l+32 high).
-    """
+    """float32 values (a multiple of 256) -> block_q4_K bytes, identical to quantize_row_q4_K_ref."""
     return _quantize_qkx(x, "quantize_q4_k", Q4_K_BYTES, 15, -1.0, 0.1, 20, _pack_q4)
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 256) -> block_q5_K bytes, identical to quantize_row_q5_K_ref.
-
-    Block layout (176 bytes): d, dmin (fp16), scales[12], qh[32] (bit 2k / 2k+1 of byte l is the
-    fifth bit of value 64k+l / 64k+32+l), qs[128] (low nibbles, paired as in Q4_K).
-    """
+    """float32 values (a multiple of 256) -> block_q5_K bytes, identical to quantize_row_q5_K_ref."""
     return _quantize_qkx(x, "quantize_q5_k", Q5_K_BYTES, 31, -0.5, 0.1, 15, _pack_q5)
 
 
@@ -568,9 +529,7 @@ class _QxTile:
     def search(self, finite: bool) -> np.ndarray:
         """``make_qx_quants(16, 32, x, L, rmse_type=1, NULL)`` for every group at once.
 
-        Leaves scale in ST[0] and the iscale of the accepted levels in ST[1]; returns the ``zero``
-        mask (amax < GROUP_MAX_EPS: levels 0, scale 0). As for Q4_K the levels are recomputed by
-        the caller only where it keeps them.
+        Leaves scale in ST[0], the accepted iscale in ST[1]; returns the ``zero`` mask (amax < GROUP_MAX_EPS).
         """
         X, VT, ST, mx, B = self.X, self.VT, self.ST, self.mx, self.B
         cand, iscale = VT
@@ -669,12 +628,7 @@ class _QxTile:
 
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 256) -> block_q6_K bytes, identical to quantize_row_q6_K_ref.
-
-    Block layout (210 bytes): ql[128] (low nibbles), qh[64] (high 2 bits), scales[16] (int8),
-    d (fp16); within each 128-value half, ql byte l holds values l / l+64 and byte l+32 holds
-    l+32 / l+96, qh byte l holds the high bits of l, l+32, l+64, l+96.
-    """
+    """float32 values (a multiple of 256) -> block_q6_K bytes, identical to quantize_row_q6_K_ref."""
     x = _check_input(x, "quantize_q6_k")
     nb = x.size // QK_K
     out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)

@@ -1,13 +1,9 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
-This is what llama-quantize runs for these types without an importance matrix, so the bytes must be
-its bytes. With numba installed the sub-block searches, the requantization and the packing run as
-compiled kernels (``_kquant_kernels``); the numpy code here is the fallback, with the same bytes. Nothing
-is refused: degenerate sub-blocks (NaN, infinities, huge ratios) store the clamped values C stores.
-The functions are pure; every buffer is local to a call.
-
-Specification (the ``[16, n_sub]`` layout, sequential sums, masks for C's branches, signed zeros,
-fp16 scales): docs/quantizers.md, "Q2_K and Q3_K".
+What llama-quantize runs without an importance matrix. With numba the searches and packing run as
+``_kquant_kernels``; the numpy code here is the fallback, with the same bytes. Nothing is refused:
+degenerate sub-blocks store the clamped values C stores. Pure functions.
+Specification: docs/quantizers.md, "Q2_K and Q3_K".
 """
 
 from __future__ import annotations
@@ -35,12 +31,7 @@ _GROUP_MAX_EPS = np.float32(1e-15)  # C: 1e-15f
 
 
 def _nearest_int(v: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """ggml's ``nearest_int`` into int32 ``out``, garbage included.
-
-    ``(v + 12582912.f)`` rounds v half-to-even into the low mantissa bits; for |v| >= 2**22,
-    infinities and NaN the C code (asserts are compiled out) returns other mantissa bits, which
-    the callers then clamp and store, so the same bit manipulation is done here, not a rint.
-    """
+    """ggml's ``nearest_int`` into int32 ``out``, the garbage C stores for |v| >= 2**22, inf and NaN included."""
     f = out.view(np.float32)
     np.add(v, _MAGIC, out=f)
     np.bitwise_and(out, _MANT, out=out)
@@ -49,11 +40,7 @@ def _nearest_int(v: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def _round_clamp(v: np.ndarray, lo: int, hi: int, iout: np.ndarray, fout: np.ndarray | None = None) -> np.ndarray:
-    """``MAX(lo, MIN(hi, nearest_int(v)))`` into int32 ``iout``, also as float32 in ``fout``.
-
-    The float copy is C's implicit int->float conversion of ``l`` in ``w*l`` and friends
-    (exact: |l| <= 32).
-    """
+    """``MAX(lo, MIN(hi, nearest_int(v)))`` into int32 ``iout``, also as float32 (C's int->float) in ``fout``."""
     _nearest_int(v, iout)
     np.clip(iout, np.int32(lo), np.int32(hi), out=iout)
     if fout is not None:
@@ -64,10 +51,8 @@ def _round_clamp(v: np.ndarray, lo: int, hi: int, iout: np.ndarray, fout: np.nda
 def _seqsum(t: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``s = 0; for (i = 0; i < n; ++i) s += t[i]`` for every column of a C-contiguous ``[..., n, m]``.
 
-    A reduction over a non-last axis of a C-contiguous array is computed by numpy as ``out =
-    initial; out += t[0]; out += t[1]; ...`` with the inner loop along the contiguous axis; the
-    pairwise summation numpy is known for only applies along that contiguous axis. So this is
-    C's order; ``initial=0`` reproduces C's starting ``0 +``.
+    numpy reduces a non-last axis slice after slice (pairwise only along the contiguous axis), so
+    this is C's order; a test pins it.
     """
     return np.add.reduce(t, axis=-2, out=out, initial=_F0)
 
@@ -111,9 +96,7 @@ def _pack_2bit(q: np.ndarray) -> np.ndarray:
 def _first_max(vals: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``best = 0; pick = 0; for i: if (key[i] > best) { best = key[i]; pick = vals[i]; }`` over axis 0.
 
-    A loop of masks because ties keep the first index and NaN never wins, exactly like the C
-    scans (``argmax`` would prefer a NaN). Only used on per-sub-block values (16 per
-    super-block), where its cost does not matter.
+    Masks, not ``argmax``: ties keep the first index and NaN never wins, as in C.
     """
     best = np.zeros(key.shape[1:], np.float32)
     pick = np.zeros(vals.shape[1:], np.float32)
@@ -125,7 +108,7 @@ def _first_max(vals: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
-    """GGML_FP32_TO_FP16 (see the module docstring), as little-endian fp16."""
+    """GGML_FP32_TO_FP16 (docs/quantizers.md, fp16 scales), as little-endian fp16."""
     return v.astype(np.float16).astype("<f2", copy=False)
 
 
@@ -139,12 +122,8 @@ def _f16_bytes(h: np.ndarray) -> np.ndarray:
 def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``make_qkx2_quants(16, 3, x, |x|, L, &the_min, Laux, -0.5f, 0.1f, 15, true)`` on ``[16, n_sub]``.
 
-    Returns ``(scale, the_min, L)`` per sub-block. The search tries 16 candidate inverse scales;
-    a candidate that lowers the weighted absolute error replaces scale *and* min, and later
-    candidates are measured from the updated min, so the steps are inherently sequential.
-    L is only needed where Q2_K's later requantization is skipped, so rather than copying the
-    winning codes each step we remember the (iscale, min) that produced them and redo that one
-    rounding at the end.
+    Returns ``(scale, the_min, L)`` per sub-block. A better candidate replaces scale *and* min, so
+    the steps are sequential; L is recomputed at the end from the winning (iscale, min).
     """
     n = xs.shape[1]
     nmax = np.float32(3)
@@ -179,12 +158,8 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     btmp = np.empty((5, n), np.int32)
 
     def codes(isc: np.ndarray, m: np.ndarray) -> None:
-        """lf = MAX(0, MIN(nmax, nearest_int(isc*(x - m)))) as float32.
+        """lf = MAX(0, MIN(nmax, nearest_int(isc*(x - m)))) as float32; ``rint`` where ``bound`` proves it exact."""
 
-        ``bound`` is a true upper bound of |isc*(x - m)|: float rounding is monotonic and x lies
-        in [lo, mx]. Below 2**22 nearest_int is rint, and clamping before rounding gives the
-        same codes as after. Flat sub-blocks (NaN) are ignored: their results are overridden.
-        """
         np.subtract(xs, m, out=t)
         np.multiply(t, isc, out=t)
         np.subtract(mx, m, out=bound)
@@ -295,11 +270,8 @@ def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
 
 
 def quantize_q2_k(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> Q2_K blocks as bytes ``(n*84,)``, bit-exact with ggml (no imatrix).
+    """float32 ``(n*256,)`` -> Q2_K blocks as bytes ``(n*84,)``, bit-exact with ggml (no imatrix)."""
 
-    Per 16 values a 4-bit scale and 4-bit min (affine 2-bit codes), both relative to the
-    super-block's fp16 ``d`` / ``dmin``.
-    """
     xb = _sub_blocks(x, "quantize_q2_k")
     out = np.empty((xb.shape[0], Q2_K_BLOCK_BYTES), np.uint8)
     with np.errstate(all="ignore"):
@@ -314,12 +286,9 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
 def _make_q3_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``make_q3_quants(16, 4, x, L, true)`` on ``[16, n_sub]`` -> ``(scale, L)``, L in 0..7.
 
-    After a first rounding at ``-4/max``, up to 5 sweeps try, value by value, the code that is
-    optimal for the current sums of the others, keeping it when it raises sumlx^2/suml2. Each
-    step reads the sums the previous value updated, so a sweep is a Python loop over the 16
-    positions with all sub-blocks in lockstep. C stops a sub-block after a sweep without change;
-    a further sweep from the same state changes nothing either, so sweeping all sub-blocks until
-    none changes is the same.
+    A sweep is a Python loop over the 16 positions, all sub-blocks in lockstep (each step reads the
+    sums the previous one updated). Sweeping every sub-block until none changes equals C's per-block
+    stop: a further sweep from an unchanged state changes nothing.
     """
     n = xs.shape[1]
     ax = np.abs(xs)
@@ -449,11 +418,8 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
 
 
 def quantize_q3_k(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> Q3_K blocks as bytes ``(n*110,)``, bit-exact with ggml (no imatrix).
+    """float32 ``(n*256,)`` -> Q3_K blocks as bytes ``(n*110,)``, bit-exact with ggml (no imatrix)."""
 
-    Per 16 values a signed 6-bit scale relative to the super-block's fp16 ``d``; 3-bit codes
-    stored as 2 low bits in ``qs`` plus a high-bit mask.
-    """
     xb = _sub_blocks(x, "quantize_q3_k")
     out = np.empty((xb.shape[0], Q3_K_BLOCK_BYTES), np.uint8)
     with np.errstate(all="ignore"):

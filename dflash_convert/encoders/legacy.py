@@ -1,13 +1,9 @@
 """Bit-exact ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
-Each function returns the bytes ggml's ``quantize_row_q{4,5}_{0,1}_ref`` write for the same float32
-input, which is what ``llama-quantize`` writes for these types without an importance matrix. With
-numba installed one compiled kernel (``_legacy_kernels.legacy_quantize``) does the work; the numpy code
-here is the fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are
-reproduced as C computes them. The functions are pure and can run on a thread pool.
-
-Specification (float32 order, the extreme element, the int8 truncation, fp16 and NaN):
-docs/quantizers.md, "Legacy types".
+Each function returns the bytes ``quantize_row_q{4,5}_{0,1}_ref`` write (llama-quantize without an
+imatrix). With numba one compiled kernel (``_legacy_kernels``) does the work; the numpy code is the
+fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are reproduced.
+Pure functions. Specification: docs/quantizers.md, "Legacy types".
 """
 
 from __future__ import annotations
@@ -50,12 +46,7 @@ def as_blocks(x: np.ndarray, block: int) -> np.ndarray:
 
 
 def fp16_bits(f: np.ndarray) -> np.ndarray:
-    """``GGML_FP32_TO_FP16`` as uint16 words.
-
-    numpy's cast rounds to nearest even and overflows to inf exactly like ggml's bit-twiddling
-    version, for every non-NaN float32. ggml turns every NaN into ``sign | 0x7E00`` while numpy
-    keeps (truncated) payload bits, so NaNs are patched.
-    """
+    """``GGML_FP32_TO_FP16`` as uint16 words."""
     with np.errstate(over="ignore", invalid="ignore"):
         h = np.asarray(f, dtype=_F32).astype(np.float16).view(np.uint16)
     nan = np.isnan(f)
@@ -66,13 +57,7 @@ def fp16_bits(f: np.ndarray) -> np.ndarray:
 
 
 def first_absmax(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: C's ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` scan from ``amax = max = 0``.
-
-    Returns ``(amax, max)``: the first element of largest magnitude (so of a +a/-a tie the one that
-    comes first) and its signed value; ``max`` stays +0.0 for an all-zero row (a leading -0.0 must
-    not leak its sign into the scale). Rows where the fast argmax meets inf/NaN (C skips NaN, numpy
-    picks it) are redone with the scan itself.
-    """
+    """Per row: C's ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` scan from ``amax = max = 0``."""
     a = np.abs(xb)
     idx = a.argmax(axis=1)[:, None]
     amax = np.take_along_axis(a, idx, axis=1)[:, 0]
@@ -95,12 +80,7 @@ def first_absmax(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _min_max(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: C's ``min = FLT_MAX; max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;``.
-
-    The first element equal to the minimum (maximum) wins, which decides the sign of a zero
-    minimum; argmin/argmax return first occurrences. Rows with inf/NaN (C skips NaN and never goes
-    past +-FLT_MAX's start for an all-NaN row) are redone with the scan itself.
-    """
+    """Per row: C's ``min = FLT_MAX; max = -FLT_MAX; if (v < min) min = v; if (v > max) max = v;``."""
     mn = np.take_along_axis(xb, xb.argmin(axis=1)[:, None], axis=1)[:, 0]
     mx = np.take_along_axis(xb, xb.argmax(axis=1)[:, None], axis=1)[:, 0]
     bad = np.flatnonzero(~(np.isfinite(mn) & np.isfinite(mx)))
@@ -128,10 +108,7 @@ def reciprocal_or_zero(d: np.ndarray) -> np.ndarray:
 
 
 def _truncate_to_byte(t: np.ndarray) -> np.ndarray:
-    """C's ``(int8_t)t`` / ``(uint8_t)t`` for float t, as x86 compiles it: truncate to int32, keep the low byte.
-
-    Out-of-range values (inf, NaN) give INT32_MIN, low byte 0, on both sides.
-    """
+    """C's ``(int8_t)t`` / ``(uint8_t)t`` for float t, as x86 compiles it: truncate to int32, keep the low byte."""
     with np.errstate(invalid="ignore"):
         i = t.astype(np.int32)
     return i.astype(np.int8)  # wraps: the low byte, as a signed char
@@ -173,12 +150,7 @@ def _fifth_bits(q: np.ndarray) -> np.ndarray:
 
 
 def _quantize_jit(x: np.ndarray, name: str, block: np.dtype) -> np.ndarray | None:
-    """The compiled quantizer (see ``jit``), or None without numba. Same bytes as the numpy path.
-
-    ``x`` is float32, or float16 (F16 source words): those are widened inside the kernel, tile by
-    tile, which saves a whole-tensor float32 copy and the numpy pass that makes it. The kernel
-    writes the blocks whole, fp16 scales included.
-    """
+    """The compiled quantizer (see ``jit``), or None without numba. Same bytes as the numpy path."""
     k = jit.legacy_kernels()
     if k is None:
         return None
@@ -201,11 +173,7 @@ def as_blocks_f16(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> Q4_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of nibbles.
-
-    Symmetric 4-bit: ``d = max / -8`` (max = signed value of largest magnitude), so that value maps
-    to -8 and the grid spans [-8, 7]; ``q = MIN(15, (int8_t)(x/d + 8.5f))``.
-    """
+    """float32 ``(n*32,)`` -> Q4_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of nibbles."""
     fast = _quantize_jit(x, "Q4_0", BLOCK_Q4_0)
     if fast is not None:
         return fast
@@ -218,10 +186,7 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_q4_1(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> Q4_1 blocks as bytes ``(n*20,)``: fp16 ``d``, fp16 ``m``, 16 bytes of nibbles.
-
-    Affine 4-bit over [min, max]: ``d = (max - min) / 15``, ``q = MIN(15, (int8_t)((x - min)/d + 0.5f))``.
-    """
+    """float32 ``(n*32,)`` -> Q4_1 blocks as bytes ``(n*20,)``: fp16 ``d``, fp16 ``m``, 16 bytes of nibbles."""
     fast = _quantize_jit(x, "Q4_1", BLOCK_Q4_1)
     if fast is not None:
         return fast
@@ -238,11 +203,7 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_q5_0(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> Q5_0 blocks as bytes ``(n*22,)``: fp16 ``d``, 4 bytes of fifth bits, 16 of nibbles.
-
-    Symmetric 5-bit: ``d = max / -16``, ``q = MIN(31, (int8_t)(x/d + 16.5f))``; low nibbles in
-    ``qs`` as Q4_0, bit 4 of quant p in bit p of ``qh``.
-    """
+    """float32 ``(n*32,)`` -> Q5_0 blocks as bytes ``(n*22,)``: fp16 ``d``, 4 bytes of fifth bits, 16 of nibbles."""
     fast = _quantize_jit(x, "Q5_0", BLOCK_Q5_0)
     if fast is not None:
         return fast
@@ -256,11 +217,7 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_q5_1(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> Q5_1 blocks as bytes ``(n*24,)``: fp16 ``d``, fp16 ``m``, 4 bytes ``qh``, 16 ``qs``.
-
-    Affine 5-bit: ``d = (max - min) / 31``, ``q = (uint8_t)((x - min)/d + 0.5f)`` (no clamp in C:
-    the largest value lands on 31 at most).
-    """
+    """float32 ``(n*32,)`` -> Q5_1 blocks as bytes ``(n*24,)``: fp16 ``d``, fp16 ``m``, 4 bytes ``qh``, 16 ``qs``."""
     fast = _quantize_jit(x, "Q5_1", BLOCK_Q5_1)
     if fast is not None:
         return fast
@@ -278,9 +235,7 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
 def quantize_from_f16(name: str) -> Callable[[np.ndarray], np.ndarray]:
     """The Q4_0/Q4_1/Q5_0/Q5_1 encoder (``name``) taking F16 values (or their uint16 words).
 
-    With numba the kernel widens them itself; without, they are widened to float32 first. Same
-    bytes either way (the F16 -> F32 conversion is exact). The backend is chosen at the first
-    call, not here: planning (--dry-run) should not pay numba's import.
+    The backend is chosen at the first call, not here, so planning (--dry-run) does not import numba.
     """
     block = {"Q4_0": BLOCK_Q4_0, "Q4_1": BLOCK_Q4_1, "Q5_0": BLOCK_Q5_0, "Q5_1": BLOCK_Q5_1}[name]
     widened = {"Q4_0": quantize_q4_0, "Q4_1": quantize_q4_1, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}[name]

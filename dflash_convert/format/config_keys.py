@@ -1,16 +1,10 @@
 """The JSON type of every config value dflash-convert reads, as a plain table (gguf-py style).
 
-Files covered: a drafter's config.json (z-lab, speculators, the other dflash family members, with
-their ``dflash_config``, ``transformer_layer_config``, ``text_config`` and ``rope_parameters`` /
-``rope_scaling`` objects), a target's config.json and the tokenizer_config.json fields the vocabulary
-uses. A key means the same thing, with the same type, wherever it appears, so one table keyed by
-the key's name serves every file and every nested object.
-
-The reader (``sources/config.py``) looks every value up here: a value of another type is refused
-with one line naming the file, the key, the type found and the type expected. ``null`` counts as
-absent. JSON details the reader keeps: ``true`` is not an integer (Python's bool is an int), an
-integer is a fine number (FLOAT), a float is never an integer. A key a reader asks for that is not
-in this table is a bug of ours (an assertion), so no read escapes the table.
+One table keyed by the key's name serves a drafter's config.json (every dialect and nested object),
+a target's config.json and the tokenizer_config.json fields the vocabulary uses.
+``sources/config.py`` looks every value up here and refuses another type with one line; a key not
+in the table is a bug of ours (an assertion). JSON rules (null, bool, int vs float):
+docs/conversion.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """DFlash GGUF dialects written for other runtimes, as data (see ../shared/spec/landscape.md §1.2, §2.1).
 
-Upstream llama.cpp (0c1e57098) reads ``general.architecture = dflash`` with ``dflash.*`` keys,
-``dflash.target_layers`` as layer *input* indices, and the tensor names of format.tensors. Other
-forks wrote other architectures, keys and tensor names. Each entry says how to recognise a
-dialect, who writes it, how its keys and tensors map onto upstream's, and how its layer ids
-relate to upstream's ``target_layers``: ``layer_offset`` is added to the file's ids, or None when
-the file cannot tell (then ``migrate`` demands ``--target-layers-offset`` and never guesses).
-
-Key maps are keyed by the suffix after ``<file arch>.``; a value is a short name from
-format.keys.KEYS, or DROP for keys upstream has no use for (they are listed when dropped).
-Tensor maps use ``{bid}`` for the layer index.
+Each entry says how to recognise a dialect, how its keys (by the suffix after ``<file arch>.``;
+DROP for keys upstream has no use for) and tensors (``{bid}`` for the layer) map onto upstream's,
+and ``layer_offset`` to add to its layer ids, or None when the file cannot tell (then ``migrate``
+demands ``--target-layers-offset`` and never guesses).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The other members of llama.cpp's ``dflash`` architecture, as data: DFlash2 and DSpark.
 
-llama.cpp 0c1e57098's converter sends these Hugging Face architectures to its DFlash classes
-(conversion/__init__.py, conversion/qwen.py ``DFlashModel``/``DSparkModel``, conversion/gemma.py
-``Gemma4DSparkModel``); the runtime (src/models/dflash.cpp) tells the members apart by their
-tensors: ``selector_hidden.weight`` makes a DFlash2 drafter (dynamic convolutions + candidate
-selector), ``markov_w1.weight`` a DSpark one (Markov head, optional confidence head), and the
-speculative driver (common/speculative.cpp) runs a file with ``markov_w1.weight`` as
-``draft-dspark``, every other dflash file as ``draft-dflash``.
-
-Shapes are PyTorch order ([out, in]; a ggml shape is the reverse) over the drafter's dimensions:
-E hidden, V vocabulary, VD draft vocabulary, R Markov rank, ER = E + R, SR selector rank, CK conv
-kernel size, CP = 2 * CK * (E / conv_group_size) (the projected kernel coefficients).
+The runtime tells the members apart by their tensors (``selector_hidden.weight``: DFlash2,
+``markov_w1.weight``: DSpark, run as ``draft-dspark``). Shapes are PyTorch order over the drafter's
+dimensions: E hidden, V vocabulary, VD draft vocabulary, R Markov rank, ER = E + R, SR selector
+rank, CK conv kernel size, CP = 2 * CK * (E / conv_group_size). Specification: docs/family.md.
 """
 
 from __future__ import annotations
@@ -89,8 +82,7 @@ CONV_BASE_TYPE = "F32"
 # DFlash2: upstream writes all four (when dflash_config has conv_kernel_size) or none; the loader
 # needs all four (and dflash.block_size) > 0 once selector_hidden.weight exists
 CONV_SELECTOR_KEYS: tuple[str, ...] = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-# Gemma-4 DSpark: upstream writes the generic text-model keys from the config, then sets the Gemma-4
-# values of these, in this order; a key the config did not give lands at the end instead (Drafter.late_keys)
+# Gemma-4 DSpark: set after the generic keys, in this order; one the config lacked goes last (Drafter.late_keys)
 GEMMA4_OVERRIDDEN_KEYS: tuple[str, ...] = ("head_count_kv", "key_length", "value_length", "rope_dimension_count",
                                            "embedding_scale")
 # the generated RoPE factors of Gemma-4 DSpark's proportional RoPE: 1 for rotated pairs, this for the rest

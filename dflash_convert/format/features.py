@@ -1,16 +1,9 @@
 """The features file ``capture`` writes and ``accept`` reads, as data: one safetensors file.
 
-Per captured sequence ``i`` (``SEQUENCE.format(i=i)`` prefixes each name):
-
-* ``tokens``: I64 [L], the prompt's token ids then the target's greedy continuation;
-* ``prompt_length``: I64 [1], how many of ``tokens`` are the prompt;
-* ``layer_inputs``: F32, F16 or BF16 [S, L, E], for each stored layer index the residual stream
-  entering that target layer at every position, in llama.cpp's layer-input convention (0 = the
-  token embeddings; ``n_layers`` = the last layer's output, before the final norm): what llama.cpp
-  hands a DFlash drafter for its ``dflash.target_layers``.
-
-``__metadata__`` (strings, as safetensors requires) holds the keys of ``METADATA``; ``layers`` and
-``eos_ids`` are JSON lists.
+Per sequence ``i`` (``SEQUENCE.format(i=i)`` prefixes each name): ``tokens`` I64 [L],
+``prompt_length`` I64 [1], ``layer_inputs`` F32/F16/BF16 [S, L, E] in llama.cpp's layer-input
+convention; ``__metadata__`` holds the keys of ``METADATA`` (``layers``, ``eos_ids`` as JSON lists).
+Specification: docs/acceptance.md.
 """
 
 from __future__ import annotations

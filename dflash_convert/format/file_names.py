@@ -1,17 +1,8 @@
 """File names llama.cpp's ``-hf`` discovers: the drafter prefixes as data, our default names, the warning.
 
-llama.cpp 0c1e57098 resolves ``-hf REPO[:TAG]`` in common/download.cpp. ``gguf_filename_is_model``
-keeps a file out of main-model selection when its base name holds ``mmproj``, ``imatrix``,
-``mtp-``, ``eagle3-``, ``dflash-`` or ``dspark-``; ``find_best_dflash`` / ``find_best_dspark``
-(through ``find_best_sibling``) offer as the draft the ``.gguf`` files whose path holds ``dflash-`` /
-``dspark-``, preferring the one whose upper-cased path holds ``-TAG.``. Every substring test is
-case-sensitive (``std::string::find``), and so is the ``.gguf`` ending; only the tag compare is
-case-free. ``get_gguf_split_info`` reads a file's tag as the last ``[-.]([A-Z0-9_]+)`` before
-``.gguf`` (after a ``-NNNNN-of-NNNNN`` split suffix). A drafter named like
-``Qwen3-8B-DFlash-b16-BF16.gguf`` is therefore offered as a main model and never as a draft.
-
-Our names: ``dflash-<Name>-<TYPE>.gguf``, ``dspark-`` for a DSpark drafter (the runtime runs it as
-``draft-dspark``, and ``-hf`` with that speculative type looks only for ``dspark-``).
+llama.cpp offers as a draft only ``.gguf`` files whose path holds ``dflash-`` / ``dspark-`` (case
+sensitive), so our names are ``dflash-<Name>-<TYPE>.gguf`` and ``dspark-...`` for a DSpark drafter.
+The rules of common/download.cpp these tables follow: docs/conversion.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """File types (``general.file_type``): every name, value and matrix type in one table.
 
-A file type is what llama.cpp calls ``LLAMA_FTYPE_*`` (include/llama.h): the value written as
-``general.file_type``, the ggml type its quantizable tensors default to (llama_ftype_get_default_type),
-and the name a user types (tools/quantize/quantize.cpp, matched case-insensitively). ``outtype`` is
-convert's own ``--outtype`` spelling for the four types upstream's converter writes directly;
-``quantize`` marks the types our ``quantize`` (and ``convert --outtype TYPE``) writes.
+Each row is a ``LLAMA_FTYPE_*``: its ``general.file_type`` value, the ggml type its quantizable
+tensors default to, the name a user types (case-insensitive); ``outtype`` is convert's spelling for
+the four types upstream's converter writes, ``quantize`` marks the types our quantize writes.
 """
 
 from __future__ import annotations

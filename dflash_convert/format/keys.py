@@ -192,22 +192,19 @@ KEYS: dict[str, tuple[str, ValueType, ValueType | None]] = {
     "mask_token_id": ("tokenizer.ggml.mask_token_id", U32, None),
 }
 
-# special token kinds -> id key, u32 ("sep" is spelled "seperator" in llama.cpp). llama.cpp's
-# writer has no key for "cls", so a cls id found in the tokenizer files is not written.
-# quantize --min-acceptance records how a file was chosen: keys of ours, ignored by llama.cpp. Each
-# is written as llama-quantize's --override-kv writes it (int -> UINT32, float -> FLOAT32, str), last
-# in the file, so llama-quantize given the printed flags writes the same bytes.
+# quantize --min-acceptance's keys (docs/quantize.md has what each holds), written as llama-quantize's
+# --override-kv writes them, so its printed flags reproduce the same bytes
 CHOSEN_PREFIX = "dflash_convert.quantize."
 CHOSEN_KEYS: dict[str, tuple[str, str]] = {  # short name -> (key, --override-kv type)
-    "base_type": (CHOSEN_PREFIX + "base_type", "str"),  # the llama-quantize type the search started from
-    "min_acceptance": (CHOSEN_PREFIX + "min_acceptance", "float"),  # the fraction asked for
-    "acceptance": (CHOSEN_PREFIX + "acceptance", "float"),  # the file's held-out live-loop accept
-    "baseline_acceptance": (CHOSEN_PREFIX + "baseline_acceptance", "float"),  # the unquantized file's
+    "base_type": (CHOSEN_PREFIX + "base_type", "str"),
+    "min_acceptance": (CHOSEN_PREFIX + "min_acceptance", "float"),
+    "acceptance": (CHOSEN_PREFIX + "acceptance", "float"),
+    "baseline_acceptance": (CHOSEN_PREFIX + "baseline_acceptance", "float"),
     "held_out_sequences": (CHOSEN_PREFIX + "held_out_sequences", "int"),
-    "n_max": (CHOSEN_PREFIX + "n_max", "int"),  # --spec-draft-n-max of the measured loop
+    "n_max": (CHOSEN_PREFIX + "n_max", "int"),
     "tensor_type_count": (CHOSEN_PREFIX + "tensor_type_count", "int"),
 }
-CHOSEN_TENSOR_TYPE = CHOSEN_PREFIX + "tensor_type.{i}"  # str: one --tensor-type item of the recipe, i from 0
+CHOSEN_TENSOR_TYPE = CHOSEN_PREFIX + "tensor_type.{i}"  # str: recipe item i, from 0
 
 # general.* keys only we write (provenance): parity with upstream compares every other general.* key.
 # Upstream's own general.source.* keys (url, repo_url, doi, uuid) are not among them.
@@ -233,6 +230,7 @@ def is_provenance_key(name: str) -> bool:
     return name in PROVENANCE_KEYS or name.startswith(PROVENANCE_PREFIXES)
 
 
+# special token kinds -> id key, u32 ("seperator": llama.cpp's spelling); llama.cpp writes no "cls" key
 SPECIAL_TOKEN_ID_KEYS: dict[str, str] = {
     "bos": "tokenizer.ggml.bos_token_id",
     "eos": "tokenizer.ggml.eos_token_id",

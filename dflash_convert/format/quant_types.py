@@ -1,13 +1,9 @@
 """Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF: data tables and their rule.
 
-Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix: the
-file types, which tensors are quantizable at all, the ``_S/_M/_L`` mix rules by tensor category
-(``MIX_RULES``), the block-size fallbacks (``FALLBACK``) and the per-tensor overrides
-(``TypeOverrides``), applied in llama-quantize's order by ``choose_quant_types``. It reads no file;
-it refuses an unknown type name (``resolve_ftype``) and nothing else.
-
-Specification (llama-quantize's decision order, its running counters, the metadata it rewrites):
-docs/quantizers.md, "Which type each tensor gets".
+Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix
+(``MIX_RULES``, ``FALLBACK``, ``TypeOverrides``, applied by ``choose_quant_types``). Reads no file;
+refuses an unknown type name (``resolve_ftype``) and nothing else. Specification: docs/quantizers.md,
+"Which type each tensor gets".
 """
 
 from __future__ import annotations
@@ -29,9 +25,7 @@ FTYPES: dict[str, tuple[int, GGMLType]] = {name: (ft.value, ft.matrix_type) for 
 
 # --- which tensors are quantized (tensor_allows_quantization)
 
-# a name containing any of these is never quantized: norms, MoE routers, and small tensors of
-# other architectures (gemma3n altup/laurel, mamba conv1d, RWKV time-mix, T5 relative bias,
-# multimodal position/patch tensors, audio codebooks); none of them is arch-specific but glm5-next's
+# a name containing any of these is never quantized (llama.cpp's list, every architecture's)
 NOT_QUANTIZED_SUBSTRINGS: tuple[str, ...] = (
     "_norm.weight",
     "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight",
@@ -46,8 +40,6 @@ NOT_QUANTIZED_SUBSTRINGS: tuple[str, ...] = (
     ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger",
     "a.rvq.codebook", "mm.a.code_embd",
 )
-# exact names never quantized (BERT positional embeddings and token types; LLM_TN gives the same
-# spelling for every arch, dflash included)
 NOT_QUANTIZED_NAMES: frozenset[str] = frozenset({"position_embd.weight", "token_types.weight"})
 # the suffix a quantizable name must end with (note: "weight", not ".weight")
 QUANTIZED_SUFFIX = "weight"
@@ -74,14 +66,10 @@ ATTN_V_LIKE: frozenset[str] = frozenset({"attn_v", "attn_qkv", "attn_kv_b"})
 
 # --- mix rules (llama_tensor_get_type_impl), for the file types above
 #
-# ftype -> rule group -> ((condition, type), ...): the first pair whose condition holds gives the
-# type; when none holds the tensor keeps the default type. Groups: "attn_v" (attn_v-like tensors;
-# i = attn_v tensors typed so far, n = n_attention_wv), "ffn_down" (i = ffn_down tensors typed so
-# far, n = block_count), "attn_output". llama.cpp also has attn_qkv rules, but attn_qkv is tested as
-# attn_v-like first, so they are unreachable and the "attn_v" group applies to it; attn_q, attn_k,
-# ffn_gate, ffn_up and token_embd (untied) have rules only for IQ1/IQ2/IQ3/TQ file types.
-# Conditions are the names in CONDITIONS. File types not listed here (F16.., Q4_0.., Q5_K_S,
-# Q6_K, Q3_K_S) have no mix: every quantizable tensor but the output gets the default type.
+# ftype -> rule group -> ((condition in CONDITIONS, type), ...): the first that holds gives the type,
+# none: the default type. i counts the group's tensors typed so far; n is n_attention_wv (attn_v) or
+# block_count (ffn_down). llama.cpp's attn_qkv rules are unreachable (attn_qkv is attn_v-like first).
+# File types not listed have no mix. Details: docs/quantizers.md, "Which type each tensor gets".
 MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
     "Q2_K": {
         "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q3_K)),
@@ -127,11 +115,7 @@ OUTPUT_UNALIGNED_TYPE = GGMLType.Q8_0
 OUTPUT_TYPE = GGMLType.Q6_K
 OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
 
-# --- block-size fallback (tensor_type_fallback)
-
-# 256-block type -> the 32-block type used when ne[0] % 256 != 0; a 32-block target keeps its type
-# here. If the result still does not divide ne[0] (ne[0] % 32 != 0), the tensor is written F16.
-# FALLBACK and LAST_RESORT_TYPE live in rules.py, the one per-tensor table convert, validate and quantize read
+# FALLBACK and LAST_RESORT_TYPE (tensor_type_fallback) live in rules.py
 
 # notes: every choice says why; these prefixes let a caller count or filter them
 NOTE_KEPT = "kept"
@@ -259,14 +243,9 @@ def _infer_n_gqa(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> int:
 
 @dataclass(frozen=True)
 class TypeOverrides:
-    """llama-quantize's per-tensor options (tools/quantize/quantize.cpp -> llama_model_quantize_params).
+    """llama-quantize's per-tensor options (llama_model_quantize_params); docs/quantize.md says what each does.
 
-    ``tensor_types``: ``--tensor-type PATTERN=TYPE`` in the order given; a pattern is a regular
-    expression searched anywhere in the tensor name (std::regex_search; the pattern lower-cased), the
-    first that matches wins, only for a quantized file type, and the block-size fallback still applies.
-    ``output_tensor_type`` / ``token_embedding_type``: the type of output.weight / token_embd.weight,
-    as given (no mix rule, no fallback). ``leave_output_tensor``: output.weight is not quantized.
-    ``pure``: no mix rule at all (every quantized tensor takes the file type's default, output too).
+    ``tensor_types`` keeps the command line's order: the first pattern that matches wins.
     """
 
     tensor_types: tuple[tuple[str, GGMLType], ...] = ()
@@ -285,11 +264,9 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
                        overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
     """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]).
 
-    ``tensors`` are (GGUF name, ggml ne) in file order. ``input_types`` gives the types of the tensors
-    left alone (else reported as ``"keep"``), and refuses a tensor already quantized to another type,
-    as llama-quantize does without --allow-requantize. ``n_layer``/``n_head``/``n_head_kv`` are the
-    metadata values, read off the tensors when omitted. Notes of fallback choices start with
-    ``"fallback"``. Spec: docs/quantizers.md, "Which type each tensor gets".
+    ``tensors`` are (GGUF name, ggml ne) in file order; ``input_types`` names the types of tensors left
+    alone (else ``"keep"``) and refuses a requantization; omitted head and layer counts are read off
+    the tensors. Spec: docs/quantizers.md, "Which type each tensor gets".
     """
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]

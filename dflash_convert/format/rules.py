@@ -1,10 +1,8 @@
 """What llama.cpp 0c1e57098 demands of a DFlash drafter GGUF and of its target, as data tables.
 
-The validator (``dflash_convert.checks``) reads these tables and never spells a key or a tensor
-name itself. Keys are short names from ``format.keys.KEYS``; tensor names and the PyTorch shapes
-of the classic tensors come from ``format.tensors`` (a ggml shape is the PyTorch shape reversed).
-Sources: src/models/dflash.cpp, src/llama-model.cpp, src/llama-model-loader.cpp,
-common/speculative.cpp (see ../shared/spec/dflash-gguf-format.md sections 1, 2 and 4).
+validate reads these tables and never spells a key or a tensor name itself. Sources:
+src/models/dflash.cpp, src/llama-model.cpp, src/llama-model-loader.cpp, common/speculative.cpp
+(../shared/spec/dflash-gguf-format.md sections 1, 2 and 4).
 """
 
 from __future__ import annotations
@@ -52,10 +50,8 @@ POSITIVE_FLOAT_KEYS: tuple[str, ...] = (
     "final_logit_softcapping",
 )
 
-# Integer keys by the C type llama.cpp reads them into, with where: a value outside that type's range
-# wraps (a UINT32 past INT32_MAX read as int32_t turns negative: a block size of -1 drafts nothing).
-# The GGUF type checks (keys.types) keep UINT32 readers in range for scalars; INT32 arrays and the
-# int32_t readers below are range-checked entry by entry (validate's keys.ranges).
+# Integer keys by the C type llama.cpp reads them into, and where: outside its range a value wraps
+# (a UINT32 past INT32_MAX read as int32_t is negative), so validate's keys.ranges checks them.
 INT32_T, UINT32_T = "int32_t", "uint32_t"
 INTEGER_READERS: dict[str, tuple[str, str]] = {
     "context_length": (INT32_T, "src/llama-model.cpp: int32_t llama_model_n_ctx_train()"),
@@ -119,11 +115,8 @@ D2T_TENSOR = GLOBAL_TENSORS["d2t"]
 
 # --- per-tensor storage types: the one table convert, validate and quantize read
 #
-# Every tensor is one of three classes. "fixed": its type is set by the graph (d2t must be I64).
-# "vector": 1-D tensors, *_norm.weight and names that do not end in .weight stay F32 (llama.cpp's
-# converter and llama-quantize both keep them so; the dflash graph is only tested that way).
-# "matrix": takes the file's matrix type, unless its rows (ne[0]) are not a whole number of that
-# type's blocks; then the fallback table says what it gets instead.
+# FIXED: the graph sets the type (d2t is I64); VECTOR: stays F32, as upstream's converter and
+# llama-quantize keep it; MATRIX: the file's matrix type, or its fallback when ne[0] is not whole blocks.
 NORM_SUFFIX = "_norm.weight"
 WEIGHT_SUFFIX = ".weight"
 FIXED, VECTOR, MATRIX = "fixed", "vector", "matrix"
@@ -131,10 +124,7 @@ FIXED_TYPES: dict[str, str] = {D2T_TENSOR: "I64"}
 VECTOR_TYPE = "F32"
 # the converter's fallback (convert_hf_to_gguf.py: Q8_0 needs ne[0] % 32 == 0, else F16)
 CONVERT_FALLBACK: dict[str, str] = {"Q8_0": "F16"}
-# llama-quantize's fallback (src/llama-quant.cpp tensor_type_fallback): a 256-block type -> the
-# 32-block type used when ne[0] % 256 != 0; if that still does not divide ne[0], the last resort.
-# format/quant_types.py applies it (with llama-quantize's mixes); quantize keeps every FIXED and
-# VECTOR tensor of the table above in its input type.
+# llama-quantize's fallback (tensor_type_fallback) when ne[0] % 256 != 0, then the last resort
 QUANTIZE_FALLBACK: dict[GGMLType, GGMLType] = {
     GGMLType.IQ1_S: GGMLType.IQ4_NL, GGMLType.IQ1_M: GGMLType.IQ4_NL,
     GGMLType.IQ2_XXS: GGMLType.IQ4_NL, GGMLType.IQ2_XS: GGMLType.IQ4_NL, GGMLType.IQ2_S: GGMLType.IQ4_NL,
@@ -159,11 +149,8 @@ def storage_class(name: str, shape: tuple[int, ...]) -> str:
 
 def storage_type(name: str, shape: tuple[int, ...], matrix_type: str, fallback: dict[str, str],
                  block_of: dict[str, int]) -> tuple[str, str]:
-    """(ggml type name, note) for one tensor: ``shape`` in PyTorch order, so shape[-1] is ne[0].
+    """(ggml type name, note) for one tensor: ``shape`` in PyTorch order, so shape[-1] is ne[0]."""
 
-    ``block_of`` gives each type's block size (format.ggml); ``fallback`` is followed while the row
-    length is not a whole number of blocks; the note says why a fallback was taken.
-    """
     cls = storage_class(name, shape)
     if cls == FIXED:
         return FIXED_TYPES[generic_name(name)], ""

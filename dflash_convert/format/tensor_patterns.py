@@ -1,14 +1,9 @@
 """The one compiler of user patterns matched against tensor names, with a bound on the work a match takes.
 
-``--tensor-type`` (and ``--tensor-type-file``) patterns are regular expressions searched in a tensor
-name, as llama-quantize's ``std::regex_search``; ``--keep-type`` globs are matched whole
-(``fnmatch.fnmatchcase``). Both go through ``compile_pattern``, which keeps Python's ``re`` semantics
-for every pattern it accepts and refuses, before any name is matched, a pattern whose backtracking
-could outgrow ``WORK_BOUND`` on a name of the longest length a GGUF allows (``GGML_MAX_NAME``):
-nested or repeated quantifiers over ambiguous parts (``(.*)*X``, ``(a|a){40}``) and more than a
-few unbounded quantifiers in a row. A repetition count above ``REPEAT_MAX`` is refused too. Every
-refusal is an ``OptionValueError`` (the command line's value is wrong: exit 64) saying what to change.
-The bound is static: the same pattern is accepted or refused on any machine, however busy.
+``--tensor-type`` patterns are regular expressions searched in a name (llama-quantize's
+``std::regex_search``); ``--keep-type`` globs match whole. ``compile_pattern`` refuses, before any
+match and the same on any machine, a pattern whose backtracking could outgrow ``WORK_BOUND`` on a
+``GGML_MAX_NAME``-long name, or a count above ``REPEAT_MAX`` (``OptionValueError``, exit 64).
 Spec: docs/quantize.md (--tensor-type).
 """
 

@@ -43,10 +43,8 @@ LAYER_TENSORS: dict[str, str] = {
     "self_attn.learnable_sink_param": "attn_sinks.weight",
 }
 
-# The rest of the dflash family (tables read by sources/family.py): DSpark's Markov and confidence
-# heads and DFlash2's candidate selector, then DFlash2's per-layer dynamic convolutions. The two
-# selector codebooks have no ".weight" in the checkpoint; upstream appends it, and so do we. The conv
-# base kernels keep no suffix (upstream writes them that way, F32).
+# The rest of the dflash family (docs/family.md). Upstream appends ".weight" to the selector
+# codebooks and writes the conv base kernels without a suffix; so do we.
 FAMILY_GLOBAL_TENSORS: dict[str, str] = {
     "markov_head.markov_w1.weight": "markov_w1.weight",
     "markov_head.markov_w2.weight": "markov_w2.weight",
@@ -62,24 +60,20 @@ FAMILY_LAYER_TENSORS: dict[str, str] = {
     "mlp_conv.base_kernel": "ffn_conv_base",
     "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
 }
-# Gemma-4 DSpark layers (upstream's Gemma4DSparkModel): Gemma's sandwich norms, where
-# post_attention_layernorm is a real post-attention norm (not the pre-FFN norm it is for Qwen),
-# and the per-layer output scalar. These override LAYER_TENSORS for that architecture only.
+# Gemma-4 DSpark layers override LAYER_TENSORS: its post_attention_layernorm is a real
+# post-attention norm (Qwen's is the pre-FFN norm)
 GEMMA4_LAYER_TENSORS: dict[str, str] = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     "layer_scalar": "layer_output_scale.weight",
 }
-# Gemma-4 DSpark's layer parts by the roles of LAYER_ROLES_HF (the reference reads them): Gemma's
-# sandwich norms (its post_attention_layernorm follows attention; pre_feedforward_layernorm is the
-# pre-FFN norm) and the layer scalar
+# the same parts by the roles of LAYER_ROLES_HF
 GEMMA4_ROLES_HF: dict[str, str] = {"ffn_norm": "pre_feedforward_layernorm.weight",
                                    "post_attn_norm": "post_attention_layernorm.weight",
                                    "post_ffw_norm": "post_feedforward_layernorm.weight", "out_scale": "layer_scalar"}
 # Gemma-4 DSpark checkpoints spell the confidence head this way; upstream renames it first
 GEMMA4_RENAMED_PREFIXES: dict[str, str] = {"confidence_proj.": "confidence_head.proj."}
-# the generated proportional-RoPE factor table of Gemma-4 DSpark (one entry per rotary pair)
 # the parts of a classic DFlash layer by the role the runner and the reference give them -> HF
 # per-layer suffix (its GGUF suffix is LAYER_TENSORS[suffix]); the sinks are found by SINK_HF
 LAYER_ROLES_HF: dict[str, str] = {

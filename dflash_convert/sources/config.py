@@ -1,10 +1,8 @@
 """The one typed reader of config values: config.json, its nested objects, tokenizer_config.json.
 
-Every value is looked up in ``format.config_keys.CONFIG_KEYS`` and checked for its JSON type
-before anyone uses it, so a value of the wrong type stops the command with one line naming the
-file, the key, the type found and the type expected, instead of being read by truthiness (the
-string "false" is true in Python) or compared as another type. ``null`` is absent. Range checks
-against the GGUF type a value is written as (``int_``, ``float_``) sit on top.
+Every value is checked against ``format.config_keys.CONFIG_KEYS`` before use, so a wrong type is one
+line naming the file, the key and both types, never read by truthiness (the string "false" is true
+in Python). ``null`` is absent. Range checks (``int_``, ``float_``) sit on top.
 """
 
 from __future__ import annotations

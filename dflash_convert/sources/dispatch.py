@@ -1,15 +1,11 @@
 """The one checkpoint dispatcher: which reader turns a checkpoint directory into a Drafter.
 
-In the manner of llama.cpp's ``conversion/__init__.py`` (``TEXT_MODEL_MAP``: architecture name ->
-converter class), two tables say which reader takes a checkpoint: its ``architectures`` entry, or a
-speculators export's ``speculators_model_type``. ``convert``, ``check``'s reference and its weight
-diagnosis all read a checkpoint through ``read_checkpoint_drafter``, so they can never disagree on
-what a checkpoint is, and a member a command cannot handle is named as that member.
-
-Precedence, as upstream's converter resolves it: a family architecture (DFlash2, DSpark, Gemma-4
-DSpark, DeepSeek-V4 DSpark, highest priority first) wins over ``speculators_model_type``; a
-speculators export wins over z-lab's own ``DFlashDraftModel`` name; a ``DFlashDraftModel`` that
-carries DFlash2 keys or tensors is read as DFlash2.
+Two tables, as llama.cpp's ``TEXT_MODEL_MAP``: by ``architectures`` entry, or by a speculators
+export's ``speculators_model_type``. ``convert``, ``check``'s reference and its weight diagnosis all
+read through ``read_checkpoint_drafter``, so they never disagree on what a checkpoint is.
+Precedence, as upstream's: a family architecture (DFlash2, DSpark, Gemma-4 DSpark, DeepSeek-V4
+DSpark) wins over ``speculators_model_type``, which wins over ``DFlashDraftModel``; a
+``DFlashDraftModel`` carrying DFlash2 keys or tensors is read as DFlash2.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Readers for the rest of the dflash family -> Drafter: DFlash2, DSpark and Gemma-4 DSpark.
 
-Each follows what llama.cpp 0c1e57098's converter does for the architecture (conversion/qwen.py
-``DFlashModel`` and ``DSparkModel``, conversion/gemma.py ``Gemma4DSparkModel``), so the file is
-byte-identical to upstream's, and adds the checks upstream leaves to load time. It refuses, one
-line each: what llama.cpp's loader would refuse (a missing conv/selector key, a hidden size the
-group size does not divide or too small for the selector lattice, Markov tables without each
-other), Markov heads other than ``vanilla``, Gemma-4 DSpark checkpoints outside upstream's
-requirements, and the DeepSeek-V4 DSpark backbone (upstream's ``--dspark`` route). Nothing from
-the checkpoint is executed; the values llama.cpp needs are never guessed.
-
-Specification (what each member converts to, where we differ from upstream): docs/family.md.
+Each follows llama.cpp 0c1e57098's converter for the architecture, so the file is byte-identical to
+upstream's, and adds the checks upstream leaves to load time. Refused, one line each: what
+llama.cpp's loader would refuse, Markov heads other than ``vanilla``, Gemma-4 DSpark checkpoints
+outside upstream's requirements, and the DeepSeek-V4 DSpark backbone. Specification: docs/family.md.
 """
 
 from __future__ import annotations

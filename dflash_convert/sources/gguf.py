@@ -1,13 +1,10 @@
 """The one place that parses GGUF files: bounds-checked before anything is allocated.
 
 Every count and length is checked against the bytes that remain before it is used, so a hostile
-file cannot make us allocate more than its own size or loop forever; arrays stay compact
-(``NumArray``, ``StrArray``: arrays.py) and the mapped pages behind the parser are handed back as it goes.
-It refuses, as an ``InputFileError`` naming the field and its offset, every file llama.cpp's
-``gguf_init_from_file`` refuses (limits, tensor infos, data offsets packed in table order) and a
-few it would mis-read; tests/test_gguf_reader.py holds one hand-made file per message.
-
-Specification (the limits, how memory stays bounded): docs/validate.md, "The GGUF reader".
+file cannot make us allocate more than its size or loop forever. Refused, as an ``InputFileError``
+naming the field and offset: every file ``gguf_init_from_file`` refuses and a few it would mis-read
+(one hand-made file per message in tests/test_gguf_reader.py). Specification: docs/validate.md,
+"The GGUF reader".
 """
 
 from __future__ import annotations

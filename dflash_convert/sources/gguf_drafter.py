@@ -1,17 +1,9 @@
 """read_drafter(): a dflash GGUF file -> Drafter, the exact inverse of the hyper-parameter writer.
 
-Every key ``hparams.write_hparams`` writes is read back into the field it came from, including
-the two key positions upstream's order encodes (Drafter.rope_sections_early, causal_early);
-every tensor becomes a DrafterTensor whose source is the GGUF tensor itself (ggml type, shape,
-offset; rows are read on demand). Files written by llama.cpp's converter read into the same
-Drafter as ours.
-
-``read_lenient(g)`` is the form validate uses: a value the file lacks or mistypes becomes None in
-the Drafter, so every check can still say something about a broken file, and ``KeyFindings`` says
-what the Drafter cannot: which keys the file has and with which types, and the values no Drafter
-field holds (per-layer arrays, a value length that is not the key length, the raw RoPE-scaling
-keys). The strict form (quantize, the runner) refuses an incomplete file with one line that points
-to validate. Both keep the file's ``tokenizer.*`` keys as read (``Drafter.tokenizer``).
+``read_drafter`` (quantize, the runner) refuses an incomplete file with one line that points to
+validate; ``read_lenient`` (validate) reads a missing or mistyped value as None and returns
+``KeyFindings`` for what no Drafter field holds. Files written by llama.cpp's converter read into
+the same Drafter as ours. See docs/architecture.md and docs/validate.md.
 """
 
 from __future__ import annotations

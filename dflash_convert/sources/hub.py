@@ -1,24 +1,11 @@
 """Hugging Face repo ids as inputs: ``org/name[@revision]`` -> a snapshot directory in the shared cache.
 
-A path that exists is always a path. Otherwise a string shaped like a repo id is looked up in the
-Hugging Face cache first (``HF_HUB_CACHE``, else ``HF_HOME``/hub, else ~/.cache/huggingface/hub),
-without the network; only when that fails and ``HF_HUB_OFFLINE`` is not set are the files a
-command reads downloaded (the allow-lists below: never a target's weights unless a command needs
-them). The revision (a branch, a tag or a commit) is resolved to the commit, the snapshot folder's
-name, which convert records in the provenance keys. The snapshot is then checked for the files its
-role needs, so an interrupted download is one line naming the repo, not a reader's complaint about
-a cache path.
-
-The cache is untrusted too: a revision must be a commit or a ref name git would accept (``..``, an
-absolute path, an empty or dot-led part refused); a ref is resolved here, not by huggingface_hub, and
-must be a regular file under the repo's ``refs/`` holding a 40-hex commit; the snapshot folder and
-every entry in it must resolve (symbolic links followed) inside the repo's own cache folder. Anything
-else is one line naming the repo and revision, exit 2: a provenance key never names a repo whose
-files came from elsewhere.
-
-huggingface_hub reads its environment once, at import; this module reads ``HF_HUB_CACHE``,
-``HF_HOME`` (through ``files.hub_cache_dir``) and ``HF_HUB_OFFLINE`` itself on every call and passes
-the cache folder and ``local_files_only`` explicitly, so what the user (or a test) set is what counts.
+A path that exists is always a path; a repo id is looked up in the cache offline first, and only the
+files its role reads are downloaded, when allowed. The cache is untrusted: a revision that is not a
+commit or a git ref name, a ref outside ``refs/`` or not holding a commit, and a snapshot entry that
+resolves outside the repo's cache folder are refused (one line, exit 2). ``HF_HUB_CACHE``, ``HF_HOME``
+and ``HF_HUB_OFFLINE`` are read on every call, not at huggingface_hub's import, so what the user (or a
+test) set counts. Specification: docs/conversion.md, "Inputs from the Hugging Face cache".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """A checkpoint's model card -> the general.* keys upstream's converter writes from it.
 
-Upstream (convert_hf_to_gguf.py, prepare_metadata) fills them with gguf-py's Metadata: the YAML front
-matter of README.md, config.json's ``_name_or_path``, the directory name, generation_config.json, then
-``--metadata FILE.json`` over all of them, and a size label from the parameter count when none was found.
-We call gguf-py's own heuristics for the part that is judgement (naming base models and datasets,
-splitting a directory name into basename, size label, finetune and version), so the values are
-upstream's; the files are read here: bounded, with one error line for a bad file. The front matter
-is parsed as plain data (no tag ever constructs an object or runs code), at most ``MAX_CARD_BYTES``,
-and without aliases: ``*name`` lets a 1 KB card stand for a tree of 10**9 strings, which gguf-py's
-heuristics would format whole into one log line. ``convert`` and ``publish`` both read cards here.
-
-gguf-py 0.19.0 (PyPI) and the vendored copy at 0c1e57098 differ in one line that matters here: the
-vendored one also takes ``repetition_penalty`` from generation_config.json. That step is ours
-(``_GENERATION_CONFIG``), so the vendored behaviour holds whichever gguf-py is installed.
+gguf-py's own heuristics do the judgement (base models, datasets, splitting a directory name);
+the files are read here, bounded, with one error line for a bad file. The YAML front matter is
+plain data (no tag constructs an object), at most ``MAX_CARD_BYTES``, and without aliases (a 1 KB
+card could stand for 10**9 strings). ``convert`` and ``publish`` both read cards here.
+Specification: docs/conversion.md, "Options" (the model card).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Read a prompts file (``capture``'s input): one prompt per line, or JSONL; every check of that input here.
 
-Lines end at "\\n" only ("\\r\\n" tolerated): a U+2028, form feed or record separator inside a prompt is
-part of it. The kind is decided once per file: ``.jsonl``/``.json`` is JSONL, ``.txt`` plain text,
-any other name JSONL when its first non-blank line is a JSON string or object. In a JSONL file
-every non-blank line must be a JSON string or an object with a "prompt" (or "text") string; a line
-that is not is one error naming the file and the line. Blank lines are skipped; the file is UTF-8
-(a leading byte-order mark tolerated) and at most MAX_PROMPTS_BYTES.
+Lines end at "\n" only ("\r\n" tolerated). ``.jsonl``/``.json`` is JSONL, ``.txt`` plain text, any
+other name JSONL when its first non-blank line is a JSON string or object; a JSONL line must be a
+string or an object with a "prompt" (or "text") string. UTF-8, at most MAX_PROMPTS_BYTES.
+Specification: docs/acceptance.md, "capture".
 """
 
 from __future__ import annotations

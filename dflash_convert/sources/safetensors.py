@@ -1,12 +1,9 @@
 """The one place that parses safetensors files. Every check of that untrusted input lives here.
 
-A safetensors file is an 8-byte little-endian header length N, N bytes of JSON, then the data.
-We never trust the JSON: the header length is capped and must fit the file, the JSON must be an
-object of well-formed entries with no duplicate names, each entry's byte range must equal
-prod(shape) * itemsize, and the ranges must tile the data section exactly (no holes, overlaps
-or trailing bytes), as the reference implementation requires. Data is read later, lazily, by
-offset; nothing is allocated from a size the file claims before that size is checked against
-the file.
+The header length is capped and must fit the file; the JSON must be an object of well-formed
+entries with no duplicate names, each byte range prod(shape) * itemsize, the ranges tiling the data
+exactly. Nothing is allocated from a size the file claims before it is checked; data is read later,
+by offset. Specification: docs/validate.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Reader for speculators-format DFlash drafters (speculators_model_type "dflash") -> Drafter.
 
-The config is a wrapper: the draft decoder's hyper-parameters sit under
-``transformer_layer_config``; ``aux_hidden_state_layer_ids``, ``mask_token_id``, ``block_size``,
-``draft_vocab_size`` and ``sample_from_anchor`` at the top. Layer ids: speculators' aux ids are
-HF ``hidden_states`` indices (0 = embeddings), which are exactly llama.cpp's layer-input
-indices, so ``dflash.target_layers`` = aux ids. Internally we express them as z-lab
-``target_layer_ids`` (aux - 1) so one builder checks both dialects the same way.
+The draft decoder's hyper-parameters sit under ``transformer_layer_config``, the DFlash ones at the
+top. ``aux_hidden_state_layer_ids`` already are llama.cpp's layer-input indices (docs/layer-ids.md);
+they are expressed as z-lab ``target_layer_ids`` (aux - 1) so one builder checks both formats.
 """
 
 from __future__ import annotations

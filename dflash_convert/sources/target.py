@@ -1,12 +1,9 @@
 """Readers of a target model: its Hugging Face directory (config and tokenizer files; the weights
 only when a caller asks for the embedding or the head) or its converted GGUF.
 
-Before a target runs (capture, check --features target), ``read_target_weights`` checks its
-safetensors with the hardened reader (plain file names in the directory, safetensors only, every
-header and the index) and its config's sizes against them: counts of repeated modules (layers,
-experts, depth) bounded, ``num_hidden_layers`` within the layer indices the weights hold, the
-embedding's width the config's ``hidden_size``, so no model is built from a config the weights
-cannot fill.
+Before a target runs, ``read_target_weights`` checks its safetensors with the hardened reader and its
+config's sizes against them (repeated-module counts bounded, layers and width the weights hold), so
+no model is built from a config the weights cannot fill. Specification: docs/acceptance.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The drafter's vocabulary tensors: own vocabularies (d2t/t2d), embeddings, output head, mask row.
 
-llama.cpp's dflash runtime takes ``token_embd`` and ``output`` from the draft file when present,
-else from the target; but a file with ``token_embd`` and no ``output`` makes it use the embedding
-as the head (tied), which no DFlash drafter was trained with. So we never write token_embd
-without output. A reduced draft vocabulary maps draft ids to target ids with ``d2t``, stored as
-absolute target ids in I64 (speculators stores offsets: target = i + d2t[i]); ``t2d`` is only
-checked. Every invariant gets its own error message.
+``token_embd`` is never written without ``output`` (llama.cpp would tie them, which no drafter was
+trained with); ``d2t`` is written as absolute target ids (I64), ``t2d`` only checked. Every
+invariant has its own error message. Specification: docs/conversion.md, "Own vocabularies,
+embeddings and heads".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """A cache of the borrowed tokenizer keys, so a second conversion against one target skips the slow part.
 
-An entry holds the exact key list and is found by ``entry_key``, a SHA-256 over everything the keys
-depend on (the tokenizer files, the route inputs, the versions and the source of the modules that
-build them). Nothing read from the cache is trusted: an entry that is a link, a FIFO, oversized,
-truncated, altered or malformed is ignored with one warning and rebuilt; it is never pickle.
-Entries are written to a temporary file and renamed; a cache directory that cannot be written
-costs the speed, never the conversion.
-
-Specification (the key, the entry format, where the cache lives): docs/conversion.md, "The
-tokenizer cache".
+An entry is found by ``entry_key``, a SHA-256 over everything the keys depend on. Nothing read from
+the cache is trusted (never pickle): a link, a FIFO, an oversized, truncated, altered or malformed
+entry is ignored with one warning and rebuilt; an unwritable cache costs speed, never the conversion.
+Specification: docs/conversion.md, "The tokenizer cache".
 """
 
 from __future__ import annotations

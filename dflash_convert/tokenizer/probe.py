@@ -1,13 +1,9 @@
 """Ask the `tokenizers` library two questions about a tokenizer.json, in a child process.
 
-1. The pre-tokenizer fingerprint: sha256 of str(token ids of the probe text), as llama.cpp hashes.
-2. For added tokens that are not normalized: their encode/decode round trip (llama.cpp stores
-   them pre-normalized).
-
-A short-lived child keeps a large BPE's memory out of the parent's peak. It runs no code from the
-file nor from anywhere a user controls: ``python -I``, in the root directory, finding this package
-by its installed location only. A child out of memory is reported as that (exit 1), never as a
-fault of the file; a file the child refuses (JSON nested too deep) is an input error (exit 2).
+The pre-tokenizer fingerprint (sha256 of str(token ids of the probe text), as llama.cpp hashes), and
+the encode/decode round trip of added tokens that are not normalized. The child (``python -I``, in
+``/``, this package by its installed location) runs no code a user controls and keeps a large BPE's
+memory out of the parent. Out of memory: exit 1; a file the child refuses: exit 2.
 Specification: docs/conversion.md, "How every output is written" (the isolated child).
 """
 

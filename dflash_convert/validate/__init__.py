@@ -1,11 +1,8 @@
 """validate(): will this GGUF load and pair in llama.cpp 0c1e57098, and is it what it claims to be?
 
-Layers of checks, each in its own module: the container (sources/gguf.py, the bounds-checked
-reader), the dialect (dialects.py), the semantics of an upstream dflash drafter (semantics.py),
-optionally a NaN/Inf scan (numerics.py), and optionally the pairing with a target (target.py). The
-file is parsed once, and read once leniently into a Drafter and the reader's findings
-(``sources.gguf_drafter.read_lenient``); every check reads those.
-Results are ``report.Check`` objects; ``report`` renders them for people and as JSON.
+Checks by layer, each in its own module: the container (sources/gguf.py), the dialect, the
+semantics, optionally a NaN/Inf scan and the pairing with a target. The file is parsed once and
+read once leniently (``read_lenient``); ``report`` renders the results. Specification: docs/validate.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Compare two GGUF files the way parity with upstream is judged (tests and bench/ use this).
 
-Equal means: the same non-general keys with the same value types and values, in the same order;
-the same tensor names in the same order, with the same shapes, ggml types and data bytes. general.*
-may differ (``validate --reference``: names and provenance are the writer's), unless ``general`` is
-set: then every general.* key but our provenance keys is compared too (the parity tests: the model
-card's keys, the name, the size label). Tensor data is compared row chunk by row chunk, so two
-multi-GB files compare in bounded memory.
+Equal: the same non-general keys, types and values in the same order, and the same tensors (names,
+order, shapes, types, bytes). general.* is compared too, but for our provenance keys, only with
+``general``. Tensor data is compared chunk by chunk, in bounded memory.
 """
 
 from __future__ import annotations

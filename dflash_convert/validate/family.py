@@ -1,13 +1,8 @@
 """validate's ``family`` check: which dflash member a file is, and llama.cpp's load-time rules for it.
 
-It names the member (DFlash, DFlash2, DSpark) and the speculative type llama.cpp 0c1e57098 runs it
-with, and fails every file llama.cpp refuses or runs without its draft (src/models/dflash.cpp and
-common/speculative.cpp): DFlash2's conv/selector keys and tensors together and consistent, DSpark's
-Markov and confidence tensors agreeing in rank with ``has_confidence_head`` and ``block_size``,
-shapes from the hyper-parameters, conv base kernels in F32. Some of llama.cpp's tools only log a
-draft that fails to load and run without it, so each of these is a failure, not a warning.
-
-Specification (every rule, with the message llama.cpp prints): docs/family.md.
+Names the member and the speculative type llama.cpp runs it with, and fails every file llama.cpp
+refuses or runs without its draft (some tools only log a draft that fails to load, so these are
+failures, not warnings). Specification (every rule, with llama.cpp's message): docs/family.md.
 """
 
 from __future__ import annotations

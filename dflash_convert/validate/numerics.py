@@ -1,10 +1,8 @@
 """--deep: every tensor scanned for NaN and Inf, row chunk by row chunk (memory stays flat on large files).
 
-Rows are read by position into a small buffer, never mapped, so the resident set does not grow
-with the file (a CI runner with less memory than the model need not page it all in). Float
-tensors are checked on their raw bit patterns (an all-ones exponent is NaN or Inf); quantized
-tensors are dequantized a chunk of rows at a time with gguf-py, which agrees with ggml bit for
-bit. Integer tensors (d2t) cannot hold NaN and are skipped.
+Rows are read by position into a small buffer, never mapped. Float tensors are checked on their bit
+patterns, quantized ones dequantized a chunk at a time with gguf-py (bit-exact with ggml); integer
+tensors are skipped.
 """
 
 from __future__ import annotations

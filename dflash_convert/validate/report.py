@@ -1,13 +1,8 @@
 """Check results and their two renderings: one line per check for people, a JSON document for CI.
 
-Every check has a stable id, a status and one line saying what was found; ``details`` lists the
-findings behind a warn or fail. Statuses: ``pass``; ``warn`` (loads and pairs, but something is
-suspicious); ``fail`` (will not load, will not pair, or silently computes something else); ``skip``
-(not applicable or not asked for). Exit codes: 0 when nothing fails, 1 on any fail, 2 when an input
-cannot be read at all (a ``fatal`` check). JSON schema: ``validate.schema.json`` next to this
-module, version ``SCHEMA_ID``.
-
-Specification: docs/validate.md.
+Every check has a stable id, a status (``pass``, ``warn``, ``fail``, ``skip``) and one line saying
+what was found; ``details`` lists the findings behind a warn or fail. JSON schema:
+``validate.schema.json`` next to this module, version ``SCHEMA_ID``. Specification: docs/validate.md.
 """
 
 from __future__ import annotations

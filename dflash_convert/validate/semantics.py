@@ -1,10 +1,8 @@
 """Is an upstream-dialect DFlash GGUF what llama.cpp 0c1e57098 will load, and what it claims to be?
 
-Each check reads the format tables (format.keys, format.tensors, format.rules) and one lenient
-reading of the file (``sources.gguf_drafter.read_lenient``, held by ``Reading``): values come from
-the Drafter, which tolerates missing or mistyped keys (None there; the key checks report those), and
-presence and types from the reader's findings, so every check can still say something useful about
-a broken file. Nothing here spells a key or a tensor name, or reads the container itself.
+Each check reads the format tables and one lenient reading of the file (``Reading``): values from the
+Drafter (None where missing or mistyped), presence and types from the reader's findings, so every
+check says something about a broken file. Nothing here spells a key or a tensor name.
 """
 
 from __future__ import annotations
