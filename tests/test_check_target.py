@@ -240,7 +240,8 @@ def test_target_features_need_the_target_directory(world):
     gg = run_cli("check", f32, "--checkpoint", src, "--target-gguf", f32, "--features", "target", "--device", "cpu")
     assert gg.returncode == 1 and "features from the target need --target-model-dir" in gg.stderr
     wrong = run_cli("check", f32, "--checkpoint", src, "--target-model-dir", target, "--features", "bogus", "--device", "cpu")
-    assert wrong.returncode == 1 and "unknown features 'bogus'" in wrong.stderr
+    # neither a kind of features nor a file: the missing input it names (exit 2), as every reader does
+    assert wrong.returncode == 2 and "bogus: no such features file (--features takes synthetic, target, or a file" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1
 
 
