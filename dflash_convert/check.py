@@ -257,7 +257,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     d, cls, target, captured = src.draft, src.precision_class, src.target, src.captured
     # torch (seconds to import) only now: every input above is read and checked, so a bad one is one line at once
     from .runtime.check_io import draft_inputs, run_other_gguf, write_save_io
-    from .runtime.compare import compare, compare_acceptance, conditioned_like, confidence_failures, dspark_common_slots, selector_agreement, top1_agreement
+    from .runtime.compare import compare, compare_acceptance, compare_drafts
     from .runtime.device import resolve_device
     from .runtime.diagnose import decoded_by_name, decoded_from_checkpoint, hparam_differences, tensor_differences
     from .runtime.forward import run_gguf
@@ -277,26 +277,8 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     semantics = ("llama.cpp", "reference") if semantics_differ(model) else ("llama.cpp",)
     drafts = reference_forwards(model, ref_feats, ids, pos, semantics)
     want = drafts["llama.cpp"]
-    failures = []
-    own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
-    if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)
-        got, want, slot_note = dspark_common_slots(got, want, d, model.drafter)
-        if slot_note:
-            failures.append(slot_note)
-        else:
-            own_draft, got = got, conditioned_like(weights, got, want, ids)
-    if want.logits.shape != got.logits.shape:
-        raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
-                             "different vocabulary or block size", src.checkpoint_dir)
     limits = THRESHOLDS[cls]
-    metrics = compare(got, want, limits.tie_margin, limits.tie_sd)
-    failures += confidence_failures(got, want, metrics, limits)
-    if own_draft is not None:
-        match, n = top1_agreement(own_draft.tokens, want.tokens)
-        metrics["draft_top1_agreement"], metrics["draft_matches"] = match / n if n else 1.0, match
-    selector = selector_agreement(got, want)  # DFlash2: reported, never gating
-    if selector is not None:
-        metrics["selector"] = selector
+    got, want, own_draft, metrics, failures = compare_drafts(got, want, weights, d, model.drafter, ids, limits, src.checkpoint_dir)
     failures += forward_failures(metrics, limits, by_acceptance=captured is not None and cls in ACCEPTANCE_GATED)
     # name what differs, always: a wrong target_layers is invisible to synthetic features, and a
     # scaled norm can hide inside a 4-bit file's forward rounding; the weights cannot hide it

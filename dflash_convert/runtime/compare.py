@@ -8,11 +8,13 @@ file next to its checkpoint's. Everything here measures; ``check`` judges the nu
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..drafter import Drafter
+from ..errors import InputFileError
 from ..format.check_limits import ACCEPT_ALLOWANCE, TIE_MARGIN, Thresholds
 from ..format.family import draft_tokens_per_block, member_of
 from ..sources.features import FeaturesFile
@@ -159,6 +161,38 @@ def confidence_failures(got: ForwardResult, want: ForwardResult, metrics: dict[s
     return []
 
 
+def compare_drafts(got: ForwardResult, want: ForwardResult, weights: DrafterWeights, file: Drafter, checkpoint: Drafter,
+                   ids: torch.Tensor, limits: Thresholds,
+                   source: Path) -> tuple[ForwardResult, ForwardResult, ForwardResult | None, dict[str, Any], list[str]]:
+    """The metrics of the file's draft against the checkpoint's, and the failure lines only a draft's layout shows.
+
+    DSpark: both cut to the slots both draft (a different layout is a failure line), the file's slots conditioned on
+    the checkpoint's draft, its own chain's agreement reported, the confidences gated. DFlash2: the selector's
+    agreement reported. Returns (the file's draft and the checkpoint's as compared, the file's own DSpark chain or
+    None, metrics, failure lines). Raises InputFileError (naming ``source``) when the two drafts cannot be compared.
+    """
+    failures = []
+    own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
+    if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)
+        got, want, slot_note = dspark_common_slots(got, want, file, checkpoint)
+        if slot_note:
+            failures.append(slot_note)
+        else:
+            own_draft, got = got, conditioned_like(weights, got, want, ids)
+    if want.logits.shape != got.logits.shape:
+        raise InputFileError(f"the checkpoint drafts {list(want.logits.shape)} logits, the file {list(got.logits.shape)}: "
+                             "different vocabulary or block size", source)
+    metrics = compare(got, want, limits.tie_margin, limits.tie_sd)
+    failures += confidence_failures(got, want, metrics, limits)
+    if own_draft is not None:
+        match, n = top1_agreement(own_draft.tokens, want.tokens)
+        metrics["draft_top1_agreement"], metrics["draft_matches"] = match / n if n else 1.0, match
+    selector = selector_agreement(got, want)  # DFlash2: reported, never gating
+    if selector is not None:
+        metrics["selector"] = selector
+    return got, want, own_draft, metrics, failures
+
+
 def compare_acceptance(d: Drafter, weights: DrafterWeights, model: ReferenceModel, captured: FeaturesFile, cls: str) -> dict[str, Any]:
     """The file's live-loop acceptance on the captured sequences next to its checkpoint's (reference forward)."""
     # the driver's most drafted tokens per block: block_size for a DSpark drafter sampling from the anchor
@@ -177,5 +211,5 @@ def compare_acceptance(d: Drafter, weights: DrafterWeights, model: ReferenceMode
             "n_max": n_max, "new_tokens": int(captured.metadata.get("new_tokens", "0"))}
 
 
-__all__ = ["compare", "compare_acceptance", "conditioned_like", "confidence_failures", "dspark_common_slots", "hidden_errors",
+__all__ = ["compare", "compare_acceptance", "compare_drafts", "conditioned_like", "confidence_failures", "dspark_common_slots", "hidden_errors",
            "kl_mean", "near_ties", "selector_agreement", "top1_agreement"]
