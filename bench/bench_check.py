@@ -50,7 +50,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    from dflash_convert.check import synthetic_inputs
+    from dflash_convert.runtime.check_io import synthetic_inputs
     from dflash_convert.runtime.forward import run_gguf
     from dflash_convert.runtime.reference import load_reference, reference_forward
     from dflash_convert.runtime.weights import load_weights

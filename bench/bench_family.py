@@ -222,7 +222,7 @@ def _sync(dev: torch.device) -> None:
 def run_worker(args: argparse.Namespace) -> dict[str, Any]:
     """Load one side, draft once to warm up, then time ``--repeat`` drafts (wall and this process's CPU time)."""
     # the child's side only: the runtime is imported where it is timed, not in the parent
-    from dflash_convert.check import synthetic_inputs
+    from dflash_convert.runtime.check_io import synthetic_inputs
     from dflash_convert.runtime.forward import run_gguf
     from dflash_convert.runtime.reference import load_reference, reference_forward
     from dflash_convert.runtime.weights import load_weights

@@ -32,11 +32,13 @@ from drafter_gguf import (
 from safetensors.torch import save_file
 
 from dflash_convert import convert
-from dflash_convert.check import SCHEMA, THRESHOLDS, CheckReport, check, compare, kl_mean, near_ties, precision_class
+from dflash_convert.check import SCHEMA, CheckReport, check, precision_class
 from dflash_convert.drafter import Origin
 from dflash_convert.errors import DFlashError, InputFileError
+from dflash_convert.format.check_limits import THRESHOLDS
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
+from dflash_convert.runtime.compare import compare, kl_mean, near_ties
 from dflash_convert.runtime.diagnose import hparam_differences, tensor_differences
 from dflash_convert.runtime.forward import ForwardResult
 from dflash_convert.runtime.reference import load_reference

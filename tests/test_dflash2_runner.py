@@ -31,7 +31,7 @@ from drafter_gguf import Tensor, get_tensor, kv, read_parts, set_key, set_tensor
 from safetensors.torch import save_file
 
 from dflash_convert import convert
-from dflash_convert.check import check, selector_agreement, synthetic_inputs
+from dflash_convert.check import check
 from dflash_convert.format.family import ATTN_CONV_BASE, FFN_CONV_BASE, SELECTOR_PREV
 from dflash_convert.format.features import SCHEMA as FEATURES_SCHEMA
 from dflash_convert.format.ggml import GGMLType
@@ -39,6 +39,8 @@ from dflash_convert.format.rules import EMBEDDING_TENSOR
 from dflash_convert.format.tensors import layer_name
 from dflash_convert.quantize import quantize
 from dflash_convert.runtime.accept import anchor_drafts
+from dflash_convert.runtime.check_io import synthetic_inputs
+from dflash_convert.runtime.compare import selector_agreement
 from dflash_convert.runtime.dflash2 import CANDIDATES, CHOSEN, LATTICE, dynamic_conv, top_k_descending
 from dflash_convert.runtime.forward import ForwardResult, block_tokens, contiguous_positions, run_gguf
 from dflash_convert.runtime.reference import load_reference, reference_forward

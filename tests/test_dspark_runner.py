@@ -26,10 +26,12 @@ from drafter_gguf import map_key, read_parts, scale_tensor, swap_tensors, write_
 from safetensors.torch import save_file
 
 from dflash_convert import convert
-from dflash_convert.check import THRESHOLDS, check, synthetic_inputs
+from dflash_convert.check import check
 from dflash_convert.errors import DFlashError, InputFileError
+from dflash_convert.format.check_limits import THRESHOLDS
 from dflash_convert.format.family import CONF_PROJ_BIAS, MARKOV_W1, MARKOV_W2
 from dflash_convert.quantize import quantize
+from dflash_convert.runtime.check_io import synthetic_inputs
 from dflash_convert.runtime.dspark import driver_draft
 from dflash_convert.runtime.forward import run_gguf
 from dflash_convert.runtime.reference import load_reference, reference_forward

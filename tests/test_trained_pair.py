@@ -174,16 +174,17 @@ def test_check_judges_a_file_by_its_acceptance(pair, gguf_dir, features, monkeyp
     kernels), so the stricter allowance is set from the measured loss.
     """
     import dflash_convert.check as check_module
+    from dflash_convert.format.check_limits import ACCEPT_ALLOWANCE
 
     q2 = drafter_gguf(pair, "full", gguf_dir, "Q2_K")
     rep = check_module.check(q2, pair.drafters["full"], target_model_dir=pair.target_dir, features=str(features),
                              device="cpu", context=32)
     a = rep.metrics["acceptance"]
     print(f"\n{rep.render_text()}")
-    assert rep.passed and 0 < a["lost"] <= a["allowance"] == check_module.ACCEPT_ALLOWANCE["Q2_K"], rep.failures
+    assert rep.passed and 0 < a["lost"] <= a["allowance"] == ACCEPT_ALLOWANCE["Q2_K"], rep.failures
     assert a["lost"] == pytest.approx(a["checkpoint"]["accept"] - a["file"]["accept"])
     stricter = a["lost"] / 2  # an allowance the file does not earn
-    monkeypatch.setitem(check_module.ACCEPT_ALLOWANCE, "Q2_K", stricter)
+    monkeypatch.setitem(ACCEPT_ALLOWANCE, "Q2_K", stricter)
     rep = check_module.check(q2, pair.drafters["full"], target_model_dir=pair.target_dir, features=str(features),
                              device="cpu", context=32)
     want = (f"accepted tokens lost: the file accepts {a['file']['accept']:.3f} of its drafted tokens, the checkpoint "
