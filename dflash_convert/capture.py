@@ -135,8 +135,8 @@ def _capture_dir(target_dir: Path, prompts_path: Path, out: Path, *, new_tokens:
     # torch, and the runtime modules that import it: only this path runs them
     import torch
 
-    from .runtime.capture import greedy_continuation, load_target_model, run_target  # torch
-    from .runtime.device import resolve_device  # torch
+    from .runtime.capture import greedy_continuation, load_target_model, run_target
+    from .runtime.device import resolve_device
 
     target = read_target_dir(target_dir)
     if target.n_layers is None:
