@@ -175,8 +175,7 @@ def dynamic_conv(x: torch.Tensor, coeffs: torch.Tensor, base: torch.Tensor, side
 
 
 class LayerConvs:
-    """One layer's convolutions for one batch of blocks: each path's coefficients are projected from
-    its input and reused for its output, as the graph does."""
+    """One layer's convolutions for one batch of blocks (coefficients projected once, reused for the output)."""
 
     def __init__(self, parts: Dflash2Weights, il: int, block_len: int, mm: MatMul) -> None:
         self.parts, self.il, self.block_len, self.mm = parts, il, block_len, mm
@@ -212,8 +211,7 @@ def dflash2_tensor_names(n_layers: int) -> list[str]:
 
 
 def load_dflash2(d: Drafter, get: Callable[[str], torch.Tensor | None], type_of: Callable[[str], str]) -> Dflash2Weights:
-    """DFlash2's tensors of ``d`` through the loader's ``get`` (decodes and records a tensor, None when absent),
-    with the shapes llama.cpp's loader demands (a file it refuses is refused here with the reason)."""
+    """DFlash2's tensors of ``d`` through the loader's ``get``, with the shapes llama.cpp's loader demands."""
     if d.conv is None or d.selector is None or not d.conv.kernel_size or not d.conv.group_size or not d.selector.top_k:
         raise InputFileError("a DFlash2 drafter without its conv/selector keys (llama.cpp refuses it: missing conv/selector "
                              "metadata)", d.source)
