@@ -1,14 +1,10 @@
 """DFlash2's parts of the dflash graph, as llama.cpp 0c1e57098 computes them (the GGUF side).
 
-A DFlash2 drafter is a classic DFlash decoder with dynamic convolutions around attention and the
-FFN, the output transforms (``logit_scale``, the softcap) and a candidate selector whose lattice the
-driver walks instead of taking the argmax. ``runtime.forward`` calls in at its hook points; nothing
-here imports the classic runner. It refuses what llama.cpp's loader refuses: missing conv/selector
-keys or tensors, a group size that does not divide the hidden size, wrong shapes, a top-k past the
-vocabulary.
-
-Specification (the convolutions, the selector's lattice and its walk, ggml_top_k's order):
-docs/runtime.md, "DFlash2, the GGUF side".
+Dynamic convolutions around attention and the FFN, the output transforms and the candidate selector
+whose lattice the driver walks; ``runtime.forward`` calls in at its hook points. It refuses what
+llama.cpp's loader refuses: missing conv/selector keys or tensors, a group size that does not divide
+the hidden size, wrong shapes, a top-k past the vocabulary.
+Specification: docs/runtime.md, "DFlash2, the GGUF side".
 """
 
 from __future__ import annotations

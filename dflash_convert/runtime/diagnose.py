@@ -1,13 +1,9 @@
 """What differs between a drafter GGUF and its checkpoint, named: the second half of ``check``.
 
-The forward comparison says *that* a file computes something else; a user fixing it needs *what*.
-``hparam_differences`` compares the hyper-parameters the forward uses, read back from the file and
-from the checkpoint's config (floats as the float32 the GGUF stores): any difference is a defect.
-``tensor_differences`` compares every shared tensor's relative RMS error against what the file's
-storage type can cost (``WEIGHT_REL_RMS``) and names a tensor beyond it, with the checkpoint tensor
-it matches instead (a swap). Values already decoded by the runner and the reference are reused.
-
-Specification (what a failure names): docs/check.md.
+``hparam_differences`` compares the hyper-parameters the forward uses (floats as the float32 the GGUF
+stores); ``tensor_differences`` compares every shared tensor against what the file's storage type can
+cost (``WEIGHT_REL_RMS``) and names the checkpoint tensor it matches instead. Any difference is a
+defect. Specification (what a failure names): docs/check.md, "What differs".
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """DSpark's heads: the Markov bias chained over a block and the confidence head, in torch.
 
-A DSpark drafter is a classic DFlash trunk (``runtime.forward``) plus two heads llama.cpp 0c1e57098
-adds after the output projection, and a driver that reads the block its own way. ``markov_chain``
-is that graph on the GGUF's tensors; ``checkpoint_markov_chain`` is the same head written separately
-on the checkpoint's Hugging Face tensors, for ``runtime.reference``; ``driver_draft`` reads a block
-as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads (``markov_w1``
-without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong size) and a
-``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
-
-Specification (block layout, the chain, the confidence, the driver's reading):
-docs/runtime.md, "DSpark's heads".
+``markov_chain`` is llama.cpp 0c1e57098's head on the GGUF's tensors; ``checkpoint_markov_chain`` the
+same head written separately on the checkpoint's tensors, for ``runtime.reference``; ``driver_draft``
+reads a block as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads
+(``markov_w1`` without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong
+size) and a ``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
+Specification: docs/runtime.md, "DSpark's heads".
 """
 
 from __future__ import annotations

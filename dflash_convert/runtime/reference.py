@@ -1,14 +1,10 @@
 """The drafter's forward pass from its Hugging Face checkpoint, independent of the GGUF path.
 
-``check`` must prove that a GGUF computes what its checkpoint computes, so this side shares nothing
-with conversion or with ``runtime.forward``: weights are read by their HF names with safetensors'
-own reader, and the math follows z-lab's DFlash model code; only the config parsing is shared. Two
-semantics: ``"llama.cpp"`` (what llama.cpp computes for the file we write) and ``"reference"`` (the
-model as trained). It refuses a family member it does not compute, a checkpoint without the
-embedding or head it needs and no target to take them from, and a malformed ``mask_embedding.pt``.
-
-Specification (both semantics, RoPE variants, embeddings and heads, DSpark, Gemma-4 and DFlash2):
-docs/runtime.md, "The reference".
+It shares nothing with conversion or ``runtime.forward`` but the config parsing: weights are read by
+their HF names with safetensors' own reader, the math follows z-lab's DFlash model code, under two
+semantics, ``"llama.cpp"`` and ``"reference"`` (as trained). It refuses a family member it does not
+compute, a checkpoint without the embedding or head it needs and no target to take them from, and a
+malformed ``mask_embedding.pt``. Specification: docs/runtime.md, "The reference".
 """
 
 from __future__ import annotations
