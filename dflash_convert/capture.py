@@ -1,14 +1,11 @@
 """``dflash-convert capture``: run the target once, keep what every drafter will read.
 
-Why: acceptance needs the target's own greedy continuation and its hidden states at every position,
-and a user's target (4B to 35B) is too big to run beside each drafter file. ``capture`` runs it once
-(transformers' own class, safetensors only, remote code never executed, as ``check --features
-target`` does): for each prompt (as given, one per line or JSONL; no chat template is rendered) the
-greedy continuation of ``new_tokens`` + ``LOOKAHEAD`` (what llama-speculative-simple -n N verifies:
-N + 1 tokens, and the full block its last step drafts), then one
-pass over the finished sequence keeping the residual stream entering each stored layer. Everything
-goes to one safetensors file (``format/features.py``), written sequence by sequence: memory holds
-the target and one sequence's features.
+A user's target is too big to run beside each drafter file, so ``capture`` runs it once, from a
+Hugging Face directory (transformers, safetensors only, no remote code) or a target GGUF (llama.cpp's
+library): for each prompt, the greedy continuation of ``new_tokens`` + ``LOOKAHEAD``, then the
+residual stream entering each stored layer, written sequence by sequence to one safetensors file
+(``format/features.py``). It refuses a sequence longer than the target's context and a layer the
+target lacks. Specification: docs/acceptance.md, "capture".
 """
 
 from __future__ import annotations
@@ -135,8 +132,8 @@ def _capture_dir(target_dir: Path, prompts_path: Path, out: Path, *, new_tokens:
     # torch, and the runtime modules that import it: only this path runs them
     import torch
 
-    from .runtime.capture import greedy_continuation, load_target_model, run_target  # torch
-    from .runtime.device import resolve_device  # torch
+    from .runtime.capture import greedy_continuation, load_target_model, run_target
+    from .runtime.device import resolve_device
 
     target = read_target_dir(target_dir)
     if target.n_layers is None:

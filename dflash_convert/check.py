@@ -132,12 +132,7 @@ def precision_class(d: Drafter) -> tuple[str, str]:
 
 
 def find_sibling(path: str | Path, type_name: str) -> Path | None:
-    """A full-precision sibling of a quantized file: its name with the type tag swapped.
-
-    ``model-Q4_K_M.gguf`` -> ``model-F32.gguf``, ``model-f16.gguf``, ... (the names convert and
-    quantize give by default), in the same folder. The tag is matched case-insensitively where it
-    last occurs in the name; None when no such regular file exists.
-    """
+    """A full-precision sibling of a quantized file (``model-Q4_K_M.gguf`` -> ``model-F16.gguf``, ...), or None."""
     p = Path(path)
     at = p.name.lower().rfind(type_name.lower())
     if at < 0:
@@ -247,17 +242,10 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
           target_gguf: str | Path | None = None, device: str = "auto", context: int = 64, seed: int = 0,
           save_io: str | Path | None = None, reference_gguf: str | Path | None = None,
           features: str = "synthetic", allow_other_target: bool = False) -> CheckReport:
-    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference.
+    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference (docs/check.md).
 
-    ``target_model_dir`` / ``target_gguf`` supply the embedding and head a drafter does not carry
-    (the directory is used when both are given). ``features``: ``synthetic`` (drawn from ``seed``,
-    the same rows for both sides), ``target`` (the target model in ``target_model_dir`` runs over
-    ``context`` tokens drawn from ``seed``; each side taps its own layers, the anchor is the target's
-    greedy next token) or a features file (``capture``; adds the acceptance gate). ``checkpoint_dir``
-    and ``target_model_dir`` may be Hugging Face repo ids (``org/name[@revision]``, sources/hub.py).
     Raises InputFileError for an unreadable input (RepoError for a repo id that does not resolve),
-    DFlashError for a usage problem (no target where one is needed, an output path on an input).
-    """
+    DFlashError for a usage problem (no target where one is needed, an output path on an input)."""
     src = read_inputs(draft_gguf, checkpoint_dir, target_model_dir, target_gguf, context, save_io, reference_gguf, features,
                       allow_other_target)
     d, cls, target, captured = src.draft, src.precision_class, src.target, src.captured

@@ -7,7 +7,8 @@ or of floors below it, never above. Commands are a floor whose modules do not im
 
 Imports inside functions are allowed only where they defer something heavy or optional (torch,
 transformers, tokenizers, tqdm, safetensors, gguf-py, or a module of ours whose own imports pull
-one of those in), and each carries a comment saying why, on its line or the line above.
+one of those in), and each says why in a comment: on its own line, or once for a block of
+consecutive import statements, on the line above the block or on the block's first statement.
 """
 
 from __future__ import annotations
@@ -93,6 +94,24 @@ def _imports(tree: ast.AST) -> list[tuple[ast.ImportFrom | ast.Import, bool]]:
 
     walk(tree, False)
     return found
+
+
+def _block_heads(tree: ast.AST) -> dict[int, ast.stmt]:
+    """id of each import statement -> the first statement of its block (consecutive imports in one body)."""
+    heads: dict[int, ast.stmt] = {}
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list):
+                continue
+            first = None
+            for stmt in body:
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    first = first or stmt
+                    heads[id(stmt)] = first
+                else:
+                    first = None
+    return heads
 
 
 def _type_checking_only(tree: ast.AST) -> set[int]:
@@ -206,6 +225,7 @@ def lazy_import_problems(package: Path = PACKAGE) -> list[str]:
     for mod, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
         lines = path.read_text().splitlines()
+        heads = _block_heads(tree)
         for node, lazy in _imports(tree):
             if not lazy:
                 continue
@@ -220,12 +240,10 @@ def lazy_import_problems(package: Path = PACKAGE) -> list[str]:
                 continue
             elif not any(n.split(".")[0] in HEAVY for n in names):
                 problems.append(f"{where}: lazy import of {', '.join(names)}: only heavy or optional dependencies are imported lazily")
-            text = lines[node.lineno - 1]
-            at = node.lineno - 2  # the comment may head a group of imports
-            while at >= 0 and lines[at].strip().startswith(("from ", "import ")) and "#" not in lines[at]:
-                at -= 1
-            above = lines[at].strip() if at >= 0 else ""
-            if "#" not in text and not above.startswith("#"):
+            first = heads[id(node)]
+            head = lines[first.lineno - 1:first.end_lineno]
+            above = lines[first.lineno - 2].strip() if first.lineno >= 2 else ""
+            if "#" not in lines[node.lineno - 1] and not any("#" in line for line in head) and not above.startswith("#"):
                 problems.append(f"{where}: lazy import without a comment saying why")
     return list(dict.fromkeys(problems))
 
@@ -269,6 +287,22 @@ def test_the_checks_see_a_circle_and_an_upward_import(tmp_path):
     found = circles(graph)
     assert any("errors" in c and "conversion" in c for c in found), found
     assert any(line.startswith("errors:") and "imports conversion" in line for line in upward(edges))
+
+
+def test_one_comment_covers_a_block_of_lazy_imports_and_a_bare_block_fails(tmp_path):
+    """A comment above a block of lazy imports covers the whole block; a block with none is reported."""
+    import shutil
+
+    copy = tmp_path / NAME
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    errors = copy / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _said():\n    # heavy: planted\n    import torch\n\n"
+                      "    import tqdm\n    return torch, tqdm\n\n\ndef _bare():\n    import torch\n    import tqdm\n"
+                      "    return torch, tqdm\n")
+    bare = errors.read_text().splitlines().index("def _bare():") + 2
+    planted = [p for p in lazy_import_problems(copy) if p.startswith("errors:")]
+    assert planted == [f"errors:{bare}: lazy import without a comment saying why",
+                       f"errors:{bare + 1}: lazy import without a comment saying why"], planted
 
 
 if __name__ == "__main__":  # the graph, for a closing note: python tests/test_floor_plan.py

@@ -74,7 +74,7 @@ def inspect(path: Path, drafter: bool) -> int:
 def validate(path: Path, target: Path | None, json_out: bool, deep: bool) -> int:
     """validate: the report (text or JSON); an unreadable input is its one error line."""
     from ..validate import validate as run_validate  # gguf-py and the target readers: only when validating
-    from ..validate.report import render_json, render_text  # start-up: as above
+    from ..validate.report import render_json, render_text
 
     report = run_validate(path, target, deep=deep)
     if json_out:

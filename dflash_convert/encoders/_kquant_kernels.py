@@ -23,10 +23,8 @@ _THIRTY_TWO = _F32(32.0)
 _NEG_THIRTY_TWO = _F32(-32.0)
 _TENTH = _F32(0.1)
 
-# nogil: the pipeline encodes on a thread pool. cache: compile once per machine. error_model
-# numpy: a float division by zero gives inf/NaN as in C instead of raising. Every helper a kernel
-# calls lives in this file: numba's on-disk cache is keyed on the file of the function it compiled,
-# so a kernel would keep running a stale copy of a helper edited in another file.
+# error_model numpy: a float division by zero gives inf/NaN as in C. Every helper a kernel calls
+# lives in this file: numba's on-disk cache is keyed on the compiled function's file.
 _njit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
 
 
@@ -213,11 +211,8 @@ def qx_final_levels(x, d, L):
         _requantize_group(x, g * 16, 16, _ZERO, dg, -32, 31, 32, L, fbuf, ibuf)
 
 
-# ---------------------------------------------------------------------------------------------
-# Lane kernels: LANES groups at once so LLVM vectorises across groups (a lane's sums still run in
-# index order); C's branches become selects. A tile with any rounding outside nearest_int's fast
-# range is redone by the exact kernel.
-# ---------------------------------------------------------------------------------------------
+# --- lane kernels: LANES groups at once, C's branches as selects; a tile with a rounding outside
+# nearest_int's fast range is redone by the exact kernel
 
 LANES = 64  # groups per tile: x, weights and levels [32, 64] float32 are 8 KiB each, in L1
 
@@ -537,9 +532,7 @@ def q3_search_exact(xg, scales, L, g_start, g_end):
         scales[g] = sumlx / suml2 if suml2 > _ZERO else _ZERO
 
 
-# Q3_K's sweeps (C: until one changes nothing, at most five; most groups stop after one). Lanes are
-# compacted between sweeps: settled groups are written out, the others queue for the next sweep,
-# which runs on a full tile (or at the end); a queue gets at most one tile per input tile.
+# Q3_K's sweeps (C: until one changes nothing, at most five); settled lanes are compacted out between sweeps
 
 Q3_SWEEPS = 5
 _inline = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False, inline="always")
@@ -548,8 +541,7 @@ _inline = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy"
 @_njit
 def _q3_sweep(X, W, WX, LF, sumlx, suml2, changed, bad, n):
     """One of make_q3_quants' sweeps for lanes 0..n-1: levels LF and sums updated in place,
-    ``changed[b]`` the lane's changes, ``bad[b]`` its roundings outside nearest_int's fast range.
-    The counters are float32 and every update a select: int counters kept LLVM from vectorising."""
+    ``changed[b]`` the lane's changes, ``bad[b]`` its roundings outside nearest_int's fast range."""
     lo = _F32(-4.0)
     hi = _F32(3.0)
     one = _ONE

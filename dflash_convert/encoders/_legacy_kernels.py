@@ -1,9 +1,8 @@
 """numba ports of ggml's legacy block quantizers (Q4_0 to Q5_1) and the float16 conversions they need.
 
 Imported (with numba) only by ``jit.legacy_kernels()``. Same rules as ``_kquant_kernels``: float32
-throughout, sums in index order, no fastmath. Every helper a kernel calls lives in this file:
-numba's on-disk cache is keyed on the compiled function's file, so a helper edited elsewhere would
-leave a stale copy running.
+throughout, sums in index order, no fastmath, every helper in this file. Nothing is refused.
+Specification: docs/quantizers.md, "Legacy types" and "The numba kernels".
 """
 
 from __future__ import annotations
@@ -18,19 +17,13 @@ _F32 = np.float32
 _ZERO = _F32(0.0)
 _ONE = _F32(1.0)
 
-# nogil: the pipeline encodes on a thread pool. cache: compile once per machine. error_model
-# numpy: a float division by zero gives inf/NaN as in C instead of raising.
+# error_model numpy: a float division by zero gives inf/NaN as in C instead of raising
 _njit = numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy", boundscheck=False)
 
 LANES = 64  # blocks per tile: x [32, 64] float32 is 8 KiB, in L1
 
 
-# ---------------------------------------------------------------------------------------------
-# Half-precision conversions as intrinsics written in 32-bit LLVM IR. numba types ``int32 & int32``
-# and friends as int64, which halves a loop's vector lanes (or keeps it scalar on AVX2, which has no
-# float <-> int64 conversion), and LLVM's own ``half`` type needs F16C or a compiler-rt routine numba
-# may not link. On i32 these are exact, portable, and a loop of them vectorises 8 wide on AVX2.
-# ---------------------------------------------------------------------------------------------
+# --- half-precision conversions as 32-bit LLVM IR intrinsics (why: docs/quantizers.md, "The numba kernels")
 
 _IR_I32 = ir.IntType(32)
 _IR_F32 = ir.FloatType()
@@ -88,9 +81,7 @@ def widen_f16(words, out):
         out[i] = f16_to_f32(words[i])
 
 
-# ---------------------------------------------------------------------------------------------
-# legacy 32-value blocks: Q4_0, Q4_1, Q5_0, Q5_1 (quantize_row_q{4,5}_{0,1}_ref)
-# ---------------------------------------------------------------------------------------------
+# --- legacy 32-value blocks: Q4_0, Q4_1, Q5_0, Q5_1 (quantize_row_q{4,5}_{0,1}_ref)
 
 LEGACY_Q4_0, LEGACY_Q4_1, LEGACY_Q5_0, LEGACY_Q5_1 = 0, 1, 2, 3
 _FLT_MAX = _F32(3.4028234663852886e38)
@@ -158,9 +149,7 @@ def legacy_quantize_f16(words, kind, out):
 
 @_njit
 def _legacy_tile(X, n, g0, kind, out, lo, hi, idb, dd, QF, HL, HH, bad):
-    """One tile of ``n`` blocks, block b in lane b of ``X`` [32, LANES]: C's scans become per-lane
-    selects, and each pass is a loop over lanes that LLVM vectorises. Every running value is read
-    into a local before its select: ``a[b] = v if c else a[b]`` became a masked store, slow on AMD."""
+    """One tile of ``n`` blocks, block b in lane b of ``X`` [32, LANES]; C's scans as per-lane selects."""
     symmetric = kind == LEGACY_Q4_0 or kind == LEGACY_Q5_0
     five = kind == LEGACY_Q5_0 or kind == LEGACY_Q5_1
     if kind == LEGACY_Q4_0:

@@ -92,10 +92,7 @@ def _round_clamp(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, tmin: float, tma
 
 @functools.lru_cache(maxsize=64)
 def _reduce_is_sequential(shape: tuple[int, ...], axis: int, bufsize: int) -> bool:
-    """Whether ``np.add.reduce(a, axis)`` on this layout adds the slices in C's order, checked bit for bit.
-
-    numpy 2 does for a non-innermost axis, but that is its implementation, not its contract.
-    """
+    """Whether ``np.add.reduce(a, axis)`` on this layout adds the slices in C's order, checked bit for bit."""
     a = _page_aligned(shape)
     moved = np.moveaxis(a, axis, 0)
     if moved.shape[0] < 2 or moved[0].size < 2:
@@ -123,10 +120,7 @@ def _reduce_is_sequential(shape: tuple[int, ...], axis: int, bufsize: int) -> bo
 
 
 class _Sums:
-    """Sums over the position axis in C's order (``np.sum`` pairs terms and rounds differently).
-
-    One ``np.add.reduce`` where ``_reduce_is_sequential`` holds, else the explicit loop.
-    """
+    """Sums over the position axis in C's order (``np.sum`` pairs terms and rounds differently)."""
 
     def __init__(self, *layouts: tuple[np.ndarray, int]) -> None:
         bufsize = np.getbufsize()
@@ -166,10 +160,7 @@ def _check_input(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _pack_scales_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
-    """The 12-byte 6-bit scale/min packing of block_q4_K/q5_K (inverse of get_scale_min_k4).
-
-    ls, lm: uint8 [nb, 8], each value <= 63.
-    """
+    """The 12-byte 6-bit scale/min packing of block_q4_K/q5_K (inverse of get_scale_min_k4), from uint8 [nb, 8] each."""
     out = np.empty((ls.shape[0], 12), dtype=np.uint8)
     out[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
     out[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)

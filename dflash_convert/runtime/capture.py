@@ -1,22 +1,13 @@
 """Hidden states captured from a target model, the features a drafter reads live.
 
-Why: synthetic features show that a GGUF computes what its checkpoint computes on the *same*
-input, but they cannot show that the file taps the right target layers: a wrong
-``dflash.target_layers`` only changes which of the target's streams the drafter reads. Running the
-target model over a few tokens and keeping the stream entering every layer lets each side gather its
-own taps (``runtime.forward.gather_features`` from the GGUF's ``target_layers``,
-``runtime.reference.reference_features`` from the checkpoint's raw config), as llama.cpp and the
-trained model would.
+Synthetic features cannot show that a file taps the right target layers; running the target and
+keeping the stream entering every layer lets each side gather its own taps. The target runs through
+transformers' own class for ``architectures[0]`` (optional, needed only here), loaded from a private
+folder holding the checked config and safetensors (no remote code). It refuses a target whose
+weights or config fail those checks. The streams come from forward hooks on the decoder layers,
+not ``output_hidden_states`` (its last entry is final-normed; llama.cpp's is the raw residual).
 
-The target runs through transformers' own class for ``architectures[0]`` (``transformers`` is an
-optional dependency, needed only here). Nothing from the target directory is executed and
-transformers never reads the directory itself: its safetensors and config are checked first
-(``sources.target.read_target_weights``), the model the config describes is built on the meta
-device and its parameter count compared with the bytes the weights hold, and transformers then
-loads from a private folder holding only the config as parsed and links to the checked
-safetensors, with our own index (no remote code, safetensors only). The streams are taken with
-forward hooks on the decoder layers, not from ``output_hidden_states``: transformers' last entry is
-the final-norm output, llama.cpp's ``t_layer_inp[n_layers]`` would be the raw residual stream.
+Specification: docs/acceptance.md, "Capturing from a Hugging Face directory".
 """
 
 from __future__ import annotations
@@ -57,8 +48,7 @@ def load_target_model(target: Target, device: torch.device | str = "cpu", dtype:
                       tensors: list[TensorRef] | None = None) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
     """(model, decoder layers) of a Hugging Face target directory, with transformers' own class.
 
-    ``tensors``: what ``read_target_weights`` returned for it, when the caller checked the weights already.
-    """
+    ``tensors``: ``read_target_weights``' answer, when the caller checked the weights already."""
     where = Path(target.source)
     try:
         import transformers  # optional, and heavy: only capturing target features needs it
@@ -137,8 +127,7 @@ def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList, token_ids: t
                keep: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass.
 
-    ``keep``: only these layer-input indices (in this order), to hold one sequence's stored layers only.
-    """
+    ``keep``: only these layer-input indices, in this order."""
     streams: list[torch.Tensor | None] = [None] * (len(layers) + 1)
     wanted = set(range(len(layers) + 1)) if keep is None else set(keep)
 
@@ -185,8 +174,7 @@ def capture_layer_inputs(target: Target, token_ids: torch.Tensor, *, device: tor
 @torch.no_grad()
 def greedy_continuation(model: torch.nn.Module, prompt: list[int], n_new: int, eos_ids: set[int]) -> list[int]:
     """The prompt then the target's greedy continuation: ``n_new`` tokens, or fewer when one of
-    ``eos_ids`` comes (it is kept). Decoded one token at a time with the model's own KV cache, as a
-    live target decodes; the features come from one pass over the finished sequence (``run_target``)."""
+    ``eos_ids`` comes (it is kept), decoded with the model's own KV cache."""
     dev = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.int64, device=dev)
     out = list(prompt)

@@ -27,12 +27,7 @@ from .weights import load_weights
 
 
 def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(target_hidden [ctx, T*E] float32, block_ids [block_size] int64, positions [ctx + block_size] int64).
-
-    Standard-normal features: the drafter's fc + hidden norm normalizes their scale, so their
-    magnitude does not matter, and random rows exercise every weight. The anchor is a random
-    vocabulary id other than the mask token.
-    """
+    """(target_hidden [ctx, T*E] float32, block_ids [block_size] int64, positions [ctx + block_size] int64), standard normal."""
     if context < 1:
         raise DFlashError(f"context must be at least 1, got {context}")
     g = torch.Generator().manual_seed(int(seed))
@@ -46,12 +41,7 @@ def synthetic_inputs(d: Drafter, context: int, seed: int) -> tuple[torch.Tensor,
 
 def captured_inputs(d: Drafter, target: Target, context: int, seed: int,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(layer inputs [n_layers + 1, ctx, E], block_ids, positions) from one pass of the target model.
-
-    The context is ``context`` token ids drawn uniformly from ``seed`` over the ids both the
-    drafter and the target's embedding know (any id is a valid input to a model); the anchor is the
-    target's greedy prediction after the context, as in a live speculative step.
-    """
+    """(layer inputs [n_layers + 1, ctx, E], block_ids, positions) from one pass of the target model."""
     if context < 1:
         raise DFlashError(f"context must be at least 1, got {context}")
     model, layers = load_target_model(target, device)
@@ -68,9 +58,7 @@ def captured_inputs(d: Drafter, target: Target, context: int, seed: int,
 
 def file_inputs(d: Drafter, model: ReferenceModel, captured: FeaturesFile,
                 context: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward comparison's inputs from the first captured sequence: ``context`` positions (fewer if it is
-    shorter) and the block after them, each side tapping its own layers (the file its ``target_layers``, the
-    checkpoint its own ids, through ``reference_features``)."""
+    """The forward comparison's inputs from the first captured sequence, each side tapping its own layers."""
     seq = captured.sequences[0]
     tokens, _ = seq.read_tokens()
     n = max(1, min(context, len(tokens) - 1))
@@ -85,11 +73,7 @@ def file_inputs(d: Drafter, model: ReferenceModel, captured: FeaturesFile,
 def draft_inputs(d: Drafter, model: ReferenceModel, features: str, captured: FeaturesFile | None, target: Target | None,
                  context: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                           torch.Tensor, torch.Tensor | None]:
-    """(the file's features, the checkpoint's features, block_ids, positions, the target's layer inputs or None).
-
-    From the features file when there is one, else from the target model (``features="target"``; each
-    side taps its own layers), else synthetic (the same rows for both sides).
-    """
+    """(the file's features, the checkpoint's features, block_ids, positions, the target's layer inputs or None)."""
     if captured is not None:
         feats, ref_feats, ids, pos = file_inputs(d, model, captured, context)
         return feats, ref_feats, ids, pos, None
@@ -104,10 +88,7 @@ def draft_inputs(d: Drafter, model: ReferenceModel, features: str, captured: Fea
 
 def save_io_arrays(feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                    ref: ForwardResult, draft_slots: torch.Tensor | None = None) -> dict[str, np.ndarray]:
-    """The ``.npz`` schema: inputs, then each side's hidden states, logits and drafted tokens. A DSpark
-    drafter's logits are the Markov-conditioned ones the driver reads; it adds ``draft_slots`` (the block
-    slot of each drafted row) and, with a confidence head, each side's ``confidence_*``. A DFlash2 drafter
-    adds each side's member arrays (``candidates``, ``lattice``, ``chosen``; docs/check.md)."""
+    """The ``.npz`` arrays (docs/check.md, the ``--save-io`` schema): inputs, then each side's states, logits and drafts."""
     def f32(t: torch.Tensor) -> np.ndarray:
         return t.detach().to("cpu", torch.float32).numpy()
 
@@ -138,9 +119,7 @@ def given_ref_arrays(given: ForwardResult) -> dict[str, np.ndarray]:
 
 
 def write_npz_atomic(out: Path, arrays: dict[str, np.ndarray]) -> list[str]:
-    """Write through a temporary file beside ``out`` (``outputs.TemporaryOutput``), then rename: a reader
-    never sees half a file, and nobody can aim the write elsewhere. An existing dump is replaced (a
-    dump, not a result); temporary files a killed run left are reported. Returns those notes."""
+    """Write through a temporary file beside ``out`` (``outputs.TemporaryOutput``), then rename; returns the notes."""
     notes = clear_stale_partials(out, force=False)
     with TemporaryOutput(out) as tmp:
         try:

@@ -39,11 +39,7 @@ def top1_agreement(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
 
 
 def kl_mean(want_logits: torch.Tensor, got_logits: torch.Tensor) -> float:
-    """Mean over slots of KL(softmax(want) || softmax(got)) in nats.
-
-    Entries where the reference has probability zero (-inf logits outside a d2t vocabulary)
-    contribute nothing; a token the reference allows and the GGUF rules out makes it infinite.
-    """
+    """Mean over slots of KL(softmax(want) || softmax(got)) in nats (docs/check.md, "Thresholds")."""
     lw = torch.log_softmax(want_logits.detach().to("cpu", torch.float64), dim=-1)
     lg = torch.log_softmax(got_logits.detach().to("cpu", torch.float64), dim=-1)
     live = torch.isfinite(lw)
@@ -89,9 +85,7 @@ def _sorted_lattice(candidates: torch.Tensor, lattice: torch.Tensor) -> torch.Te
 
 
 def selector_agreement(got: ForwardResult, want: ForwardResult) -> dict[str, Any] | None:
-    """DFlash2: the share of slots whose two candidate sets are equal, and the largest lattice difference
-    over the slots where both those and the predecessors' sets are (the pairs then mean the same tokens).
-    None for drafters without a selector. Reported, never gating: the drafted tokens are gated."""
+    """DFlash2: the share of slots whose candidate sets are equal, and the largest lattice difference where they are; None without a selector."""
     if CANDIDATES not in got.extras or CANDIDATES not in want.extras:
         return None
     gc, wc = got.extras[CANDIDATES].cpu(), want.extras[CANDIDATES].cpu()
@@ -107,12 +101,7 @@ def selector_agreement(got: ForwardResult, want: ForwardResult) -> dict[str, Any
 
 def dspark_common_slots(got: ForwardResult, want: ForwardResult, file: Drafter,
                         checkpoint: Drafter) -> tuple[ForwardResult, ForwardResult, str | None]:
-    """Both DSpark drafts cut to the block slots both sides draft, and a failure line when those differ.
-
-    Why: a file whose ``sample_from_anchor`` disagrees with its checkpoint drafts ``block_size`` slots
-    where the checkpoint drafts ``block_size - 1`` (or the reverse); the check must fail naming that,
-    not stop on the shapes. The drafted rows end at the block's last slot on both sides.
-    """
+    """Both DSpark drafts cut to the block slots both sides draft, and a failure line when those differ."""
     n = min(got.tokens.shape[0], want.tokens.shape[0])
     note = None
     if got.tokens.shape[0] != want.tokens.shape[0]:
@@ -131,11 +120,7 @@ def dspark_common_slots(got: ForwardResult, want: ForwardResult, file: Drafter,
 def conditioned_like(weights: DrafterWeights, got: ForwardResult, want: ForwardResult, ids: torch.Tensor) -> ForwardResult:
     """The file's DSpark heads over its own states, each slot conditioned on the checkpoint's draft.
 
-    Why: the Markov chain feeds each slot's argmax to the next, so one near-tie flipped by rounding
-    makes every later slot of a quantized file differ from the checkpoint's, however exact its heads.
-    The gates compare slot by slot under the same conditioning; the free-running agreement of the two
-    drafts (what the driver proposes) is reported beside them (``draft_top1_agreement``).
-    """
+    One near-tie flipped by rounding would make every later slot of the chain differ."""
     m = markov_chain(weights.markov, got.head_logits, got.hidden, ids[0], weights.d2t, forced=want.tokens[:-1])
     return ForwardResult(hidden=got.hidden, logits=m.logits[-want.tokens.shape[0]:], tokens=m.tokens[-want.tokens.shape[0]:],
                          confidence=None if m.confidence is None else m.confidence[-want.tokens.shape[0]:],
@@ -143,12 +128,7 @@ def conditioned_like(weights: DrafterWeights, got: ForwardResult, want: ForwardR
 
 
 def confidence_failures(got: ForwardResult, want: ForwardResult, metrics: dict[str, Any], limits: Thresholds) -> list[str]:
-    """DSpark's confidence head: ``confidence_max_abs_err`` into ``metrics``, a failure line past its limit.
-
-    The confidences are probabilities the driver compares with ``--spec-draft-p-min``; their limit is the
-    class's ``hidden_max_rel`` as an absolute error (a sigmoid moves at most a quarter of its input's
-    change, and that input is a dot product of the normed states whose error the hidden gate bounds).
-    """
+    """DSpark's confidence head: ``confidence_max_abs_err`` into ``metrics``, a failure line past its limit."""
     if got.confidence is None and want.confidence is None:
         return []
     if got.confidence is None or want.confidence is None:
@@ -166,11 +146,8 @@ def compare_drafts(got: ForwardResult, want: ForwardResult, weights: DrafterWeig
                    source: Path) -> tuple[ForwardResult, ForwardResult, ForwardResult | None, dict[str, Any], list[str]]:
     """The metrics of the file's draft against the checkpoint's, and the failure lines only a draft's layout shows.
 
-    DSpark: both cut to the slots both draft (a different layout is a failure line), the file's slots conditioned on
-    the checkpoint's draft, its own chain's agreement reported, the confidences gated. DFlash2: the selector's
-    agreement reported. Returns (the file's draft and the checkpoint's as compared, the file's own DSpark chain or
-    None, metrics, failure lines). Raises InputFileError (naming ``source``) when the two drafts cannot be compared.
-    """
+    Returns (both drafts as compared, the file's own DSpark chain or None, metrics, failure lines).
+    Raises InputFileError (naming ``source``) when the two drafts cannot be compared."""
     failures = []
     own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
     if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)

@@ -106,12 +106,7 @@ def _spread(q: torch.Tensor, shifts: tuple[int, ...], mask: int, out: torch.Tens
 
 
 def _k4_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins (get_scale_min_k4).
-
-    Bytes 0-3 hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; bytes 8-11 hold the low
-    nibbles of scales 4-7 (low half) and mins 4-7 (high half), whose top 2 bits are the spare top
-    bits of bytes 0-3 and 4-7.
-    """
+    """Q4_K/Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins (get_scale_min_k4)."""
     a, b, c = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
     sc = torch.cat((a & 0x3F, (c & 0x0F) | ((a >> 6) << 4)), dim=1)
     mn = torch.cat((b & 0x3F, (c >> 4) | ((b >> 6) << 4)), dim=1)
@@ -158,10 +153,7 @@ def _q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _q2_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    """16 sub-blocks of 16: 4-bit scale (low) and min (high) per sub-block, 2-bit quants.
-
-    Element 128*h + 32*j + l is bits 2j..2j+1 of qs[32*h + l]; its sub-block is element // 16.
-    """
+    """Q2_K: 16 sub-blocks of 16, 4-bit scale (low) and min (high) each, 2-bit quants."""
     f, n = _fields(blocks, GGMLType.Q2_K), blocks.shape[0]
     sc = f["scales"]
     dl = _half(f["d"]) * (sc & 0x0F).float()
@@ -172,12 +164,7 @@ def _q2_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _q3_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    """16 sub-blocks of 16: signed 6-bit scales, 2 low bits in qs plus an inverted high bit in hmask.
-
-    Scale k: low 4 bits from byte k % 8 (nibble k // 8), high 2 bits from byte 8 + k % 4 (field k // 4).
-    Element 32*p + l (p = 0..7) takes bits from qs[32*(p // 4) + l] at shift 2*(p % 4) and bit p of
-    hmask[l]; a clear hmask bit subtracts 4.
-    """
+    """Q3_K: 16 sub-blocks of 16, signed 6-bit scales, 2 low bits in qs and an inverted high bit in hmask."""
     f, n = _fields(blocks, GGMLType.Q3_K), blocks.shape[0]
     sc = f["scales"]
     lo = _spread(sc[:, 0:8], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 8)).view(n, 16)
@@ -214,11 +201,7 @@ def _q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    """16 sub-blocks of 16 with int8 scales; 6-bit quants, low 4 bits in ql, high 2 in qh, offset 32.
-
-    In half h, element 128*h + 32*k + l has low bits from ql[64*h + 32*(k % 2) + l] (nibble k // 2)
-    and high bits from qh[32*h + l] at shift 2*k; its sub-block is element // 16.
-    """
+    """Q6_K: 16 sub-blocks of 16 with int8 scales; 6-bit quants, low 4 bits in ql, high 2 in qh, offset 32."""
     f, n = _fields(blocks, GGMLType.Q6_K), blocks.shape[0]
     dsc = _half(f["d"]) * f["scales"].view(torch.int8).float()
     q = _spread(f["ql"].reshape(n, 2, 64), _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 2, 2, 64)).view(n, 256)
@@ -289,13 +272,11 @@ def _reinterpret(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode one ggml tensor's bytes to values on ``raw``'s device.
+    """Decode one ggml tensor's bytes (``shape``: ggml ``ne`` reversed) to values on ``raw``'s device.
 
-    ``raw``: 1-D uint8 bytes; ``shape``: ggml ``ne`` reversed (the last dim is the blocks' row).
-    Quantized types are computed in float32 and cast to ``dtype``; integer types come back as int64;
+    Quantized types are computed in float32 and cast to ``dtype``; integers come back as int64;
     without a cast the result shares memory with ``raw``. Raises ValueError for an unsupported type
-    or bytes that do not match shape and type.
-    """
+    or bytes that do not match shape and type."""
     if sys.byteorder != "little":
         raise RuntimeError("ggml dequantization reinterprets little-endian bytes in place; this host is big-endian")
     if int(ggml_type) not in SUPPORTED_TYPES:

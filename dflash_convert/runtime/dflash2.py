@@ -1,14 +1,10 @@
 """DFlash2's parts of the dflash graph, as llama.cpp 0c1e57098 computes them (the GGUF side).
 
-A DFlash2 drafter is a classic DFlash decoder with dynamic convolutions around attention and the
-FFN, the output transforms (``logit_scale``, the softcap) and a candidate selector whose lattice the
-driver walks instead of taking the argmax. ``runtime.forward`` calls in at its hook points; nothing
-here imports the classic runner. It refuses what llama.cpp's loader refuses: missing conv/selector
-keys or tensors, a group size that does not divide the hidden size, wrong shapes, a top-k past the
-vocabulary.
-
-Specification (the convolutions, the selector's lattice and its walk, ggml_top_k's order):
-docs/runtime.md, "DFlash2, the GGUF side".
+Dynamic convolutions around attention and the FFN, the output transforms and the candidate selector
+whose lattice the driver walks; ``runtime.forward`` calls in at its hook points. It refuses what
+llama.cpp's loader refuses: missing conv/selector keys or tensors, a group size that does not divide
+the hidden size, wrong shapes, a top-k past the vocabulary.
+Specification: docs/runtime.md, "DFlash2, the GGUF side".
 """
 
 from __future__ import annotations
@@ -175,8 +171,7 @@ def dynamic_conv(x: torch.Tensor, coeffs: torch.Tensor, base: torch.Tensor, side
 
 
 class LayerConvs:
-    """One layer's convolutions for one batch of blocks: each path's coefficients are projected from
-    its input and reused for its output, as the graph does."""
+    """One layer's convolutions for one batch of blocks (coefficients projected once, reused for the output)."""
 
     def __init__(self, parts: Dflash2Weights, il: int, block_len: int, mm: MatMul) -> None:
         self.parts, self.il, self.block_len, self.mm = parts, il, block_len, mm
@@ -212,8 +207,7 @@ def dflash2_tensor_names(n_layers: int) -> list[str]:
 
 
 def load_dflash2(d: Drafter, get: Callable[[str], torch.Tensor | None], type_of: Callable[[str], str]) -> Dflash2Weights:
-    """DFlash2's tensors of ``d`` through the loader's ``get`` (decodes and records a tensor, None when absent),
-    with the shapes llama.cpp's loader demands (a file it refuses is refused here with the reason)."""
+    """DFlash2's tensors of ``d`` through the loader's ``get``, with the shapes llama.cpp's loader demands."""
     if d.conv is None or d.selector is None or not d.conv.kernel_size or not d.conv.group_size or not d.selector.top_k:
         raise InputFileError("a DFlash2 drafter without its conv/selector keys (llama.cpp refuses it: missing conv/selector "
                              "metadata)", d.source)

@@ -1,13 +1,9 @@
 """DFlash2's parts from the checkpoint (HF names, safetensors values), for ``runtime.reference``.
 
-Independent of ``runtime.dflash2`` (the GGUF side) on purpose: ``check`` compares the two, so they
-share no code. The convolution is written as a causal depthwise convolution over the zero-padded
-block, the lattice as one matrix product per slot, the walk as a plain loop. No DFlash2 modelling
-code is published, so the semantics follow llama.cpp's, the one runtime that defines them. It
-refuses a checkpoint without the DFlash2 keys of ``dflash_config`` or one of its tensors.
-
-Specification (tensor names, the semantics, where the two sides may differ):
-docs/runtime.md, "DFlash2, the checkpoint side".
+Shares no code with ``runtime.dflash2`` (``check`` compares the two): the convolution is a causal
+depthwise convolution over the zero-padded block, the lattice one matrix product per slot, the walk
+a plain loop. It refuses a checkpoint without the DFlash2 keys of ``dflash_config`` or one of its
+tensors. Specification: docs/runtime.md, "DFlash2, the checkpoint side".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """What differs between a drafter GGUF and its checkpoint, named: the second half of ``check``.
 
-The forward comparison says *that* a file computes something else; a user fixing it needs *what*.
-``hparam_differences`` compares the hyper-parameters the forward uses, read back from the file and
-from the checkpoint's config (floats as the float32 the GGUF stores): any difference is a defect.
-``tensor_differences`` compares every shared tensor's relative RMS error against what the file's
-storage type can cost (``WEIGHT_REL_RMS``) and names a tensor beyond it, with the checkpoint tensor
-it matches instead (a swap). Values already decoded by the runner and the reference are reused.
-
-Specification (what a failure names): docs/check.md.
+``hparam_differences`` compares the hyper-parameters the forward uses (floats as the float32 the GGUF
+stores); ``tensor_differences`` compares every shared tensor against what the file's storage type can
+cost (``WEIGHT_REL_RMS``) and names the checkpoint tensor it matches instead. Any difference is a
+defect. Specification (what a failure names): docs/check.md, "What differs".
 """
 
 from __future__ import annotations
@@ -96,9 +92,7 @@ def decoded_by_name(values: Mapping[str, torch.Tensor]) -> Decoded:
 
 
 def decoded_from_checkpoint(tensors: Mapping[str, torch.Tensor], files: list[Path]) -> Decoded:
-    """A checkpoint tensor as the reference read it (HF name, ``model.`` stripped), with the transforms
-    the converter applies (interleaved-to-NeoX rows) applied in torch; None for anything else (a target
-    tensor, a replaced mask row, computed ids), which is then decoded from its source."""
+    """A checkpoint tensor as the reference read it, with the converter's transforms applied; None for anything else."""
     own = {Path(p).resolve() for p in files}
 
     def values(t: DrafterTensor) -> torch.Tensor | None:
@@ -141,11 +135,7 @@ def _rows(t: DrafterTensor) -> int:
 
 
 def _chunks(t: DrafterTensor, full: torch.Tensor | None, device: torch.device, step: int) -> Iterator[torch.Tensor]:
-    """The tensor's values as flat float32 row chunks: from the decoded tensor when there is one, else read.
-
-    float32 is exact for every stored type but F64 (whose rounding is below every limit of
-    ``WEIGHT_REL_RMS``), and keeps the diagnosis at one pass of dot products over the weights.
-    """
+    """The tensor's values as flat float32 row chunks: from the decoded tensor when there is one, else read."""
     n = _rows(t)
     if len(t.shape) <= 1:
         v = full if full is not None else source_values(t.source, device, torch.float32)
@@ -175,11 +165,7 @@ def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device 
                        file_values: Decoded | None = None, checkpoint_values: Decoded | None = None) -> list[str]:
     """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding).
 
-    ``checkpoint`` is the checkpoint's Drafter as convert writes it (``sources.dispatch.
-    read_checkpoint_drafter``: d2t as absolute ids, a mask row in place). ``file_values`` and
-    ``checkpoint_values`` hand over what the runner and the reference already decoded, so no weight is
-    decoded twice; anything they do not hold is read from its source here, one row chunk at a time.
-    """
+    ``file_values`` and ``checkpoint_values``: what the runner and the reference already decoded."""
     device = torch.device(device)
     fv = file_values or (lambda t: None)
     cv = checkpoint_values or (lambda t: None)

@@ -1,15 +1,11 @@
 """DSpark's heads: the Markov bias chained over a block and the confidence head, in torch.
 
-A DSpark drafter is a classic DFlash trunk (``runtime.forward``) plus two heads llama.cpp 0c1e57098
-adds after the output projection, and a driver that reads the block its own way. ``markov_chain``
-is that graph on the GGUF's tensors; ``checkpoint_markov_chain`` is the same head written separately
-on the checkpoint's Hugging Face tensors, for ``runtime.reference``; ``driver_draft`` reads a block
-as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads (``markov_w1``
-without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong size) and a
-``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
-
-Specification (block layout, the chain, the confidence, the driver's reading):
-docs/runtime.md, "DSpark's heads".
+``markov_chain`` is llama.cpp 0c1e57098's head on the GGUF's tensors; ``checkpoint_markov_chain`` the
+same head written separately on the checkpoint's tensors, for ``runtime.reference``; ``driver_draft``
+reads a block as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads
+(``markov_w1`` without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong
+size) and a ``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
+Specification: docs/runtime.md, "DSpark's heads".
 """
 
 from __future__ import annotations
@@ -91,15 +87,11 @@ class MarkovDraft:
 def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor,
                  d2t: torch.Tensor | None, round_input: RoundInput | None = None,
                  forced: torch.Tensor | None = None) -> MarkovDraft:
-    """llama.cpp's Markov head over blocks: ``logits`` [..., n_block, V] of every slot (target ids,
-    -inf off a d2t vocabulary), ``hidden`` [..., n_block, E] the final-normed states, ``anchor`` [...]
-    the block's token 0. Leading dimensions are independent blocks. ``round_input`` rounds each head
-    matmul's activations as the CPU backend does (``runtime.forward.cpu_matmul_input``).
+    """llama.cpp's Markov head over blocks of ``logits`` [..., n_block, V] and ``hidden`` [..., n_block, E].
 
-    ``forced`` [..., n_drafted - 1]: condition each slot after the first on these tokens instead of the
-    chain's own argmax (another side's draft: ``check`` compares slots conditioned alike, so a near-tie
-    flipped early does not make every later slot differ).
-    """
+    ``anchor`` [...]: each block's token 0. ``round_input``: the CPU backend's activation rounding.
+    ``forced`` [..., n_drafted - 1]: condition each slot after the first on these tokens instead of
+    the chain's own argmax (``check`` conditions both sides alike, docs/check.md)."""
     lead, n, V = logits.shape[:-2], logits.shape[-2], logits.shape[-1]
     prev = anchor.reshape(-1).to(logits.device, torch.int64)
     base = logits.reshape(-1, n, V)
@@ -137,9 +129,7 @@ def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, a
 
 
 def driver_draft(tokens: torch.Tensor, confidence: torch.Tensor | None, p_min: float = 0.0) -> torch.Tensor:
-    """The tokens common/speculative.cpp proposes from one block's drafted slots: all of them, or with
-    ``p_min > 0`` those before the first slot whose confidence is below ``p_min`` (a file without a
-    confidence head cannot run with ``p_min > 0``: the driver refuses it)."""
+    """The tokens common/speculative.cpp proposes from one block's drafted slots (``p_min``: its confidence cut)."""
     if p_min <= 0.0:
         return tokens
     if confidence is None:
@@ -157,10 +147,8 @@ def checkpoint_markov_chain(tensors: Mapping[str, torch.Tensor], draft_logits: t
                             vocab_size: int) -> MarkovDraft:
     """The Markov and confidence heads from the checkpoint's own tensors, one block.
 
-    ``draft_logits`` [n_block, Vd] in the head's own vocabulary (before any d2t scatter), ``hidden``
-    [n_block, E]; ``d2t_ids`` maps draft entry j to target id ``d2t_ids[j]`` (None: the vocabulary is
-    the target's). Returns target-vocabulary logits, -inf off the draft vocabulary.
-    """
+    ``draft_logits`` [n_block, Vd] in the head's own vocabulary; ``d2t_ids`` maps draft entry j to
+    target id ``d2t_ids[j]`` (None: the target's vocabulary). Returns target-vocabulary logits."""
     w1, w2 = tensors[MARKOV_W1_HF], tensors[MARKOV_W2_HF]
     prefix = next((p for p in CONF_HF_PREFIXES if f"{p}.weight" in tensors), None)
     proj_w = tensors[f"{prefix}.weight"] if prefix else None

@@ -1,13 +1,10 @@
 """A target GGUF run by llama.cpp's own library: its tokens, greedy continuation and layer inputs.
 
 ``open_gguf_target`` reads the file with our hardened GGUF reader first and refuses what llama.cpp
-would abort on or cannot tap: a file that is not a model (a drafter, an imatrix), an architecture
-whose graph records no layer inputs, a layer index past what the architecture records. Then the
-weights are memory-mapped by llama.cpp as its own tools map them, and ``GGUFTarget`` decodes the
-way ``llama-speculative-simple``'s target does: prompts tokenized by the GGUF's vocabulary with
-special tokens added and parsed, greedy on the logits, layer ``lid``'s input read with
-``llama_get_embeddings_layer_inp`` (the convention of our features files). Specification:
-docs/acceptance.md ("Capturing from a target GGUF").
+would abort on or cannot tap: a file that is not a model, an architecture whose graph records no
+layer inputs, a layer index past what it records. ``GGUFTarget`` then decodes as
+``llama-speculative-simple``'s target does. Specification: docs/acceptance.md ("Capturing from a
+target GGUF").
 """
 
 from __future__ import annotations

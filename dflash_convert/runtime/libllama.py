@@ -1,12 +1,10 @@
 """llama.cpp's own library through ctypes: load a target GGUF, decode it, read its layer inputs.
 
-The library is found by ``find_libllama`` (``--libllama``, ``DFLASH_CONVERT_LIBLLAMA``, or the one the
-``llama-cpp-python`` package installed) and checked by ``load_libllama`` before any model is loaded:
-every call below must be exported, and the default parameter structs must read back as llama.cpp
-0c1e57098 (llama-cpp-python 0.3.36) fills them, so a library of another version is one error line,
-not a crash. The layer-input calls are C++ declarations (``src/llama-ext.h``) and are found by their
-Itanium-mangled names. Nothing here decides what a target may be: ``runtime/gguf_target.py`` checks
-the file first. Specification: docs/acceptance.md ("Capturing from a target GGUF").
+``find_libllama`` finds the library (``--libllama``, ``DFLASH_CONVERT_LIBLLAMA``, or llama-cpp-python's)
+and ``load_libllama`` refuses, as one error line, a library that lacks a call used here or whose
+default parameter structs do not read back as llama.cpp 0c1e57098 fills them. The layer-input calls
+are C++ declarations, found by their Itanium-mangled names. What a target may be is decided in
+``runtime/gguf_target.py``. Specification: docs/acceptance.md ("Capturing from a target GGUF").
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The drafter's forward pass from its Hugging Face checkpoint, independent of the GGUF path.
 
-``check`` must prove that a GGUF computes what its checkpoint computes, so this side shares nothing
-with conversion or with ``runtime.forward``: weights are read by their HF names with safetensors'
-own reader, and the math follows z-lab's DFlash model code; only the config parsing is shared. Two
-semantics: ``"llama.cpp"`` (what llama.cpp computes for the file we write) and ``"reference"`` (the
-model as trained). It refuses a family member it does not compute, a checkpoint without the
-embedding or head it needs and no target to take them from, and a malformed ``mask_embedding.pt``.
-
-Specification (both semantics, RoPE variants, embeddings and heads, DSpark, Gemma-4 and DFlash2):
-docs/runtime.md, "The reference".
+It shares nothing with conversion or ``runtime.forward`` but the config parsing: weights are read by
+their HF names with safetensors' own reader, the math follows z-lab's DFlash model code, under two
+semantics, ``"llama.cpp"`` and ``"reference"`` (as trained). It refuses a family member it does not
+compute, a checkpoint without the embedding or head it needs and no target to take them from, and a
+malformed ``mask_embedding.pt``. Specification: docs/runtime.md, "The reference".
 """
 
 from __future__ import annotations
@@ -132,10 +128,8 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ReferenceModel:
     """A read checkpoint's weights, by their HF names, for the reference forward.
 
-    ``drafter`` is the checkpoint's Drafter as the dispatcher reads it (read here when not given);
-    only its hyper-parameters are used. ``target`` supplies the embedding and the head the drafter
-    does not carry; the config was checked against it when the drafter was read.
-    """
+    ``drafter``: the checkpoint's Drafter (read here when not given), hyper-parameters only.
+    ``target`` supplies the embedding and the head the drafter does not carry."""
     device = torch.device(device)
     tgt = target
     d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
@@ -204,11 +198,7 @@ def _view(model: ReferenceModel) -> ConfigView:
 def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> torch.Tensor:
     """[ctx, T*E] context features the way the checkpoint's own code takes them from the target.
 
-    ``hidden_states`` is HF's ``output_hidden_states`` stacked: [n_layers + 1, ctx, E], entry 0 the
-    embeddings. z-lab (``extract_context_feature``) concatenates ``hidden_states[id + 1]`` for its
-    ``target_layer_ids``; speculators ``hidden_states[id]`` for ``aux_hidden_state_layer_ids``. Read
-    from the raw config, so the converter's layer-id translation is checked, not reused.
-    """
+    Read from the raw config (docs/layer-ids.md), so the converter's layer-id translation is checked, not reused."""
     cv = _view(model)
     if model.dialect == SPECULATORS_LAYOUT:
         ids = list(cv.get("aux_hidden_state_layer_ids"))
@@ -229,9 +219,7 @@ def _rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
 def _inv_freq(model: ReferenceModel, semantics: str) -> tuple[torch.Tensor, float, int]:
     """HF rope init (default / linear / yarn): inverse frequencies, cos/sin scale, rotary dims.
 
-    YaRN under "llama.cpp" takes llama.cpp's fixed values (beta_fast 32, beta_slow 1, attention
-    factor 0.1 ln(factor) + 1): the dflash loader reads none of the yarn_* keys.
-    """
+    YaRN under "llama.cpp" takes llama.cpp's fixed values (docs/runtime.md): the loader reads no yarn_* key."""
     d = model.drafter
     rot = d.n_rot or d.head_dim
     base = d.rope_theta or 10000.0
@@ -317,12 +305,7 @@ def _act(model: ReferenceModel, semantics: str, x: torch.Tensor) -> torch.Tensor
 
 
 def semantics_differ(model: ReferenceModel) -> bool:
-    """Would the trained semantics compute anything the llama.cpp ones do not?
-
-    The two differ only in the attention masks (``layer_attention``), the exact GELU, YaRN's own
-    parameters and the logit scale and softcap; when none of those applies to this drafter the two
-    forwards are the same computation, and ``check`` does not run it twice.
-    """
+    """Would the trained semantics compute anything the llama.cpp ones do not (masks, GELU, YaRN, logit scale)?"""
     d = model.drafter
 
     def masks(semantics: str) -> list[tuple[bool, int | None, bool]]:  # the third flag matters only for a non-causal window
@@ -344,9 +327,7 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
                       positions: torch.Tensor, *, semantics: str = "llama.cpp") -> ForwardResult:
     """One draft from the checkpoint: same inputs and outputs as ``runtime.forward.run_gguf``.
 
-    positions: [ctx + n_block] absolute positions (a [4, N] M-RoPE tensor is read by its
-    temporal row: the drafter ropes on that row only).
-    """
+    positions: [ctx + n_block]; a [4, N] M-RoPE tensor is read by its temporal row only."""
     return reference_forwards(model, target_hidden, block_ids, positions, (semantics,))[semantics]
 
 

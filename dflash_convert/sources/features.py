@@ -1,13 +1,12 @@
 """Read a features file (``capture``'s output, format/features.py): every check of that untrusted input here.
 
-The container is the hardened safetensors reader's. On top of it: every sequence has its three
-tensors with consistent shapes, token ids non-negative, ``prompt_length`` in 1..L-1, a continuation
-no longer than ``new_tokens`` + LOOKAHEAD (the file's sizes agree with its metadata); ``sequences``
-and ``new_tokens`` are plain decimal integers; nothing else is in the file. Layer inputs are read
-one layer of one sequence at a time and refused when not finite. ``check_drafter`` matches a
-drafter (hidden size, vocabulary, taps, how far its loop reads); ``target_for`` matches the
-target in use with the recorded one (config SHA-256) unless ``--allow-other-target``. accept,
-sweep, ``check --features`` and ``--min-acceptance`` read features only through here.
+On top of the hardened safetensors reader it refuses: a sequence without its three tensors or with
+inconsistent shapes, negative token ids, a ``prompt_length`` outside 1..L-1, a continuation longer
+than ``new_tokens`` + LOOKAHEAD, counts that are not plain decimal integers, anything else in the
+file, and layer inputs that are not finite (read one layer of one sequence at a time). It matches a
+drafter (``check_drafter``) and the target in use (``target_for``). accept, sweep, ``check
+--features`` and ``--min-acceptance`` read features only through here. Specification:
+docs/acceptance.md, "capture".
 """
 
 from __future__ import annotations
@@ -226,9 +225,9 @@ def read_features(path: str | Path) -> FeaturesFile:
 
 
 def recorded_target(feats: FeaturesFile) -> Target | None:
-    """The target directory or GGUF the features record, when it is an absolute path still there (None when it is
-    gone); one that is not absolute (relative to wherever capture ran, or a repo id) or cannot be read is
-    an error naming the features file: the target is then named with --target-model-dir."""
+    """The target directory or GGUF the features record when it is an absolute path still there, else None.
+
+    One that is not absolute or cannot be read is an error asking for --target-model-dir."""
     rec = feats.target
     if rec is None:
         return None
@@ -246,9 +245,8 @@ def recorded_target(feats: FeaturesFile) -> Target | None:
 
 def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
                target_gguf: str | Path | None = None, *, allow_other_target: bool = False) -> Target | None:
-    """The target whose embedding and head the drafters share: given, or the directory the features
-    were captured from when it is still there (None: the drafters must carry their own); checked to be
-    the target the features were captured from (``FeaturesFile.check_target``)."""
+    """The target whose embedding and head the drafters share: given, else the recorded one (None: none),
+    checked to be the target the features were captured from."""
     if target_model_dir is not None:  # a directory, a GGUF, or a repo id (its embedding and head are read)
         target = read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
     elif target_gguf is not None:
