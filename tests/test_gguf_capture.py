@@ -207,26 +207,60 @@ def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, 
         vocab.close()
 
 
+# A difference between accept and llama-speculative-simple is excused only when the first slot where the two
+# loops draft differently is a near-tie of our logits within NEAR_TIE_NATS, and the totals stay within
+# ACCEPT_POINTS of each other (issue 29). Why 0.05 nats: at such slots a relative perturbation of the captured
+# features of 1e-6 (float32 reordering: capture decodes a sequence in one batch, the driver's target in
+# 16-token verification batches) moves the top-two gap of a Q8_0/Q4_K_M drafter by up to 0.025 nats, because
+# the activations' int8 rounding (Q8_0/Q8_K blocks) turns such a perturbation into whole quantization steps;
+# and the driver's flash attention (fp16 V accumulation, which our F16-cache emulation does not model) moves
+# it by up to 0.033 nats. An F16 drafter moves by a tenth of that. A gap beyond 0.05 is a defect.
+NEAR_TIE_NATS = 0.05
+ACCEPT_POINTS = 1.0
+
+
 @pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
 def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, captured, drafters, target_type):
     """accept on features captured from the target GGUF, against llama-speculative-simple on the same target and
-    drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes)."""
+    drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes), or
+    within ACCEPT_POINTS with every differing prompt's first differing draft slot a named near-tie of our logits
+    within NEAR_TIE_NATS (fixtures.loop_steps finds the step, slot and margin from llama.cpp's -v log)."""
     from dflash_convert.accept import accept
+    from dflash_convert.runtime.weights import load_weights
+    from dflash_convert.sources.features import read_features, target_for
+    from dflash_convert.sources.gguf_drafter import read_drafter
+    from fixtures.loop_steps import first_divergence, our_steps, speculative_steps, their_margin
     from fixtures.trained import run_speculative
 
     ours = accept(list(drafters.values()), captured[target_type], target_gguf=targets[target_type], device="cpu")
-    rows, differ = [], []
+    feats = read_features(captured[target_type])
+    rows, defects = [], []
     for (k, q), r in zip(drafters, ours.results, strict=True):
-        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, pair.n_predict) for p in pair.prompts]
+        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, pair.n_predict, extra=("-v",))
+                 for p in pair.prompts]
         theirs = (sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats))
+        points = 100 * abs(r.loop.accept - theirs[1] / theirs[0])
         rows.append(f"  target {target_type} | {k} {q}: accept {r.loop.n_drafted}/{r.loop.n_accept}, "
-                    f"llama-speculative-simple {theirs[0]}/{theirs[1]}")
-        if (r.loop.n_drafted, r.loop.n_accept) != theirs:
-            differ.append(rows[-1])
+                    f"llama-speculative-simple {theirs[0]}/{theirs[1]} ({points:.2f} points apart)")
+        if (r.loop.n_drafted, r.loop.n_accept) == theirs:
+            continue
+        if points > ACCEPT_POINTS:
+            defects.append(rows[-1] + f": more than {ACCEPT_POINTS} point")
+        d = read_drafter(drafters[(k, q)])
+        w = load_weights(d, target_for(feats, None, targets[target_type]), device="cpu")
+        slots = feats.slots_for(d.target_layers, str(drafters[(k, q)]))
+        for i, s in enumerate(stats):
+            div = first_divergence(our_steps(d, w, feats, i, slots, ours.n_max),
+                                   speculative_steps(s.output))
+            if div is None:
+                continue
+            rows.append(f"    prompt {i}: {div.line()} ({their_margin(div):.4f} nats the other way)")
+            if div.margin > NEAR_TIE_NATS:
+                defects.append(rows[-1] + f": not a near-tie (> {NEAR_TIE_NATS} nats)")
     print("\n" + "\n".join(rows))
-    assert not differ, "\n".join(differ)
+    assert not defects, "\n".join(defects)
 
 
 @pytest.mark.runtime
