@@ -105,6 +105,36 @@ def test_what_llama_cpp_cannot_tap_is_refused_before_it_loads(tmp_path, case, co
     assert phrase in line and str(target) in line
 
 
+def test_the_first_divergence_names_the_step_slot_and_our_margin():
+    """fixtures.loop_steps reads llama-speculative-simple -v's steps and names where our loop first drafts
+    otherwise at the first step they accept differently; a slot both reject changes no count."""
+    import torch
+
+    from fixtures.loop_steps import Step, first_divergence, speculative_steps, their_margin
+
+    def cand(pos: int, *pairs: tuple[int, float]) -> str:
+        return "\n".join(f"0.01.950.3 D  - seq_id 0, draft candidate {c}, pos {pos:3d}: {t:6d} ({p:8.3f}) 'x'"
+                         for c, (t, p) in enumerate(pairs))
+
+    log = "\n".join([cand(0, (5, 0.9), (6, 0.1)), cand(1, (7, 0.5), (8, 0.4)),
+                     "0.02.0 D accepted 1/2 draft tokens, the last target token is: (9)",
+                     cand(0, (3, 0.6), (4, 0.398)), cand(1, (1, 0.7), (2, 0.3)),
+                     "0.02.1 D accepted 0/2 draft tokens, the last target token is: (4)"])
+    theirs = speculative_steps(log)
+    assert [(t.draft, t.accepted) for t in theirs] == [([5, 7], 1), ([3, 1], 0)]
+    logits = torch.zeros(2, 10)
+    logits[0, 5], logits[1, 8], logits[1, 7] = 1.0, 0.30, 0.25  # step 0: slot 1 differs (8 over 7)...
+    same = torch.full((2, 10), -1.0)
+    same[0, 4], same[0, 3], same[1, 2] = 0.02, 0.0, 1.0  # step 1: slot 0 differs (4 over 3 by 0.02)
+    past_rejection = [Step([5, 8], 1, [], anchor=10, logits=logits), Step([4, 2], 1, [], anchor=12, logits=same)]
+    div = first_divergence(past_rejection, theirs)  # ...but both reject it: step 0 counts the same
+    assert (div.step, div.anchor, div.slot, div.ours) == (1, 12, 0, (4, 3)) and abs(div.margin - 0.02) < 1e-6
+    assert div.theirs[:2] == [(3, 0.6), (4, 0.398)] and abs(their_margin(div) - 0.4105) < 1e-3
+    assert "step 1, anchor position 12, slot 0: we draft 4 over 3 by 0.0200 nats" in div.line()
+    agreeing = [Step([5, 7], 1, [], anchor=10, logits=logits), Step([3, 1], 0, [], anchor=12, logits=same)]
+    assert first_divergence(agreeing, theirs) is None
+
+
 # --- runtime tier: the trained pair in llama.cpp ---------------------------------------------------------------------
 
 AGREEMENT_FILES = (("full", "F16"), ("full", "Q8_0"), ("full", "Q4_K_M"), ("full", "Q2_K"),
@@ -207,26 +237,62 @@ def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, 
         vocab.close()
 
 
+# A difference between accept and llama-speculative-simple is excused only when the totals stay within
+# ACCEPT_POINTS of each other (issue 29) and, in every prompt where the loops part, the first slot where the two
+# draft differently is a near-tie of our logits within the drafter's tie margin: check's THRESHOLDS[class]
+# .tie_margin (F16 0.01, Q8_0 0.05, Q4/Q3_K/Q2_K 0.1 nats), the logit noise check already lets a file of that
+# precision class flip. Why that bound fits here: the driver's printed top-two log-ratios differ from ours by
+# a mean of 0.003 (F16), 0.019 (Q8_0), 0.030 (Q4_K_M) nats on the trained pair, because its target computes the
+# features in verification batches (2-5e-4 relative from capture's one batch; the activations' int8 rounding of
+# Q8_0/Q8_K blocks turns that into whole quantization steps) and its draft context runs flash attention (fp16 V
+# accumulation, not modelled by our F16-cache emulation). A wider gap that flips is a defect.
+ACCEPT_POINTS = 1.0
+
+
 @pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
 def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, captured, drafters, target_type):
     """accept on features captured from the target GGUF, against llama-speculative-simple on the same target and
-    drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes)."""
+    drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes), or
+    within ACCEPT_POINTS with every differing prompt's first differing draft slot a named near-tie of our logits
+    within check's tie margin of its precision class (fixtures.loop_steps finds the step, slot and margin from llama.cpp's -v log)."""
     from dflash_convert.accept import accept
+    from dflash_convert.check import THRESHOLDS, precision_class
+    from dflash_convert.runtime.weights import load_weights
+    from dflash_convert.sources.features import read_features, target_for
+    from dflash_convert.sources.gguf_drafter import read_drafter
+    from fixtures.loop_steps import first_divergence, our_steps, speculative_steps, their_margin
     from fixtures.trained import run_speculative
 
     ours = accept(list(drafters.values()), captured[target_type], target_gguf=targets[target_type], device="cpu")
-    rows, differ = [], []
+    feats = read_features(captured[target_type])
+    rows, defects = [], []
     for (k, q), r in zip(drafters, ours.results, strict=True):
-        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, pair.n_predict) for p in pair.prompts]
+        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, pair.n_predict, extra=("-v",))
+                 for p in pair.prompts]
         theirs = (sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats))
+        points = 100 * abs(r.loop.accept - theirs[1] / theirs[0])
         rows.append(f"  target {target_type} | {k} {q}: accept {r.loop.n_drafted}/{r.loop.n_accept}, "
-                    f"llama-speculative-simple {theirs[0]}/{theirs[1]}")
-        if (r.loop.n_drafted, r.loop.n_accept) != theirs:
-            differ.append(rows[-1])
+                    f"llama-speculative-simple {theirs[0]}/{theirs[1]} ({points:.2f} points apart)")
+        if (r.loop.n_drafted, r.loop.n_accept) == theirs:
+            continue
+        if points > ACCEPT_POINTS:
+            defects.append(rows[-1] + f": more than {ACCEPT_POINTS} point")
+        d = read_drafter(drafters[(k, q)])
+        w = load_weights(d, target_for(feats, None, targets[target_type]), device="cpu")
+        slots = feats.slots_for(d.target_layers, str(drafters[(k, q)]))
+        bound = THRESHOLDS[precision_class(d)[1]].tie_margin
+        for i, s in enumerate(stats):
+            div = first_divergence(our_steps(d, w, feats, i, slots, ours.n_max),
+                                   speculative_steps(s.output))
+            if div is None:
+                continue
+            rows.append(f"    prompt {i}: {div.line()} ({their_margin(div):.4f} nats the other way)")
+            if div.margin > bound:
+                defects.append(rows[-1] + f": not a near-tie (> {bound} nats, check's {precision_class(d)[1]} margin)")
     print("\n" + "\n".join(rows))
-    assert not differ, "\n".join(differ)
+    assert not defects, "\n".join(defects)
 
 
 @pytest.mark.runtime
