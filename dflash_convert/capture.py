@@ -106,9 +106,7 @@ def _progress(progress: bool, total: int):
 
 def _write(out: Path, sequences: list[list[int]], prompt_lengths: list[int], stored: list[int], hidden: int, dtype: str,
            meta: dict[str, str], force: bool, features_of, bar) -> tuple[Path, list[str]]:
-    """Write every sequence's features (``features_of(i, tokens)`` -> [S, L, E]) sequence by sequence; commit.
-
-    Returns the written path and the writer's notes."""
+    """Write every sequence's features (``features_of(i, tokens)`` -> [S, L, E]) sequence by sequence; commit."""
     writer = FeatureWriter(out, [len(s) for s in sequences], len(stored), hidden, FEATURE_DTYPES[dtype], meta,
                            replace=force)
     try:

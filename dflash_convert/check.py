@@ -242,10 +242,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
           target_gguf: str | Path | None = None, device: str = "auto", context: int = 64, seed: int = 0,
           save_io: str | Path | None = None, reference_gguf: str | Path | None = None,
           features: str = "synthetic", allow_other_target: bool = False) -> CheckReport:
-    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference (docs/check.md).
-
-    Raises InputFileError for an unreadable input (RepoError for a repo id that does not resolve),
-    DFlashError for a usage problem (no target where one is needed, an output path on an input)."""
+    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference (docs/check.md)."""
     src = read_inputs(draft_gguf, checkpoint_dir, target_model_dir, target_gguf, context, save_io, reference_gguf, features,
                       allow_other_target)
     d, cls, target, captured = src.draft, src.precision_class, src.target, src.captured

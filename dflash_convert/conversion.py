@@ -290,10 +290,7 @@ def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | No
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
             tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False,
             metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
-    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run.
-
-    ``metadata``: a JSON file of general.* keys over the model card's (upstream's ``--metadata``).
-    ``cache``: as plan_conversion's (the borrowed tokenizer keys)."""
+    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                            outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
                            hash_sources=not dry_run, metadata=metadata, cache=cache)

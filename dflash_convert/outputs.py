@@ -86,11 +86,7 @@ def _read_only_filesystem(folder: Path) -> bool:
 
 
 def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os.PathLike], *, force: bool) -> Path:
-    """Refuse an output that is (or would replace) an input, or an existing file without --force.
-
-    A path typed with a trailing slash means a folder: a file is never written under that name.
-    Returns the output path. Errors name the output as the user typed it.
-    """
+    """Refuse an output that is (or would replace) an input, or an existing file without --force."""
     if not isinstance(inputs, Inputs):
         files = Inputs()
         files.add_files(inputs)

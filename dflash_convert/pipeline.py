@@ -32,12 +32,7 @@ SMALL_CHUNK_TYPES = frozenset({GGMLType.Q8_0})
 
 
 def recycle_chunk_memory() -> None:
-    """Keep freed chunk buffers in the process instead of returning them to the kernel.
-
-    glibc serves a chunk's few-MB temporaries with fresh mmaps, so each chunk would page-fault its
-    memory back in; raised mmap and trim thresholds reuse the heap pages (bounded by the look-ahead
-    window). No effect outside glibc.
-    """
+    """Keep freed chunk buffers in the process instead of returning them to the kernel."""
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt

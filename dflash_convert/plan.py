@@ -316,12 +316,7 @@ def quantized_metadata(source: Metadata, file_type: int) -> Metadata:
 def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, *, keep_types: list[tuple[str, GGMLType]] = (),
                      allow_requantize: bool = False, where: Path | None = None,
                      options: QuantizeOptions | None = None) -> tuple[list[PlannedTensor], int]:
-    """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders.
-
-    Each encoder is extended to produce the new type from the same source (one pass). Returns (planned
-    tensors in llama-quantize's order, number of fallbacks). ``options``: llama-quantize's per-tensor
-    flags and --prune-layers (pruned layers dropped, the others renumbered, as remap_layer does).
-    """
+    """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders."""
     options = options or QuantizeOptions()
     if options.prune_layers:
         order = loader_order([p.tensor.gguf_name for p in planned])

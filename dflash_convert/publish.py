@@ -239,10 +239,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             target_repo: str | None = None, target_revision: str | None = None, tokenizer_pre: str | None = None,
             device: str = "auto", upload_timeout: float = Timeouts.transfer) -> Release:
     """Convert, quantize, validate (and ``check``) every type into a new release directory; with ``upload``
-    push it to that hub repo, each request waiting at most ``upload_timeout`` seconds. Raises DFlashError, leaving no directory, when any file fails.
-
-    ``src`` and ``target_model_dir`` are directories or Hugging Face repo ids (``org/name[@revision]``,
-    sources/hub.py); a repo id's resolved commit goes into the files and so into the card."""
+    push it to that hub repo, each request waiting at most ``upload_timeout`` seconds. Raises DFlashError, leaving no directory, when any file fails."""
     token = upload_check(upload) if upload is not None else None  # before anything is read or built
     src_spec, target_spec = src, target_model_dir
     source = resolve_source(src, DRAFTER)

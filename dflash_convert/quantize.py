@@ -124,11 +124,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
                   allow_requantize: bool = False, options: QuantizeOptions | None = None,
                   validate: bool = True) -> QuantizePlan:
     """Read and decide everything; writes nothing. ``options`` (``quantize_options``) replaces
-    ``keep_types`` / ``allow_requantize`` when given.
-
-    ``validate`` (the default): an input that fails validate is refused; ``validate=False``
-    (--skip-validation) goes ahead, and the plan's output is then written unvalidated too, with a warning.
-    """
+    ``keep_types`` / ``allow_requantize`` when given."""
     path = Path(src)
     into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
     if not into_folder:
@@ -186,9 +182,7 @@ def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = 
 def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep_types: list[str] | None = None,
              allow_requantize: bool = False, force: bool = False, dry_run: bool = False, threads: int | None = None,
              progress: bool = False, options: QuantizeOptions | None = None, validate: bool = True) -> QuantizePlan:
-    """Quantize a dflash GGUF to ``qtype`` (a llama-quantize type name). Returns the plan.
-
-    An input that fails validate is refused, and so is an output that would (``validate=False`` skips both)."""
+    """Quantize a dflash GGUF to ``qtype`` (a llama-quantize type name). Returns the plan."""
     plan = plan_quantize(src, out, qtype, keep_types=keep_types, allow_requantize=allow_requantize, options=options,
                          validate=validate)
     if not dry_run:

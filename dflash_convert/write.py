@@ -241,14 +241,7 @@ def fault_point(phase: str) -> None:
 def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: bool = True,
                finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None,
                verify: Callable[[Path], None] | None = None, replace: bool = False) -> int:
-    """Write a GGUF file atomically.
-
-    ``finish`` returns (header offset, bytes) patches applied last; ``verify`` inspects the
-    complete temporary file (through a path to its descriptor) and raises to refuse it, so nothing
-    that fails it is ever renamed into place. ``replace`` (--force) lets the rename replace an
-    existing output, and removes temporary files a killed run left beside it (without it they are
-    reported). On any error or signal the temporary file is removed.
-    """
+    """Write a GGUF file atomically."""
     out = Path(out)
     header, value_at = serialize_header(md, tensors)
     for note in clear_stale_partials(out, force=replace):

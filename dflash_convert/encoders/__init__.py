@@ -67,11 +67,7 @@ _DIRECT: dict[tuple[str, GGMLType], Encoder] = {
 
 
 def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Block bytes of quantized type ``src`` -> float32, with gguf-py's dequantizer (ggml's arithmetic).
-
-    Only for --allow-requantize: a quantized tensor is widened back to float32 and quantized again,
-    as llama-quantize does.
-    """
+    """Block bytes of quantized type ``src`` -> float32, with gguf-py's dequantizer (ggml's arithmetic)."""
     # gguf-py's dequantizers: only requantizing needs them
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -83,10 +79,7 @@ def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]
 
 
 def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encoder:
-    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none.
-
-    A quantized ``src`` (requantizing) needs ``row_length`` to dequantize whole rows first.
-    """
+    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none."""
     direct = _DIRECT.get((src, dst))
     if direct is not None:
         return direct

@@ -251,12 +251,7 @@ class _QkxTile:
         return self.sums.from_zero(D2, out)
 
     def search(self, finite: bool) -> np.ndarray:
-        """``make_qkx2_quants(32, nmax, x, weights, ..., use_mad=false)`` for every group at once.
-
-        Leaves scale in ST[1], C's ``min`` in VT[3], the accepted iscale and min in ST[2], ST[3]; returns
-        the ``flat`` mask (C's early return). As in C, ``min`` is updated inside the loop, so later steps
-        use the improved one.
-        """
+        """``make_qkx2_quants(32, nmax, x, weights, ..., use_mad=false)`` for every group at once."""
         X, W, T, S, VT, ST, V5 = self.X, self.W, self.T, self.S, self.VT, self.ST, self.V5
         cur, ts, iscale, m, tm = VT
         best_err, scale, best_iscale, best_min = ST
@@ -518,10 +513,7 @@ class _QxTile:
         self.sums.from_zero(S, self.sumv, axis=1)
 
     def search(self, finite: bool) -> np.ndarray:
-        """``make_qx_quants(16, 32, x, L, rmse_type=1, NULL)`` for every group at once.
-
-        Leaves scale in ST[0], the accepted iscale in ST[1]; returns the ``zero`` mask (amax < GROUP_MAX_EPS).
-        """
+        """``make_qx_quants(16, 32, x, L, rmse_type=1, NULL)`` for every group at once."""
         X, VT, ST, mx, B = self.X, self.VT, self.ST, self.mx, self.B
         cand, iscale = VT
         sumlx, suml2 = self.sumv

@@ -43,9 +43,7 @@ def safe_name(name: str) -> str:
 
 
 def drafter_file_name(name: str, type_name: str, *, dspark: bool) -> str:
-    """``dflash-<Name>-<TYPE>.gguf`` (``dspark-`` for DSpark), TYPE upper case as llama.cpp's tags are.
-
-    A name that already starts with the prefix keeps one copy of it."""
+    """``dflash-<Name>-<TYPE>.gguf`` (``dspark-`` for DSpark), TYPE upper case as llama.cpp's tags are."""
     prefix = drafter_prefix(dspark=dspark)
     base = safe_name(name)
     if base.startswith(prefix):
@@ -81,10 +79,7 @@ def quantized_file_name(input_name: str, type_name: str, *, dspark: bool) -> str
 
 def discovery_problem(filename: str, *, dspark: bool, type_name: str | None = None) -> str | None:
     """One line saying why llama.cpp's ``-hf`` would not offer this drafter file as a draft, or would
-    offer it as a main model or as another kind of sidecar; None when the name is found as it should be.
-
-    ``filename`` is the base name as it would be published; ``type_name`` (the file's type, e.g.
-    Q4_K_M) also checks the ``-TAG.`` match that picks among a repo's drafters."""
+    offer it as a main model or as another kind of sidecar; None when the name is found as it should be."""
     prefix = drafter_prefix(dspark=dspark)
     other = drafter_prefix(dspark=not dspark)
     kind = "DSpark" if dspark else "DFlash"

@@ -46,9 +46,7 @@ def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch
 
 def load_target_model(target: Target, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *,
                       tensors: list[TensorRef] | None = None) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class.
-
-    ``tensors``: ``read_target_weights``' answer, when the caller checked the weights already."""
+    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class."""
     where = Path(target.source)
     try:
         import transformers  # optional, and heavy: only capturing target features needs it
@@ -125,9 +123,7 @@ def _check_size(cls: type, cfg: object, tensors: list[TensorRef], where: Path) -
 @torch.no_grad()
 def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList, token_ids: torch.Tensor,
                keep: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass.
-
-    ``keep``: only these layer-input indices, in this order."""
+    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass."""
     streams: list[torch.Tensor | None] = [None] * (len(layers) + 1)
     wanted = set(range(len(layers) + 1)) if keep is None else set(keep)
 

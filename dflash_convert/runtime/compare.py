@@ -144,10 +144,7 @@ def confidence_failures(got: ForwardResult, want: ForwardResult, metrics: dict[s
 def compare_drafts(got: ForwardResult, want: ForwardResult, weights: DrafterWeights, file: Drafter, checkpoint: Drafter,
                    ids: torch.Tensor, limits: Thresholds,
                    source: Path) -> tuple[ForwardResult, ForwardResult, ForwardResult | None, dict[str, Any], list[str]]:
-    """The metrics of the file's draft against the checkpoint's, and the failure lines only a draft's layout shows.
-
-    Returns (both drafts as compared, the file's own DSpark chain or None, metrics, failure lines).
-    Raises InputFileError (naming ``source``) when the two drafts cannot be compared."""
+    """The metrics of the file's draft against the checkpoint's, and the failure lines only a draft's layout shows."""
     failures = []
     own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
     if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)

@@ -163,9 +163,7 @@ def _sq_sums(x: DrafterTensor, y: DrafterTensor, device: torch.device, xv: torch
 
 def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device | str = "cpu", *,
                        file_values: Decoded | None = None, checkpoint_values: Decoded | None = None) -> list[str]:
-    """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding).
-
-    ``file_values`` and ``checkpoint_values``: what the runner and the reference already decoded."""
+    """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding)."""
     device = torch.device(device)
     fv = file_values or (lambda t: None)
     cv = checkpoint_values or (lambda t: None)

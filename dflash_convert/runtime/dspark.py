@@ -145,10 +145,7 @@ def driver_draft(tokens: torch.Tensor, confidence: torch.Tensor | None, p_min: f
 def checkpoint_markov_chain(tensors: Mapping[str, torch.Tensor], draft_logits: torch.Tensor, hidden: torch.Tensor,
                             anchor: int, sample_from_anchor: bool, d2t_ids: torch.Tensor | None,
                             vocab_size: int) -> MarkovDraft:
-    """The Markov and confidence heads from the checkpoint's own tensors, one block.
-
-    ``draft_logits`` [n_block, Vd] in the head's own vocabulary; ``d2t_ids`` maps draft entry j to
-    target id ``d2t_ids[j]`` (None: the target's vocabulary). Returns target-vocabulary logits."""
+    """The Markov and confidence heads from the checkpoint's own tensors, one block."""
     w1, w2 = tensors[MARKOV_W1_HF], tensors[MARKOV_W2_HF]
     prefix = next((p for p in CONF_HF_PREFIXES if f"{p}.weight" in tensors), None)
     proj_w = tensors[f"{prefix}.weight"] if prefix else None

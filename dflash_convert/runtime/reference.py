@@ -126,10 +126,7 @@ def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, devic
 
 def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: Drafter | None = None,
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ReferenceModel:
-    """A read checkpoint's weights, by their HF names, for the reference forward.
-
-    ``drafter``: the checkpoint's Drafter (read here when not given), hyper-parameters only.
-    ``target`` supplies the embedding and the head the drafter does not carry."""
+    """A read checkpoint's weights, by their HF names, for the reference forward."""
     device = torch.device(device)
     tgt = target
     d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
@@ -196,9 +193,7 @@ def _view(model: ReferenceModel) -> ConfigView:
 
 
 def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> torch.Tensor:
-    """[ctx, T*E] context features the way the checkpoint's own code takes them from the target.
-
-    Read from the raw config (docs/layer-ids.md), so the converter's layer-id translation is checked, not reused."""
+    """[ctx, T*E] context features the way the checkpoint's own code takes them from the target."""
     cv = _view(model)
     if model.dialect == SPECULATORS_LAYOUT:
         ids = list(cv.get("aux_hidden_state_layer_ids"))
@@ -325,9 +320,7 @@ def semantics_differ(model: ReferenceModel) -> bool:
 @torch.no_grad()
 def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
                       positions: torch.Tensor, *, semantics: str = "llama.cpp") -> ForwardResult:
-    """One draft from the checkpoint: same inputs and outputs as ``runtime.forward.run_gguf``.
-
-    positions: [ctx + n_block]; a [4, N] M-RoPE tensor is read by its temporal row only."""
+    """One draft from the checkpoint: same inputs and outputs as ``runtime.forward.run_gguf``."""
     return reference_forwards(model, target_hidden, block_ids, positions, (semantics,))[semantics]
 
 

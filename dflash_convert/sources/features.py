@@ -225,9 +225,7 @@ def read_features(path: str | Path) -> FeaturesFile:
 
 
 def recorded_target(feats: FeaturesFile) -> Target | None:
-    """The target directory or GGUF the features record when it is an absolute path still there, else None.
-
-    One that is not absolute or cannot be read is an error asking for --target-model-dir."""
+    """The target directory or GGUF the features record when it is an absolute path still there, else None."""
     rec = feats.target
     if rec is None:
         return None

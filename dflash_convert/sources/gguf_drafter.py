@@ -259,10 +259,7 @@ def _require(d: Drafter, g: GGUFFile) -> None:
 
 
 def read_drafter(path: str | Path) -> Drafter:
-    """A dflash drafter GGUF as a Drafter (strict: raises InputFileError on an incomplete file).
-
-    Tensor data stays on disk; each tensor's source reads its rows on demand.
-    """
+    """A dflash drafter GGUF as a Drafter (strict: raises InputFileError on an incomplete file)."""
     return drafter_from_gguf(read_gguf(path), strict=True)
 
 

@@ -88,14 +88,7 @@ def parse_repo_spec(spec: str) -> tuple[str, str] | None:
 
 
 def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
-    """A local directory as it is, or a repo id resolved to a complete cache snapshot (downloaded if allowed).
-
-    ``role`` is ``drafter`` (config, safetensors, index), ``target`` (config and tokenizer files, no
-    weights) or ``target_weights`` (the target's files and its safetensors). Anything that is
-    neither an existing path nor a repo id comes back as a path, for the reader's usual message.
-    Raises RepoError: a repo not in the cache while offline, a revision the cache does not hold, a
-    repo or revision the Hub does not know, an incomplete snapshot.
-    """
+    """A local directory as it is, or a repo id resolved to a complete cache snapshot (downloaded if allowed)."""
     if role not in ALLOW_PATTERNS:
         raise ValueError(f"unknown role {role!r}; expected one of {sorted(ALLOW_PATTERNS)}")
     text = os.fspath(spec)

@@ -92,11 +92,7 @@ class ModelCard:
 
 
 def front_matter(path: Path) -> dict[str, Any]:
-    """The YAML front matter of a README.md as a dict; {} when it has none.
-
-    As upstream reads it: the first line is ``---``, the block ends at the next ``---`` line (or the
-    file's end), ``- no`` list items stay the string "no", tabs count as two spaces.
-    """
+    """The YAML front matter of a README.md as a dict; {} when it has none."""
     raw = read_regular_bytes(path, CARD_NAME, MAX_CARD_BYTES)
     try:
         text = raw.decode("utf-8")

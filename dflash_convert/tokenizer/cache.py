@@ -63,11 +63,7 @@ def _builders_fingerprint() -> str:
 
 
 def _tokenizers_version() -> str:
-    """The probe's library decides the pre-tokenizer hash and the round trips: its installed version.
-
-    Read from the name of its dist-info folder beside it, without importing it (heavy) and without
-    importlib.metadata, which scans every distribution on the path.
-    """
+    """The probe's library decides the pre-tokenizer hash and the round trips: its installed version."""
     spec = importlib.util.find_spec("tokenizers")
     if spec is None or not spec.origin:
         return "absent"
@@ -298,10 +294,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
 # --- reading and writing entries
 
 def _read_bounded(path: Path) -> bytes | None:
-    """An entry's bytes: only a regular file, never through a symbolic link, at most MAX_ENTRY_BYTES.
-
-    None when there is no entry; CorruptEntry when what is there is not one we would read.
-    """
+    """An entry's bytes: only a regular file, never through a symbolic link, at most MAX_ENTRY_BYTES."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)

@@ -117,11 +117,7 @@ def _special_id(processor_entry: dict[str, Any]) -> Any:
 
 
 def _from_post_processor(st: SpecialTokens, post: dict[str, Any], tc: dict[str, Any] | None) -> None:
-    """Infer add_bos/add_eos/add_sep from the post-processor, the way llama.cpp does.
-
-    The inference is crude by design (it matches upstream, which only handles simple templates).
-    ``tc`` (tokenizer_config) is updated in place with the special tokens the template implies.
-    """
+    """Infer add_bos/add_eos/add_sep from the post-processor, the way llama.cpp does."""
     bos = (tc or {}).get("bos_token")
     cls = (tc or {}).get("cls_token")
     eos = (tc or {}).get("eos_token")
