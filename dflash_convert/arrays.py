@@ -68,12 +68,7 @@ def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.nda
 class StrArray(Sequence):
     """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
     bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
-    is the buffer's end).
-
-    Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
-    list of bytes); each item is made only when asked for, so a vocabulary costs its bytes and an
-    offset an item, and writing it back is the buffer itself.
-    """
+    is the buffer's end)."""
 
     __slots__ = ("data", "offsets")
 

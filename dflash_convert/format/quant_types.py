@@ -243,10 +243,7 @@ def _infer_n_gqa(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> int:
 
 @dataclass(frozen=True)
 class TypeOverrides:
-    """llama-quantize's per-tensor options (llama_model_quantize_params); docs/quantize.md says what each does.
-
-    ``tensor_types`` keeps the command line's order: the first pattern that matches wins.
-    """
+    """llama-quantize's per-tensor options (llama_model_quantize_params); docs/quantize.md says what each does."""
 
     tensor_types: tuple[tuple[str, GGMLType], ...] = ()
     output_tensor_type: GGMLType | None = None

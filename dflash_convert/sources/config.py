@@ -87,10 +87,7 @@ def expected(name: str) -> tuple[str, ...]:
 
 
 class ConfigView:
-    """Typed access to one config object (a file, or an object inside one) with one-line errors.
-
-    ``scope`` prefixes key names in messages (``dflash_config.``); ``path`` is the file.
-    """
+    """Typed access to one config object (a file, or an object inside one) with one-line errors."""
 
     def __init__(self, cfg: dict[str, Any], path: Path, scope: str = "") -> None:
         self.cfg, self.path, self.scope = cfg, Path(path), scope
