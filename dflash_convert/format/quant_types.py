@@ -130,8 +130,7 @@ _LAYER = re.compile(r"blk\.\s*([+-]?\d+)")
 # --- small functions over the tables
 
 def _use_more_bits(i: int, n: int) -> bool:
-    """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between.
-    (i - n//8 is never negative when the last term is reached: the first term caught it.)"""
+    """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 

@@ -222,9 +222,7 @@ def load_tokenizer_files(target_dir: Path) -> tuple[dict[str, Any] | None, dict[
 
 
 def check_tokenizer_config(tc: dict[str, Any], tc_path: Path) -> None:
-    """Raise ConfigError for a tokenizer_config.json field read_special_tokens uses whose JSON type is wrong.
-    Cheap: borrowing runs it before the tokenizer probe and the vocabulary, so a mistyped field is
-    refused in a fraction of a second."""
+    """Raise ConfigError for a tokenizer_config.json field read_special_tokens uses whose JSON type is wrong."""
     tcv = ConfigView(tc, tc_path)
     for kind in DEFAULT_KINDS + ("eot", "eom"):
         tcv.get(f"add_{kind}_token")
