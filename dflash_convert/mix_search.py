@@ -42,7 +42,7 @@ QUANT_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")  # per-layer matric
 Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized tensors of a mix
 
 
-# --- the mix llama-quantize would write, and the flags that reproduce a mix --------------------------------
+# --- the mix llama-quantize would write, and the flags that reproduce a mix
 
 
 def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], ...] = ()) -> list[PlannedTensor]:
@@ -106,7 +106,7 @@ def recipe_args(items: list[tuple[str, GGMLType]]) -> list[str]:
     return out
 
 
-# --- measuring a mix ------------------------------------------------------------------------------------
+# --- measuring a mix
 
 
 class MixEvaluator:
@@ -132,8 +132,8 @@ class MixEvaluator:
         self._values: dict[tuple[str, GGMLType], torch.Tensor] = {}
         self._ctx: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._results: dict[tuple, LoopCount | float] = {}
-        self.evaluations = 0  # live-loop runs over a split
-        self.quantized = 0  # tensors quantized (each (tensor, type) once)
+        self.evaluations = 0
+        self.quantized = 0
 
     def source_types(self, names: list[str]) -> Types:
         """The file's own types: the full-precision baseline."""
@@ -259,7 +259,7 @@ def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile
     return live_loop(d, w, feats, slots, n_max, like_cpu=like_cpu, indices=indices)
 
 
-# --- the search -----------------------------------------------------------------------------------------
+# --- the search
 
 
 def split(n: int) -> tuple[list[int], list[int]]:

@@ -146,7 +146,7 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
     return out
 
 
-# --- temporary outputs: unaimable, written through their descriptor, committed without clobbering ---
+# --- temporary outputs: unaimable, written through their descriptor, committed without clobbering
 
 NAME_MAX = 255  # bytes of one path component on Linux filesystems
 PARTIAL_SUFFIX = ".dflash-partial"

@@ -52,7 +52,7 @@ class PlannedTensor:
     note: str = ""
 
 
-# --- type names ----------------------------------------------------------------------------------
+# --- type names
 
 
 def parse_ftype(name: str) -> str:
@@ -72,7 +72,7 @@ class OutType:
     """``--outtype`` resolved once: what the file is (its ``general.file_type`` and name tag), the float
     type tensors are converted to, and whether a llama-quantize pass follows in the same stream."""
 
-    file_type: FileType  # written as general.file_type; the file is named after it
+    file_type: FileType
     convert_to: FileType  # the converter's own type (f32/f16/bf16/q8_0): matrices are converted to it first
     quantize: bool = False  # llama-quantize's pass to ``file_type`` follows in the same stream
 
@@ -190,7 +190,7 @@ class QuantizeOptions:
     """llama-quantize's options beyond the type, parsed (see ``format.quant_types.TypeOverrides``)."""
 
     types: TypeOverrides = NO_OVERRIDES
-    keep_types: tuple[tuple[str, GGMLType], ...] = ()  # our --keep-type globs (applied after llama-quantize's choice)
+    keep_types: tuple[tuple[str, GGMLType], ...] = ()
     kv_overrides: tuple[tuple[str, ValueType, object], ...] = ()
     prune_layers: tuple[int, ...] = ()
     allow_requantize: bool = False
@@ -266,7 +266,7 @@ def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
     return out
 
 
-# --- the float plan (convert) --------------------------------------------------------------------
+# --- the float plan (convert)
 
 
 def tensor_type(name: str, shape: tuple[int, ...], matrix_type: GGMLType,
@@ -291,7 +291,7 @@ def plan_tensors(d: Drafter, matrix_type: GGMLType) -> list[PlannedTensor]:
     return out
 
 
-# --- the quantized plan (quantize, convert --outtype TYPE) ----------------------------------------
+# --- the quantized plan (quantize, convert --outtype TYPE)
 
 
 def append_file_type(md: Metadata, file_type: int) -> None:

@@ -88,7 +88,7 @@ class Release:
                 *([f"uploaded to {upload}: {self.uploaded}"] if self.uploaded is not None else [])]
 
 
-# --- what to make ------------------------------------------------------------------------------
+# --- what to make
 
 
 def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -114,7 +114,7 @@ def base_type(types: list[str]) -> str | None:
     return next((t for t in types if t in FLOAT_TYPE_NAMES), None)
 
 
-# --- the release directory ----------------------------------------------------------------------
+# --- the release directory
 
 
 def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: bool) -> Path:
@@ -174,7 +174,7 @@ def _write_new(path: Path, text: str) -> None:
         f.write(text)
 
 
-# --- publish ------------------------------------------------------------------------------------
+# --- publish
 
 
 class FileBar:

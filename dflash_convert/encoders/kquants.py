@@ -202,11 +202,11 @@ class _QkxTile:
     def __init__(self, B: int, nmax: int, rmin: float, rdelta: float, nstep: int) -> None:
         self.B, self.nmax, self.nstep = B, nmax, nstep
         self.rmin, self.rdelta = _F32(rmin), _F32(rdelta)
-        self.X = _page_aligned((32, B))  # x, position-major: column b is group b
-        self.W = _page_aligned((32, B))  # weights av_x + |x|
-        self.T = _page_aligned((32, B))  # levels of the step being tried
+        self.X = _page_aligned((32, B))
+        self.W = _page_aligned((32, B))
+        self.T = _page_aligned((32, B))
         self.S = _page_aligned((3, 32, B))  # w*l, w*l*l, w*l*x; S[0] then holds the squared errors
-        self.lo = _page_aligned((32, B))  # clamp bounds, see _round_clamp
+        self.lo = _page_aligned((32, B))
         self.hi = _page_aligned((32, B))
         self.lo.fill(0)
         self.hi.fill(nmax)
@@ -221,7 +221,7 @@ class _QkxTile:
         self.R3 = _page_aligned((3, B))  # D, scale numerator, min numerator
         self.alt = _page_aligned((B,))
         self.vr = _page_aligned((B,))
-        self.ZD = _page_aligned((2, B), offset=_PAGE // 2)  # dm and d per group, final pass
+        self.ZD = _page_aligned((2, B), offset=_PAGE // 2)
         self.upd = np.empty(B, dtype=bool)
         self.msk = np.empty(B, dtype=bool)
         self.sums = _Sums((self.S, 1), (self.T, 0))
@@ -481,7 +481,7 @@ class _QxTile:
         self.WX = _page_aligned((16, B))  # w*x: C's w*x[i]*l is (w*x)*l
         self.T = _page_aligned((16, B))
         self.S = _page_aligned((2, 16, B))  # (w*x)*l, (w*l)*l
-        self.lo = _page_aligned((16, B))  # clamp bounds, see _round_clamp
+        self.lo = _page_aligned((16, B))
         self.hi = _page_aligned((16, B))
         self.lo.fill(-32)
         self.hi.fill(31)

@@ -127,7 +127,6 @@ KEEP = "keep"
 _LAYER = re.compile(r"blk\.\s*([+-]?\d+)")
 
 
-# --- small functions over the tables
 
 def _use_more_bits(i: int, n: int) -> bool:
     """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between."""

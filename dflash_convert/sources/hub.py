@@ -92,7 +92,7 @@ def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
     if role not in ALLOW_PATTERNS:
         raise ValueError(f"unknown role {role!r}; expected one of {sorted(ALLOW_PATTERNS)}")
     text = os.fspath(spec)
-    if isinstance(text, bytes) or os.path.lexists(text):  # a path is a path
+    if isinstance(text, bytes) or os.path.lexists(text):
         return ResolvedRepo(Path(os.fsdecode(text)), None, None)
     parsed = parse_repo_spec(text)
     if parsed is None:
