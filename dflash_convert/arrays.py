@@ -97,9 +97,7 @@ class StrArray(Sequence):
 
     @classmethod
     def checked(cls, data: bytes, offsets: np.ndarray) -> StrArray | None:
-        """A StrArray of GGUF-form ``data`` and its item ``offsets`` from a store we wrote (the tokenizer
-        cache), or None when they do not agree: offsets from 0 to the end, each item's length prefix
-        equal to the bytes up to the next item, every item's text UTF-8."""
+        """A StrArray of GGUF-form ``data`` and ``offsets`` from a store we wrote, or None when they do not agree or an item is not UTF-8."""
         if offsets.ndim != 1 or offsets.shape[0] < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != len(data):
             return None
         steps = np.diff(offsets.astype(np.int64))
@@ -146,9 +144,7 @@ class StrArray(Sequence):
         return list(self)
 
     def gguf_items_bytes(self) -> bytes:
-        """The items as a GGUF array holds them (each a little-endian u64 length, then its bytes):
-        the buffer itself, the writer's copy of a read vocabulary. The array is remembered (``remember``):
-        a file read back after this write parses the region to it without a walk."""
+        """The items as a GGUF array holds them (the buffer itself), remembered so a read-back of this write skips the walk."""
         out = bytes(self.data[int(self.offsets[0]):int(self.offsets[-1])])
         remember(self)
         return out

@@ -162,12 +162,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                     outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
                     hash_sources: bool = True, metadata: str | os.PathLike | None = None,
                     cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
-    """Read and check everything, decide every key and tensor type; writes nothing.
-
-    ``src_dir`` and ``target_model_dir`` may be repo ids (``org/name[@revision]``); ``metadata`` is
-    ``--metadata``'s JSON file; ``hash_sources`` starts hashing the sources in the background (False
-    for a dry run); ``cache`` is True (the user cache), False (none) or a directory.
-    """
+    """Read and check everything, decide every key and tensor type; writes nothing (sources may be repo ids)."""
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     if outfile is not None and not os.fspath(outfile).strip():

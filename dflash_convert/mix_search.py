@@ -63,10 +63,7 @@ def total_bytes(planned: list[PlannedTensor]) -> int:
 
 
 def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]:
-    """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired``
-    type. A manual type does not advance the mix's layer counters (attn_v, ffn_down), which can move
-    the mix's choice for a later layer, so the plan is redone and any tensor still off is pinned too.
-    Names pinned to one type in one layer share an item (``blk\\.1\\.(attn_k|attn_q)\\.weight=q4_k``)."""
+    """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired`` type (iterated: a pin moves the counters)."""
     pinned: Types = {}
     for _ in range(len(desired) + 1):
         items = _pin_items(pinned)

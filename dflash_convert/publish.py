@@ -61,8 +61,8 @@ class Release:
     out_dir: Path
     types: list[str]
     files: list[ReleaseFile] = field(default_factory=list)
-    sums: str = ""  # SHA256SUMS's text
-    card: str = ""  # README.md's text
+    sums: str = ""
+    card: str = ""
     base_type: str = ""  # the full-precision type every quantized file comes from
     uploaded: str | None = None  # the commit the upload made
     dry_run: bool = False
@@ -174,7 +174,6 @@ def _write_new(path: Path, text: str) -> None:
         f.write(text)
 
 
-# --- publish
 
 
 class FileBar:
@@ -238,8 +237,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             dry_run: bool = False, force: bool = False, progress: bool = False, drafter_repo: str | None = None,
             target_repo: str | None = None, target_revision: str | None = None, tokenizer_pre: str | None = None,
             device: str = "auto", upload_timeout: float = Timeouts.transfer) -> Release:
-    """Convert, quantize, validate (and ``check``) every type into a new release directory; with ``upload``
-    push it to that hub repo, each request waiting at most ``upload_timeout`` seconds. Raises DFlashError, leaving no directory, when any file fails."""
+    """Convert, quantize, validate (and ``check``) every type into a new release directory, optionally uploaded; none left on failure."""
     token = upload_check(upload) if upload is not None else None  # before anything is read or built
     src_spec, target_spec = src, target_model_dir
     source = resolve_source(src, DRAFTER)

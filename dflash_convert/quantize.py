@@ -400,10 +400,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                             force: bool = False, dry_run: bool = False, progress: bool = False, threads: int | None = None,
                             max_steps: int | None = None, log: Callable[[str], None] | None = None,
                             allow_other_target: bool = False) -> ChosenQuantize:
-    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the input's held-out
-    live-loop acceptance (mix_search.search_mix); written as llama-quantize would write it given the
-    recipe, with the recipe and the measured acceptance in our keys. Refused (nothing written) when no
-    mix within the candidate types reaches it."""
+    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the held-out acceptance; refused when none does."""
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring

@@ -114,9 +114,7 @@ def can_encode(src: str, dst: GGMLType) -> bool:
 
 
 def warm_up_kernels() -> float:
-    """Compile (first time on this machine) or load (from numba's cache) every numba kernel, by
-    running each quantizer on 8 zero super-blocks (the K-quants' lane tiles take 64 groups);
-    returns the seconds it took, 0 without numba. For benchmarks that time the steady state."""
+    """Compile or load every numba kernel (8 zero super-blocks per quantizer); returns the seconds taken, 0 without numba."""
     if not jit.jit_available():
         return 0.0
     t0 = time.perf_counter()

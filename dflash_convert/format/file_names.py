@@ -63,9 +63,7 @@ def file_tag(filename: str) -> str:
 
 
 def quantized_file_name(input_name: str, type_name: str, *, dspark: bool) -> str:
-    """quantize's name for its output: the input's name with its type tag replaced
-    (``dflash-X-BF16.gguf`` -> ``dflash-X-Q4_K_M.gguf``); an input whose tag is no file type keeps its
-    whole stem as the name, and either way the prefix is the member's."""
+    """quantize's output name: the input's with its type tag replaced (the whole stem kept when it has none), the member's prefix."""
     stem = input_name[:-len(GGUF_SUFFIX)] if input_name.endswith(GGUF_SUFFIX) else input_name
     tag = file_tag(stem + GGUF_SUFFIX)
     if tag in FILE_TYPES and len(stem) > len(tag) + 1:

@@ -257,12 +257,7 @@ NOTE_MANUAL = "--tensor-type"
 def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
                        n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None,
                        overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
-    """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]).
-
-    ``tensors`` are (GGUF name, ggml ne) in file order; ``input_types`` names the types of tensors left
-    alone (else ``"keep"``) and refuses a requantization; omitted head and layer counts are read off
-    the tensors. Spec: docs/quantizers.md, "Which type each tensor gets".
-    """
+    """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]); docs/quantizers.md."""
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]
     names = [n for n, _ in tensors]

@@ -193,9 +193,7 @@ def _confine(snapshot: Path, repo_dir: Path, cache: Path, label: str) -> None:
 
 
 def _cached_snapshot(repo_id: str, commit: str, role: str, cache: Path, label: str) -> tuple[Path | None, bool]:
-    """(the cache's snapshot folder of this commit or None, whether the cache's own tree listing, where
-    there is one, finds every file of the role's patterns in it), without the network. huggingface_hub
-    is given the commit, never a ref name: the refs were read (and checked) by ``_commit_of``."""
+    """(snapshot folder of this commit or None, whether the cache's listing finds every file of the role), offline; given a commit, never a ref."""
     # huggingface_hub is a heavy import: only a repo id pays for it
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
