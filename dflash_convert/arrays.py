@@ -78,8 +78,7 @@ class StrArray(Sequence):
 
     @classmethod
     def of(cls, items: Sequence[bytes | str]) -> StrArray:
-        """A StrArray of a list of items (str encoded as UTF-8), built in whole-array numpy steps: a
-        vocabulary's 300k items packed one by one took half a second. A StrArray is returned as it is."""
+        """A StrArray of a list of items (str encoded as UTF-8), built in whole-array numpy steps; a StrArray as it is."""
         if isinstance(items, StrArray):
             return items
         encoded = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in items]

@@ -125,8 +125,7 @@ class ConversionPlan:
 
 
 def default_output(src: Path, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
-    """SRC_DIR/dflash-<Name>-<TYPE>.gguf (dspark- for DSpark): the names llama.cpp's -hf finds as a draft
-    (format/file_names.py); <Name> is general.name when the plan has one, else the directory's name."""
+    """SRC_DIR/dflash-<Name>-<TYPE>.gguf (dspark- for DSpark), the name llama.cpp's -hf finds (format/file_names.py)."""
     if not name:
         name = Path(os.path.realpath(src)).name
     return src / drafter_file_name(name, type_name, dspark=dspark)

@@ -115,8 +115,7 @@ def _bracket_depth(brackets: bytes) -> int:
 
 
 def json_depth(data: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest, for the MAX_JSON_DEPTH bound: exact when deeper
-    than the bound (brackets inside strings not counted), otherwise possibly an overestimate within it."""
+    """How deep a JSON text's arrays and objects nest: exact past MAX_JSON_DEPTH, possibly over within it."""
     upper = _bracket_depth(data.translate(None, _BRACKETS))  # strings counted too: a bound from above, fast
     if upper <= MAX_JSON_DEPTH:
         return upper

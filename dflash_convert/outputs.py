@@ -185,8 +185,7 @@ def boot_tag() -> str | None:
 
 
 def lock_for_life(fd: int) -> None:
-    """An exclusive flock on a temporary file, held until its descriptor is closed (the writer exits or is
-    killed): what tells a later run the writer is gone. A file system without flock just goes without."""
+    """An exclusive flock on a temporary file until its descriptor closes: tells a later run the writer is gone."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -194,8 +193,7 @@ def lock_for_life(fd: int) -> None:
 
 
 def _abandoned(path: Path) -> bool:
-    """Whether ``path`` is a temporary file of ours whose writer is provably gone: named by this boot,
-    a regular file with one link, ours, and its writer's lock free (taken here without waiting)."""
+    """Whether ``path`` is our temporary file (this boot's, regular, one link, ours) whose writer's lock is free."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -226,8 +224,7 @@ def _abandoned(path: Path) -> bool:
 
 
 def remove_abandoned_partials(folder: Path) -> list[str]:
-    """Remove every temporary file of ours in ``folder`` whose writer is provably gone (``_abandoned``),
-    whatever output it was for; each removal is one line (on the log -q does not silence), returned too."""
+    """Remove every temporary file of ours in ``folder`` whose writer is provably gone; returns one line per removal."""
     tag = boot_tag()
     if tag is None:
         return []
@@ -304,8 +301,7 @@ def _renameat2_no_replace(src: Path, dst: Path) -> bool:
 
 
 def exchange_paths(a: Path, b: Path) -> bool:
-    """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE: a directory is replaced without a
-    moment where neither exists); False where the platform or file system cannot, and nothing moved."""
+    """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE); False, nothing moved, where unsupported."""
     return _renameat2(a, b, _RENAME_EXCHANGE)
 
 

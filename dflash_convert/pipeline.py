@@ -59,8 +59,7 @@ def row_spans(p: PlannedTensor, chunk_elements: int | None = None) -> list[tuple
 
 
 def file_span(p: PlannedTensor) -> tuple[Path, int] | None:
-    """(path, offset) of a tensor whose output bytes are its source's bytes as they lie in a file (a
-    byte copy of a GGUF or safetensors tensor, read in place: no permutation), for the writer's in-kernel copy."""
+    """(path, offset) of a tensor whose output bytes lie as they are in a source file, for the writer's in-kernel copy."""
     if p.encode is not COPY:
         return None
     src = p.tensor.source

@@ -170,8 +170,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
 
 
 def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = True, threads: int | None = None) -> Path:
-    """Write the planned file, validated before it is renamed into place (unless --skip-validation): a
-    key (--override-kv) or layer (--prune-layers) llama.cpp would refuse is refused instead of written."""
+    """Write the planned file, validated before the rename (unless --skip-validation)."""
     check_output_path(plan.output, [plan.source], force=force)
     with ChunkPipeline(workers=threads) as pipeline:
         write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, replace=force,

@@ -98,8 +98,7 @@ DIRECT_IO_ENV = "DFLASH_CONVERT_DIRECT_IO"  # 1 or 0: always or never O_DIRECT (
 
 
 def dirty_limit_bytes() -> int | None:
-    """How many dirty page-cache bytes Linux lets a writer make before it throttles it (vm.dirty_bytes,
-    else vm.dirty_ratio of the available memory); None where that cannot be read (not Linux)."""
+    """Linux's dirty page-cache limit in bytes (vm.dirty_bytes, else vm.dirty_ratio of available memory); None off Linux."""
     try:
         vm = Path("/proc/sys/vm")
         limit = int((vm / "dirty_bytes").read_text())

@@ -76,8 +76,7 @@ def quantized_file_name(input_name: str, type_name: str, *, dspark: bool) -> str
 
 
 def discovery_problem(filename: str, *, dspark: bool, type_name: str | None = None) -> str | None:
-    """One line saying why llama.cpp's ``-hf`` would not offer this drafter file as a draft, or would
-    offer it as a main model or as another kind of sidecar; None when the name is found as it should be."""
+    """Why llama.cpp's ``-hf`` would not offer this file as a draft (or would offer it as something else); None when it would."""
     prefix = drafter_prefix(dspark=dspark)
     other = drafter_prefix(dspark=not dspark)
     kind = "DSpark" if dspark else "DFlash"

@@ -141,8 +141,7 @@ def run_other_gguf(path: str | Path, target: Target | None, device: torch.device
 
 def write_save_io(out: Path, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                   ref: ForwardResult, *, dspark: bool, given: ForwardResult | None = None) -> list[str]:
-    """Write ``--save-io``'s ``.npz`` (a DSpark draft adds its slots, ``given`` the file conditioned on the
-    checkpoint's draft); returns the notes about temporary files a killed run left."""
+    """Write ``--save-io``'s ``.npz``; returns the notes about temporary files a killed run left."""
     slots = torch.arange(len(ids) - gguf.tokens.shape[0], len(ids)) if dspark else None
     arrays = save_io_arrays(feats, ids, pos, gguf, ref, slots)
     if given is not None:

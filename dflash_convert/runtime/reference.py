@@ -327,8 +327,7 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
 @torch.no_grad()
 def reference_forwards(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
                        positions: torch.Tensor, semantics: tuple[str, ...]) -> dict[str, ForwardResult]:
-    """The same draft under several semantics; the layers run once per semantics, the output head once
-    for all of them (a target head too large to keep decoded is streamed once, not once per semantics)."""
+    """The same draft under several semantics: the layers once per semantics, the output head once for all."""
     for s in semantics:
         if s not in SEMANTICS:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {s!r}")

@@ -101,8 +101,7 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint:
 
 
 def read_weights(model_dir: Path) -> tuple[list[Path], list[TensorRef]]:
-    """(weight files, every tensor in them) of a model directory: each safetensors header validated,
-    no tensor in two files, the index (when there is one) naming exactly the tensors each file holds."""
+    """(weight files, every tensor in them) of a model directory: headers validated, no tensor twice, the index matching."""
     files, weight_map = weight_files(model_dir)
     tensors: list[TensorRef] = []
     seen: dict[str, Path] = {}

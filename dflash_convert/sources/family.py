@@ -85,8 +85,7 @@ def _family_tensor(name: str) -> bool:
 
 
 def carries_dflash2_parts(ckpt: Checkpoint) -> bool:
-    """A z-lab ``DFlashDraftModel`` with DFlash2 keys or any family tensor: upstream's DFlashModel
-    converts those as DFlash2, and so do we (the dispatcher, ``sources/dispatch.py``, asks this)."""
+    """A z-lab ``DFlashDraftModel`` with DFlash2 keys or tensors, which upstream converts as DFlash2 (asked by the dispatcher)."""
     cfg = merged_text_config(ckpt.config)
     dflash = cfg.get("dflash_config")  # a mistyped dflash_config is refused by the reader this picks
     if isinstance(dflash, dict) and "conv_kernel_size" in dflash:

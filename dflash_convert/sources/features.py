@@ -121,8 +121,7 @@ class FeaturesFile:
                                      f"with drafts of {n_max}", self.path)
 
     def check_target(self, target: Target, allow_other_target: bool = False) -> None:
-        """The target in use is the one the features were captured from: the config's SHA-256 (a directory),
-        the hidden size and the vocabulary. A different config is refused unless ``allow_other_target``."""
+        """Refuse a target whose config hash, hidden size or vocabulary differs from the capture's (unless ``allow_other_target``)."""
         if target.hidden_size is not None and target.hidden_size != self.hidden_size:
             raise InputFileError(f"the captured features are {self.hidden_size} wide, the target {target.source} is "
                                  f"{target.hidden_size}: features of another target", self.path)

@@ -149,8 +149,7 @@ def _inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
 
 
 def _commit_of(repo_dir: Path, revision: str, label: str) -> str | None:
-    """The commit a revision names: itself when it is one, else what the repo's ``refs/<revision>`` holds
-    (None when the cache has no such ref). The ref must lie in refs/ and hold 40 hex digits."""
+    """The commit a revision names: itself, else the 40 hex digits of its ref under refs/ (None without such a ref)."""
     if COMMIT_SHA.fullmatch(revision):
         return revision
     refs = repo_dir / "refs"
