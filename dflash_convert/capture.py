@@ -73,8 +73,7 @@ def capture(target_model_dir: str | Path | None, prompts_file: str | Path, out: 
             force: bool = False, progress: bool = False, target_gguf: str | Path | None = None,
             libllama: str | Path | None = None, threads: int | None = None, n_gpu_layers: int = -1,
             ctx_size: int | None = None) -> CaptureResult:
-    """Capture the features of every prompt's greedy continuation into ``out``, from a Hugging Face target
-    directory (transformers) or a target GGUF (llama.cpp's own library)."""
+    """Capture the features of every prompt's greedy continuation into ``out``, from a target directory or GGUF."""
     if dtype not in FEATURE_DTYPES:
         raise OptionValueError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
     if not 1 <= new_tokens <= MAX_NEW_TOKENS:
@@ -225,8 +224,7 @@ def _capture_gguf(target_path: Path, prompts_path: Path, out: Path, *, new_token
 
 
 def check_context(target: Target, prompt_lengths: list[int], new_tokens: int, prompts_path: Path) -> None:
-    """Refuse sequences longer than the target's context (``max_position_embeddings``): each prompt, its
-    ``new_tokens`` and the LOOKAHEAD are one sequence the target runs over."""
+    """Refuse a prompt whose tokens, ``new_tokens`` and the LOOKAHEAD exceed the target's context."""
     where = target.source / "config.json"
     context = ConfigView(target.text_config, where).int_("max_position_embeddings", required=False)
     if context is None:

@@ -139,8 +139,7 @@ def _general_name(md: Metadata) -> str | None:
 
 
 def _default_output_for(src: ResolvedRepo, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
-    """Beside a local checkpoint as always; for a repo id, in the current directory (a cache
-    snapshot is no place to write), under the repo's name."""
+    """Beside a local checkpoint; for a repo id, in the current directory under the repo's name."""
     if src.repo_id is None:
         return default_output(src.path, type_name, name, dspark=dspark)
     return Path.cwd() / default_output(Path(src.name), type_name, name, dspark=dspark).name

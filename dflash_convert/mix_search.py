@@ -76,8 +76,7 @@ def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]
 
 
 def _pin_items(pinned: Types) -> list[tuple[str, GGMLType]]:
-    """Exact-name patterns for ``pinned``: global tensors one each, a layer's tensors of one type in one
-    alternation; in layer order."""
+    """Exact-name patterns for ``pinned``, a layer's tensors of one type in one alternation, in layer order."""
     out: list[tuple[str, GGMLType]] = []
     layered: dict[tuple[int, str], list[str]] = {}
     for name in sorted(pinned):

@@ -157,8 +157,7 @@ _AT_FDCWD = -100
 
 
 def temporary_name(out: Path, pid: int, token: str) -> str:
-    """``.<output name>.<pid>-<random>.dflash-partial``, the output's name cut so the whole stays a
-    legal file name: a legal output name never becomes one too long to write."""
+    """``.<output name>.<pid>-<random>.dflash-partial``, the name cut so the whole stays a legal file name."""
     tail = f".{pid}-{token}{PARTIAL_SUFFIX}"
     budget = NAME_MAX - 1 - len(tail.encode())
     stem = out.name.encode(errors="surrogateescape")[:budget].decode(errors="ignore")

@@ -109,8 +109,7 @@ def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
 
 
 def base_type(types: list[str]) -> str | None:
-    """The full-precision type quantized files come from: the first float type of the release, else None
-    (a scratch ``auto`` conversion, not released)."""
+    """The full-precision type quantized files come from: the release's first float type, else None (a scratch conversion)."""
     return next((t for t in types if t in FLOAT_TYPE_NAMES), None)
 
 
@@ -153,8 +152,7 @@ def _stale_staging(out: Path) -> list[Path]:
 
 def read_provenance(recorded: Metadata | GGUFFile, src: Path, target_dir: Path, *, drafter_repo: str | None,
                     target_repo: str | None, target_revision: str | None) -> Provenance:
-    """The arguments first, then the general.source.hf_* / general.target.hf_* keys ``recorded`` holds (a
-    conversion's keys, or a GGUF's), else the local directory names."""
+    """The arguments, else the general.source/target.hf_* keys ``recorded`` holds, else the local directory names."""
     got = {k: recorded.get(key(k)) for k in ("source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit")}
     drafter = drafter_repo or got["source_hf_repo"]
     target = target_repo or got["target_hf_repo"]

@@ -123,8 +123,7 @@ SKIP_VALIDATION_FLAG = "--skip-validation"
 def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep_types: list[str] | None = None,
                   allow_requantize: bool = False, options: QuantizeOptions | None = None,
                   validate: bool = True) -> QuantizePlan:
-    """Read and decide everything; writes nothing. ``options`` (``quantize_options``) replaces
-    ``keep_types`` / ``allow_requantize`` when given."""
+    """Read and decide everything; writes nothing (``options`` replaces ``keep_types`` / ``allow_requantize``)."""
     path = Path(src)
     into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
     if not into_folder:
@@ -259,8 +258,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
           target_model_dir: str | os.PathLike | None = None, target_gguf: str | os.PathLike | None = None,
           device: str = "auto", numerics: str = "cpu", threads: int | None = None,
           log: Callable[[str], None] | None = None, allow_other_target: bool = False) -> SweepReport:
-    """Quantize ``src`` to each type (temporary files, removed), measure each file's live-loop acceptance
-    on the captured sequences, and the input's; the Pareto front marked."""
+    """Quantize ``src`` to each type (temporary files), measure each file's and the input's acceptance; Pareto front marked."""
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
@@ -306,8 +304,7 @@ def plot_sweep_ready() -> None:
 
 
 def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = False) -> Path:
-    """Acceptance against tensor bytes, one point per type, the Pareto front joined; a PNG through the
-    unaimable temporary file (outputs.TemporaryOutput)."""
+    """Acceptance against tensor bytes, one point per type, the Pareto front joined, as a PNG."""
     try:
         import matplotlib  # optional: pip install 'dflash-convert[plot]'
     except ImportError:
@@ -345,8 +342,7 @@ def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = Fal
 
 
 def chosen_overrides(res: Any) -> list[str]:
-    """The --override-kv items that record how a file was chosen (format.keys.CHOSEN_KEYS), as
-    llama-quantize takes them; floats printed so they come back as the same float32."""
+    """The --override-kv items recording how a file was chosen (CHOSEN_KEYS); floats printed to read back as the same float32."""
     def f32(x: float) -> str:
         return f"{float(struct.unpack('<f', struct.pack('<f', x))[0]):.9g}"
 

@@ -363,8 +363,7 @@ def fitting_type(ncols: int, t: GGMLType) -> GGMLType:
 
 
 def raised_type(current: GGMLType, ncols: int) -> GGMLType | None:
-    """The next candidate above ``current`` for rows of ``ncols`` values: the first RAISE_LADDER type
-    that, after the block fallback, has more bits per weight; None at the top."""
+    """The first RAISE_LADDER type above ``current`` with more bits per weight after the block fallback; None at the top."""
     for t in RAISE_LADDER:
         fit = fitting_type(ncols, t)
         if bits_per_weight(fit) > bits_per_weight(current):

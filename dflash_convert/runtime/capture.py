@@ -95,8 +95,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _stage(target: Target, tensors: list[TensorRef], into: Path) -> Path:
-    """``into`` holding all transformers may read: config.json as parsed, links to the checked safetensors
-    (resolved), and an index of our own naming each tensor's file."""
+    """``into`` holding all transformers may read: config.json as parsed, links to the checked safetensors, our own index."""
     (into / "config.json").write_text(json.dumps(target.config))
     for path in sorted({t.path for t in tensors}):
         os.symlink(os.path.realpath(path), into / path.name)
@@ -105,8 +104,7 @@ def _stage(target: Target, tensors: list[TensorRef], into: Path) -> Path:
 
 
 def _check_size(cls: type, cfg: object, tensors: list[TensorRef], where: Path) -> None:
-    """Refuse a config whose model has more parameters than the weights' bytes hold (built on the meta
-    device: no memory for the parameters, only the modules)."""
+    """Refuse a config with more parameters than the weights' bytes hold (counted on the meta device)."""
     try:
         with torch.device("meta"):
             skeleton = cls._from_config(cfg)
@@ -169,8 +167,7 @@ def capture_layer_inputs(target: Target, token_ids: torch.Tensor, *, device: tor
 
 @torch.no_grad()
 def greedy_continuation(model: torch.nn.Module, prompt: list[int], n_new: int, eos_ids: set[int]) -> list[int]:
-    """The prompt then the target's greedy continuation: ``n_new`` tokens, or fewer when one of
-    ``eos_ids`` comes (it is kept), decoded with the model's own KV cache."""
+    """The prompt then the target's greedy continuation of up to ``n_new`` tokens (ending at, and keeping, an EOS)."""
     dev = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.int64, device=dev)
     out = list(prompt)

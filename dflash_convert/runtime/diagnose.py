@@ -67,8 +67,7 @@ def _as_f32(v: Any) -> Any:
 
 
 def hparam_differences(file: Drafter, checkpoint: Drafter) -> list[str]:
-    """``name: file X, checkpoint Y`` for each forward field whose two readings differ (a member's part
-    field by field, under its key's name)."""
+    """``name: file X, checkpoint Y`` for each forward field whose two readings differ."""
     out = []
     dflash2 = file.selector is not None or checkpoint.selector is not None
     for name in FORWARD_FIELDS + (DFLASH2_FORWARD_FIELDS if dflash2 else ()):
@@ -122,8 +121,7 @@ def _neox_rows(v: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def _squeezed(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    """A shape without its leading 1s: llama-quantize drops a tensor's trailing ggml dimensions of 1
-    (DSpark's conf_proj {E+R, 1} comes out {E+R}), the same values either way."""
+    """A shape without its leading 1s (llama-quantize drops trailing ggml dimensions of 1)."""
     dims = tuple(int(n) for n in shape)
     while len(dims) > 1 and dims[0] == 1:
         dims = dims[1:]

@@ -88,8 +88,7 @@ class ReferenceModel:
 
 def _read_safetensors(files: list[Path], device: torch.device,
                       dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
-    """Every tensor by its HF name (``model.`` stripped): floats in ``dtype``, integers as int64; and
-    each tensor's stored dtype."""
+    """Every tensor by its HF name (``model.`` stripped), floats in ``dtype``, integers int64; and each stored dtype."""
     from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
 
     out: dict[str, torch.Tensor] = {}

@@ -242,8 +242,7 @@ def recorded_target(feats: FeaturesFile) -> Target | None:
 
 def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
                target_gguf: str | Path | None = None, *, allow_other_target: bool = False) -> Target | None:
-    """The target whose embedding and head the drafters share: given, else the recorded one (None: none),
-    checked to be the target the features were captured from."""
+    """The target whose embedding and head the drafters share (given, else recorded), checked against the capture."""
     if target_model_dir is not None:  # a directory, a GGUF, or a repo id (its embedding and head are read)
         target = read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
     elif target_gguf is not None:

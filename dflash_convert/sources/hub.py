@@ -251,8 +251,7 @@ def _snapshot_path(folder: Path, label: str) -> Path:
 
 
 def _not_cached(repo_dir: Path, revision: str, commit: str | None, cache: Path, label: str) -> str:
-    """Why the cache has no snapshot: no such repo there, a ref to a commit whose snapshot is not there,
-    or not this revision (and which refs it has)."""
+    """Why the cache has no snapshot of this revision (no repo, a commit without snapshot, or the refs it has)."""
     offline = " (HF_HUB_OFFLINE=1)" if hub_offline() else ""
     if not repo_dir.is_dir():
         return f"{label}: no such directory, and not in the Hugging Face cache at {cache}{offline}"

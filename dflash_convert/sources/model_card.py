@@ -300,7 +300,6 @@ def _typed(k: str, vtype: ValueType, value: Any, path: Path) -> Any:
 
 
 def shortened(value: Any) -> str:
-    """A value as a message shows it: reprlib's bounded repr, cut to ``SHOWN_CHARS`` (a card's value can be
-    a megabyte of nested lists)."""
+    """A value as a message shows it: reprlib's bounded repr, cut to ``SHOWN_CHARS``."""
     text = reprlib.repr(value)
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
