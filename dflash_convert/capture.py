@@ -1,11 +1,8 @@
 """``dflash-convert capture``: run the target once, keep what every drafter will read.
 
-A user's target is too big to run beside each drafter file, so ``capture`` runs it once, from a
-Hugging Face directory (transformers, safetensors only, no remote code) or a target GGUF (llama.cpp's
-library): for each prompt, the greedy continuation of ``new_tokens`` + ``LOOKAHEAD``, then the
-residual stream entering each stored layer, written sequence by sequence to one safetensors file
-(``format/features.py``). It refuses a sequence longer than the target's context and a layer the
-target lacks. Specification: docs/acceptance.md, "capture".
+From a Hugging Face directory (transformers, safetensors only, no remote code) or a target GGUF
+(llama.cpp's library). Refuses a sequence longer than the target's context and a layer the target
+lacks. Specification: docs/acceptance.md, "capture".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``dflash-convert check``: does a drafter GGUF compute what its checkpoint computes?
 
-Runs one draft of the GGUF as llama.cpp runs it (``runtime.forward``) and the same draft from the
-checkpoint (``runtime.reference``, llama.cpp's semantics) on identical inputs (synthetic, from the
-target model, or from a features file), compares the two (``runtime.compare``), compares the file's
-hyper-parameters and tensors with the checkpoint's (``runtime.diagnose``), and judges the numbers
-against the limits of the file's precision class (``format.check_limits``). Exit 0 on pass, 1 on fail;
-an unreadable input raises ``InputFileError`` before torch is imported. The metrics, the limits and how
-they were calibrated: docs/check.md.
+Runs one draft of the GGUF as llama.cpp does and the same draft from the checkpoint on identical
+inputs, compares outputs, hyper-parameters and tensors, and judges them against the file's precision
+class (``format.check_limits``). Exit 0 on pass, 1 on fail; an unreadable input raises
+``InputFileError`` before torch is imported. Metrics, limits and calibration: docs/check.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Choosing a drafter's quantization by acceptance: measure a mix without writing it, and search for
-the smallest one that keeps a given fraction of the full-precision file's accepted tokens.
+"""Choosing a drafter's quantization by acceptance: the smallest mix that keeps a given fraction of
+the full-precision file's accepted tokens, measured without writing a file.
 
-``MixEvaluator`` measures any per-tensor type assignment of one F16/BF16/F32 drafter file on the
-captured sequences, as llama-speculative-simple's live loop counts; ``search_mix`` raises one tensor
-group at a time along ``RAISE_LADDER``; ``recipe`` turns the chosen types into ``--tensor-type``
-items. Specification (the groups, the calibration score, the cost bounds, the keys written):
+Specification (the groups, the calibration score, the cost bounds, the keys written):
 docs/quantize.md, "Choosing by acceptance".
 """
 

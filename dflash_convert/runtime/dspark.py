@@ -1,11 +1,7 @@
 """DSpark's heads: the Markov bias chained over a block and the confidence head, in torch.
 
-``markov_chain`` is llama.cpp 0c1e57098's head on the GGUF's tensors; ``checkpoint_markov_chain`` the
-same head written separately on the checkpoint's tensors, for ``runtime.reference``; ``driver_draft``
-reads a block as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads
-(``markov_w1`` without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong
-size) and a ``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
-Specification: docs/runtime.md, "DSpark's heads".
+Refuses what llama.cpp's loader refuses of the heads and a ``--spec-draft-p-min`` for a drafter
+without a confidence head, naming the file. Specification: docs/runtime.md, "DSpark's heads".
 """
 
 from __future__ import annotations
