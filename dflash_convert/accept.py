@@ -1,9 +1,6 @@
 """``dflash-convert accept``: how many drafted tokens each drafter file gets accepted, as llama.cpp counts.
 
-Only the drafters run (the target ran once, in ``capture``): llama-speculative-simple's live loop
-(``n_drafted``, ``n_accept``, ``accept``) and, from every anchor, the accepted prefix and the
-per-slot acceptance curve. Several files give a table with each file's difference to the first (or
-to ``--checkpoint`` through the reference forward). Specification: docs/acceptance.md, "accept".
+Only the drafters run (the target ran once, in ``capture``). Specification: docs/acceptance.md, "accept".
 """
 
 from __future__ import annotations

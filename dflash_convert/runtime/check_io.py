@@ -1,9 +1,7 @@
 """``check``'s inputs and outputs in torch: the draft both sides run, another GGUF run on it, the ``--save-io`` arrays.
 
-Inputs come from ``seed`` (synthetic target features), from one pass of the target model (each side
-taps its own layers), or from the first sequence of a features file. ``--save-io`` writes the inputs
-and both sides' outputs to an ``.npz`` through ``outputs.TemporaryOutput``; its schema is in
-docs/check.md. Refuses a context below 1 and a target whose hidden size is not the drafter's.
+Refuses a context below 1 and a target whose hidden size is not the drafter's. The ``--save-io``
+schema: docs/check.md.
 """
 
 from __future__ import annotations

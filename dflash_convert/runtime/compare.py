@@ -1,9 +1,7 @@
 """``check``'s comparisons: the metrics of one draft against another, and the DSpark and DFlash2 alignments.
 
-Hidden-state errors, top-1 agreement (exact and counting near-ties), mean KL, DFlash2's selector
-agreement, DSpark's common slots, conditioned chain and confidences, and the live-loop acceptance of a
-file next to its checkpoint's. Everything here measures; ``check`` judges the numbers against
-``format.check_limits``. The metrics' definitions: docs/check.md, "Thresholds".
+Everything here measures; ``check`` judges the numbers against ``format.check_limits``.
+The metrics' definitions: docs/check.md, "Thresholds".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What differs between a drafter GGUF and its checkpoint, named: the second half of ``check``.
 
-``hparam_differences`` compares the hyper-parameters the forward uses (floats as the float32 the GGUF
-stores); ``tensor_differences`` compares every shared tensor against what the file's storage type can
-cost (``WEIGHT_REL_RMS``) and names the checkpoint tensor it matches instead. Any difference is a
-defect. Specification (what a failure names): docs/check.md, "What differs".
+Hyper-parameters are compared as the float32 the GGUF stores; tensors against what the file's
+storage type can cost (``WEIGHT_REL_RMS``). Any difference is a defect. Specification (what a
+failure names): docs/check.md, "What differs".
 """
 
 from __future__ import annotations
