@@ -56,9 +56,7 @@ class NumArray(Sequence):
 
 
 def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where the u64 length prefixes of a GGUF-form string buffer of ``nbytes`` lie, given its item
-    offsets (ascending, 8 bytes apart at least, the last one the end): the prefixes' byte positions,
-    and a mask of the bytes that are the items' text."""
+    """(byte positions of the u64 length prefixes, mask of the items' text bytes) of a GGUF-form string buffer."""
     prefix = (offsets[:-1, None].astype(np.int64) + np.arange(8)).ravel()
     is_text = np.ones(nbytes, dtype=bool)
     is_text[prefix] = False

@@ -153,8 +153,7 @@ def features_file(features: str) -> FeaturesFile | None:
 
 @dataclass
 class CheckInputs:
-    """Everything ``check`` reads, each once, before torch: the draft (parsed and as a Drafter), the checkpoint
-    (and the Drafter convert would write from it), the target, the features file and the ``--save-io`` path."""
+    """Everything ``check`` reads, each once, before torch."""
 
     checkpoint_dir: Path
     parsed: GGUFFile

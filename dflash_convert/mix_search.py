@@ -334,9 +334,7 @@ class SearchResult:
 
 def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps: int | None = None,
                log: Callable[[str], None] | None = None) -> SearchResult:
-    """Raise tensor groups from ``ftype``'s mix until the held-out live-loop acceptance reaches
-    ``min_acceptance`` times the unquantized file's (``reached`` False when every group is at the top
-    of the ladder, or after ``max_steps``, first)."""
+    """Raise tensor groups from ``ftype``'s mix until held-out acceptance reaches ``min_acceptance`` of the unquantized file's."""
     if not 0.0 < min_acceptance <= 1.0:
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     started = time.perf_counter()

@@ -480,9 +480,7 @@ class TemporaryDirectory(TemporaryOutput):
 
 
 def clear_stale_partials(out: Path, *, force: bool) -> list[str]:
-    """Remove the folder's temporary files whose writer is provably gone (``remove_abandoned_partials``,
-    which says so itself); report (and with ``force`` remove) any other a dead run left beside ``out``:
-    the notes to print."""
+    """Remove the folder's abandoned temporary files; report (with ``force`` remove) others a dead run left beside ``out``."""
     remove_abandoned_partials(out.parent if str(out.parent) else Path("."))
     notes = []
     for p in stale_partials(out):

@@ -81,9 +81,7 @@ class OutType:
 
 
 def resolve_outtype(outtype: str, first_matrix_dtype: str | None) -> OutType:
-    """convert's --outtype: f32, f16, bf16, q8_0 (the converter's own), auto (bf16 for a bf16
-    checkpoint, else f16, as upstream), or any quantize TYPE (converted as auto would, then quantized:
-    the bytes of ``convert --outtype bf16`` + ``quantize``)."""
+    """convert's --outtype: the converter's own types, auto (bf16 for a bf16 checkpoint, else f16), or any quantize TYPE."""
     auto = OUTTYPES["bf16" if first_matrix_dtype == "BF16" else "f16"]
     if outtype == AUTO:
         return OutType(auto, auto)

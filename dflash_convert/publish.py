@@ -117,8 +117,7 @@ def base_type(types: list[str]) -> str | None:
 
 
 def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: bool) -> Path:
-    """Refuse a release directory that is or holds an input, that exists (without ``force``), or that is
-    not a directory; its folder must exist and be writable. Returns the path."""
+    """Refuse a release directory that is or holds an input, exists (without ``force``) or is not a directory; returns it."""
     text = os.fspath(out_dir)
     if not text.strip():
         raise DFlashError("the release directory path is empty")
@@ -175,9 +174,7 @@ def _write_new(path: Path, text: str) -> None:
 
 
 class FileBar:
-    """One progress bar per file of the release (its steps: written, validated, checked), left on the screen;
-    the writer's own byte bar runs beneath it while the file is written. Nothing without ``progress``, or
-    off a terminal."""
+    """One progress bar per release file (written, validated, checked) above the writer's byte bar; only on a terminal."""
 
     def __init__(self, name: str, steps: int, progress: bool) -> None:
         self.bar = None

@@ -38,8 +38,7 @@ class HelpRequested(Exception):  # noqa: N818 - a signal to print help, not an e
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter: a positional ``ARGUMENT`` (``flags`` empty), an option taking a ``VALUE``, a
-    ``FLAG`` (True when given), or a ``MULTI`` option that may repeat (a list, in order)."""
+    """One parameter: a positional ``ARGUMENT``, a ``VALUE`` option, a ``FLAG``, or a repeatable ``MULTI`` option."""
 
     dest: str
     kind: str

@@ -32,8 +32,7 @@ MIN_BITS_PER_PARAMETER = 4
 
 
 def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch.nn.ModuleList:
-    """The decoder's layer list: ``get_decoder().layers`` (text models, and the language model of a
-    multimodal one), else the one ModuleList of exactly ``num_hidden_layers`` entries."""
+    """The decoder's layer list: ``get_decoder().layers``, else the one ModuleList of ``num_hidden_layers`` entries."""
     dec = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(dec, "layers", None)
     if isinstance(layers, torch.nn.ModuleList) and len(layers) == n_layers:

@@ -98,8 +98,7 @@ class FeaturesFile:
         return [self.layers.index(t) for t in target_layers]
 
     def check_drafter(self, d: Drafter, where: str | Path, n_max: int | None = None) -> list[int]:
-        """A drafter these features fit (hidden size, vocabulary, taps; with ``n_max`` the continuation its
-        loop can read): its slots, or one error line naming the features file."""
+        """A drafter these features fit: its slots, or one error line naming the features file."""
         if d.hidden_size != self.hidden_size:
             raise InputFileError(f"the captured features are {self.hidden_size} wide, the drafter {where} is "
                                  f"{d.hidden_size}: features of another target", self.path)
@@ -111,8 +110,7 @@ class FeaturesFile:
         return self.slots_for(d.target_layers, str(where))
 
     def check_covers(self, n_max: int) -> None:
-        """Every continuation holds what llama-speculative-simple -n new_tokens verifies with drafts of ``n_max``
-        (unless it stops at an end-of-generation token)."""
+        """Every continuation holds what llama-speculative-simple -n new_tokens verifies with drafts of ``n_max``."""
         need = self.new_tokens + n_max + 1
         for s in self.sequences:
             if not s.ends_at_eos and s.length - s.prompt_length < need:
