@@ -64,9 +64,7 @@ def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.nda
 
 
 class StrArray(Sequence):
-    """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
-    bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
-    is the buffer's end)."""
+    """A string GGUF array held as GGUF stores it (u64 length, bytes) in one buffer, with the ``len + 1`` item offsets."""
 
     __slots__ = ("data", "offsets")
 

@@ -124,8 +124,7 @@ def json_depth(data: bytes) -> int:
 
 def parse_json(data: bytes | str, what: str, path: str | os.PathLike | None = None, *,
                object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
-    """Parse untrusted JSON: one InputFileError line naming ``what`` (and ``path``) for text that is
-    not UTF-8, not JSON, or nested deeper than MAX_JSON_DEPTH."""
+    """Parse untrusted JSON: one InputFileError line for text that is not UTF-8, not JSON, or nested past MAX_JSON_DEPTH."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     depth = json_depth(raw)
     if depth > MAX_JSON_DEPTH:

@@ -174,8 +174,7 @@ _LOCKED_PARTIAL = re.compile(r"\.(?P<stem>.+)\.(?P<pid>[0-9]+)-(?P<boot>[0-9a-f]
 
 @functools.lru_cache(maxsize=1)
 def boot_tag() -> str | None:
-    """The first 8 hex digits of this boot's id (Linux), None where there is none: a partial's name says
-    which host and boot wrote it, so its lock and pid are only judged where they mean something."""
+    """The first 8 hex digits of this boot's id (Linux), None where there is none; a partial's lock and pid mean something only there."""
     try:
         text = BOOT_ID.read_text().strip().replace("-", "")
     except OSError:
@@ -305,8 +304,7 @@ def exchange_paths(a: Path, b: Path) -> bool:
 
 
 def rename_no_replace(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst`` only if nothing is at ``dst``: renameat2(RENAME_NOREPLACE), else link then
-    unlink (link fails when the name exists). Raises FileExistsError when ``dst`` appeared."""
+    """Move ``src`` to ``dst`` only if nothing is there (RENAME_NOREPLACE, else link + unlink); FileExistsError otherwise."""
     if _renameat2_no_replace(src, dst):
         return
     try:
@@ -325,12 +323,7 @@ def rename_no_replace(src: Path, dst: Path) -> None:
 
 
 class TemporaryOutput:
-    """A new file beside ``out`` that becomes ``out`` only when complete.
-
-    Created exclusively (O_EXCL | O_NOFOLLOW) under a random name, so nobody can plant a link where
-    it is opened; used through its descriptor only; ``commit`` renames it into place without replacing
-    what appeared at ``out`` meanwhile (unless ``replace``). A context manager discards on any exception.
-    """
+    """A new file beside ``out``, created O_EXCL | O_NOFOLLOW under a random name (no planted link), renamed into place when complete."""
 
     kind = "file"
     fd = -1
@@ -440,12 +433,7 @@ class TemporaryOutput:
 
 
 class TemporaryDirectory(TemporaryOutput):
-    """A new directory beside ``out``, filled by the caller and renamed into place as TemporaryOutput is.
-
-    Made with mkdir (which never follows or reuses anything); with ``replace`` an existing ``out``
-    directory is swapped out atomically (renameat2 RENAME_EXCHANGE, else moved aside and back on a
-    failure) and removed.
-    """
+    """A new directory beside ``out`` (mkdir follows nothing), renamed into place; ``replace`` swaps an old one out atomically."""
 
     kind = "directory"
 

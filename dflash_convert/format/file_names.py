@@ -33,9 +33,7 @@ def drafter_prefix(*, dspark: bool) -> str:
 
 
 def safe_name(name: str) -> str:
-    """``name`` usable as one file-name component: separators and control characters become ``-``,
-    blanks become ``-`` (as upstream's naming_convention does), leading dots and dashes go (no hidden
-    file, nothing read as an option)."""
+    """``name`` as one file-name component: separators, controls and blanks -> ``-``, no leading dot or dash."""
     text = _UNSAFE.sub("-", name.strip())
     text = re.sub(r"\s+", "-", text)
     text = re.sub(r"-{2,}", "-", text).lstrip(".-").rstrip("-")

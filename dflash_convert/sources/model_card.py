@@ -145,8 +145,7 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 
 def _bounded_entries(card: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The card with every base-model or dataset entry gguf-py cannot use (neither a string nor a mapping)
-    replaced by the empty entry gguf-py makes of it; said here, shortened: gguf-py would log it whole."""
+    """The card with each base-model or dataset entry gguf-py cannot use replaced by its empty entry, said here shortened."""
     out = dict(card)
     for what, names in _ENTRY_LISTS.items():
         name = next((n for n in names if n in card), None)
@@ -196,8 +195,7 @@ def parameter_count(shapes: list[tuple[int, ...]]) -> int:
 
 def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
                     override: str | os.PathLike | None = None, *, dir_name: str | None = None) -> ModelCard:
-    """Every general.* key upstream's converter writes for ``model_dir`` from its card, in upstream's order.
-    ``dir_name`` names the model instead of the directory (a repo id's snapshot folder is a commit sha)."""
+    """Every general.* key upstream's converter writes from ``model_dir``'s card, in its order (``dir_name``: the model's name)."""
     files: list[Path] = []
     # what the directory is called, even when given as "." or a link
     named = Path(dir_name) if dir_name else Path(os.path.realpath(model_dir))

@@ -231,11 +231,7 @@ def check_tokenizer_config(tc: dict[str, Any], tc_path: Path) -> None:
 
 
 def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[str, Any] | None) -> SpecialTokens:
-    """Everything llama.cpp writes after the token list, from a target's tokenizer files.
-
-    ``tj``/``tc`` are the parsed tokenizer.json/tokenizer_config.json; ``tc`` may be modified,
-    as llama.cpp fills in special tokens the post-processor implies.
-    """
+    """Everything llama.cpp writes after the token list; ``tc`` is filled in with the special tokens the post-processor implies."""
     st = SpecialTokens()
     tj_path = target_dir / "tokenizer.json"
     tc_path = target_dir / "tokenizer_config.json"
