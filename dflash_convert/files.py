@@ -71,7 +71,7 @@ def check_directory(path: str | os.PathLike, what: str = "directory") -> None:
 
 
 def open_regular(path: str | os.PathLike, what: str = "input") -> int:
-    """A read-only descriptor of a regular file; refuses FIFOs and devices without blocking on them."""
+    """A read-only descriptor of a regular file; O_NONBLOCK, so a FIFO or device is refused without blocking."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

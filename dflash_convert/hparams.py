@@ -59,7 +59,7 @@ def write_rope_dimension_count(md: Metadata, d: Drafter) -> None:
 
 
 def write_rope_dimension_sections(md: Metadata, d: Drafter, *, early: bool) -> None:
-    """rope.dimension_sections, at the position upstream gives it (see Drafter.rope_sections_early)."""
+    """rope.dimension_sections, at the position upstream gives it (M-RoPE targets: docs/conversion.md)."""
     if d.rope_sections is not None and early == d.rope_sections_early:
         md.set("rope_dimension_sections", d.rope_sections)
 

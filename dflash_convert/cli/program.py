@@ -123,7 +123,7 @@ class _CountingNull(io.RawIOBase):
 
 
 def _open_standard_streams() -> _CountingNull | None:
-    """Reopen a closed stdin, stdout or stderr on /dev/null, before anything opens a file."""
+    """Reopen a closed stdin, stdout or stderr on /dev/null before anything opens a file (else a file would get fd 0-2)."""
     null = None
     for fd in (0, 1, 2):
         try:

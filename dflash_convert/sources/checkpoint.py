@@ -23,7 +23,7 @@ MAX_TOKENIZER_BYTES = 512 * 1024 * 1024
 
 
 def read_json(path: Path, what: str, limit: int | None = None) -> Any:
-    """Read a JSON file with one-line errors, rejecting oversized files."""
+    """Read a JSON file with one-line errors, rejecting oversized files; configs also reject duplicate keys (a hidden setting)."""
     tokenizer_file = path.name.startswith("tokenizer")
     if limit is None:
         limit = MAX_TOKENIZER_BYTES if tokenizer_file else MAX_CONFIG_BYTES
