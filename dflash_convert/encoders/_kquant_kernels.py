@@ -38,13 +38,9 @@ def _nearest_int(v, fbuf, ibuf):
 
 @_njit
 def qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g_start, g_end):
-    """``make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, mad)`` for
-    the groups (rows) g_start..g_end-1 of ``xg`` [G, n], one after the other as in C. Any input,
-    inf and NaN included.
+    """``make_qkx2_quants`` for rows g_start..g_end-1 of ``xg`` [G, n] in C's order, any input (inf, NaN).
 
-    Weights: quantize_row_q4_K_ref's / q5_K's ``av_x + |x|`` (av_x = sqrtf(sum x*x / n)) when
-    ``av_weights``, else Q2_K's ``|x|``. Writes scales, the_mins float32 [G] and the search's
-    levels into L [G, n].
+    Weights: Q4_K/Q5_K's ``av_x + |x|`` (av_x = sqrtf(sum x*x / n)) when ``av_weights``, else Q2_K's ``|x|``.
     """
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
@@ -142,8 +138,7 @@ def qkx_final_levels(x, d, dm, nmax, L):
 
 @_njit
 def qx_search_exact(xg, scales, L, g_start, g_end):
-    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for the groups (rows) g_start..g_end-1
-    of ``xg`` [G, 16], one after the other as in C. Any input, inf and NaN included."""
+    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for rows g_start..g_end-1 of ``xg`` [G, 16], in C's order, any input."""
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     laux = np.empty(16, np.uint8)
@@ -476,9 +471,7 @@ def qx_search(xg, scales, L):
 
 @_njit
 def q3_search_exact(xg, scales, L, g_start, g_end):
-    """``make_q3_quants(16, 4, x, L, true)`` (Q3_K's) for the groups (rows) g_start..g_end-1 of
-    ``xg`` [G, 16], one after the other as in C. Writes scales float32 [G] and L [G, 16] (l + 4;
-    0 for an all-zero group)."""
+    """``make_q3_quants(16, 4, x, L, true)`` (Q3_K's) for rows g_start..g_end-1 of ``xg`` [G, 16], in C's order."""
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     li = np.empty(16, np.int64)

@@ -435,8 +435,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 # --- Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
 
 def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The super-block half of quantize_row_q6_K_ref from the groups' scales [nb, 16]: (empty
-    blocks [nb] (memset to 0), d fp16 bits [nb], the int8 scales [nb, 16], d = fp16(d)*scale per group [nb*16])."""
+    """The super-block half of quantize_row_q6_K_ref: (empty blocks, d fp16 bits, int8 scales, fp16(d)*scale per group)."""
     nb = scales.shape[0]
     # `if (fabsf(scale) > max_abs_scale) { max_abs_scale = fabsf(scale); max_scale = scale; }`
     abs_scales = np.abs(scales)
