@@ -235,7 +235,11 @@ def fault_point(phase: str) -> None:
 def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: bool = True,
                finish: Callable[[dict[str, int]], list[tuple[int, bytes]]] | None = None,
                verify: Callable[[Path], None] | None = None, replace: bool = False) -> int:
-    """Write a GGUF file atomically."""
+    """Write a GGUF file atomically.
+
+    ``finish`` returns header patches applied last; ``verify`` may raise to refuse the complete
+    temporary file before the rename; ``replace`` is --force.
+    """
     out = Path(out)
     header, value_at = serialize_header(md, tensors)
     for note in clear_stale_partials(out, force=replace):
