@@ -1,9 +1,6 @@
 """``dflash-convert accept``: how many drafted tokens each drafter file gets accepted, as llama.cpp counts.
 
-Only the drafters run (the target ran once, in ``capture``): llama-speculative-simple's live loop
-(``n_drafted``, ``n_accept``, ``accept``) and, from every anchor, the accepted prefix and the
-per-slot acceptance curve. Several files give a table with each file's difference to the first (or
-to ``--checkpoint`` through the reference forward). Specification: docs/acceptance.md, "accept".
+Only the drafters run (the target ran once, in ``capture``). Specification: docs/acceptance.md, "accept".
 """
 
 from __future__ import annotations
@@ -95,12 +92,7 @@ class AcceptReport:
 def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | Path | None = None, n_max: int | None = None,
            target_model_dir: str | Path | None = None, target_gguf: str | Path | None = None, device: str = "auto",
            batch: int = 16, numerics: str = "cpu", allow_other_target: bool = False) -> AcceptReport:
-    """Measure each drafter file's acceptance on the captured sequences of ``features``.
-
-    ``numerics``: ``cpu`` (default) rounds as llama.cpp's CPU backend does, so the rare slot whose two
-    best tokens are nearly tied flips as it does there; ``exact`` computes the graph in float32.
-    ``allow_other_target``: measure with a target whose config is not the one the features record.
-    """
+    """Measure each drafter file's acceptance on the captured sequences of ``features`` (``numerics``: docs/acceptance.md)."""
     if not drafts:
         raise DFlashError("name at least one drafter GGUF")
     if checkpoint is not None:  # a directory or a repo id (org/name[@revision]), resolved before any measuring

@@ -56,9 +56,7 @@ class NumArray(Sequence):
 
 
 def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where the u64 length prefixes of a GGUF-form string buffer of ``nbytes`` lie, given its item
-    offsets (ascending, 8 bytes apart at least, the last one the end): the prefixes' byte positions,
-    and a mask of the bytes that are the items' text."""
+    """(byte positions of the u64 length prefixes, mask of the items' text bytes) of a GGUF-form string buffer."""
     prefix = (offsets[:-1, None].astype(np.int64) + np.arange(8)).ravel()
     is_text = np.ones(nbytes, dtype=bool)
     is_text[prefix] = False
@@ -66,14 +64,7 @@ def _prefix_layout(offsets: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.nda
 
 
 class StrArray(Sequence):
-    """A string GGUF array held as GGUF stores it (each item a little-endian u64 length, then its
-    bytes) in one buffer, plus the ``len + 1`` offsets of the items' length prefixes (the last one
-    is the buffer's end).
-
-    Reads like the list of ``bytes`` it stands for (len, index, slice, iterate, compare with a
-    list of bytes); each item is made only when asked for, so a vocabulary costs its bytes and an
-    offset an item, and writing it back is the buffer itself.
-    """
+    """A string GGUF array held as GGUF stores it (u64 length, bytes) in one buffer, with the ``len + 1`` item offsets."""
 
     __slots__ = ("data", "offsets")
 
@@ -83,8 +74,7 @@ class StrArray(Sequence):
 
     @classmethod
     def of(cls, items: Sequence[bytes | str]) -> StrArray:
-        """A StrArray of a list of items (str encoded as UTF-8), built in whole-array numpy steps: a
-        vocabulary's 300k items packed one by one took half a second. A StrArray is returned as it is."""
+        """A StrArray of a list of items (str encoded as UTF-8), built in whole-array numpy steps; a StrArray as it is."""
         if isinstance(items, StrArray):
             return items
         encoded = [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in items]
@@ -102,9 +92,7 @@ class StrArray(Sequence):
 
     @classmethod
     def checked(cls, data: bytes, offsets: np.ndarray) -> StrArray | None:
-        """A StrArray of GGUF-form ``data`` and its item ``offsets`` from a store we wrote (the tokenizer
-        cache), or None when they do not agree: offsets from 0 to the end, each item's length prefix
-        equal to the bytes up to the next item, every item's text UTF-8."""
+        """A StrArray of GGUF-form ``data`` and ``offsets`` from a store we wrote, or None when they do not agree or an item is not UTF-8."""
         if offsets.ndim != 1 or offsets.shape[0] < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != len(data):
             return None
         steps = np.diff(offsets.astype(np.int64))
@@ -151,9 +139,7 @@ class StrArray(Sequence):
         return list(self)
 
     def gguf_items_bytes(self) -> bytes:
-        """The items as a GGUF array holds them (each a little-endian u64 length, then its bytes):
-        the buffer itself, the writer's copy of a read vocabulary. The array is remembered (``remember``):
-        a file read back after this write parses the region to it without a walk."""
+        """The items as a GGUF array holds them (the buffer itself), remembered so a read-back of this write skips the walk."""
         out = bytes(self.data[int(self.offsets[0]):int(self.offsets[-1])])
         remember(self)
         return out

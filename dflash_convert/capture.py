@@ -1,11 +1,8 @@
 """``dflash-convert capture``: run the target once, keep what every drafter will read.
 
-A user's target is too big to run beside each drafter file, so ``capture`` runs it once, from a
-Hugging Face directory (transformers, safetensors only, no remote code) or a target GGUF (llama.cpp's
-library): for each prompt, the greedy continuation of ``new_tokens`` + ``LOOKAHEAD``, then the
-residual stream entering each stored layer, written sequence by sequence to one safetensors file
-(``format/features.py``). It refuses a sequence longer than the target's context and a layer the
-target lacks. Specification: docs/acceptance.md, "capture".
+From a Hugging Face directory (transformers, safetensors only, no remote code) or a target GGUF
+(llama.cpp's library). Refuses a sequence longer than the target's context and a layer the target
+lacks. Specification: docs/acceptance.md, "capture".
 """
 
 from __future__ import annotations
@@ -73,8 +70,7 @@ def capture(target_model_dir: str | Path | None, prompts_file: str | Path, out: 
             force: bool = False, progress: bool = False, target_gguf: str | Path | None = None,
             libllama: str | Path | None = None, threads: int | None = None, n_gpu_layers: int = -1,
             ctx_size: int | None = None) -> CaptureResult:
-    """Capture the features of every prompt's greedy continuation into ``out``, from a Hugging Face target
-    directory (transformers) or a target GGUF (llama.cpp's own library)."""
+    """Capture the features of every prompt's greedy continuation into ``out``, from a target directory or GGUF."""
     if dtype not in FEATURE_DTYPES:
         raise OptionValueError(f"--dtype must be one of {', '.join(FEATURE_DTYPES)}, got {dtype!r}")
     if not 1 <= new_tokens <= MAX_NEW_TOKENS:
@@ -106,9 +102,7 @@ def _progress(progress: bool, total: int):
 
 def _write(out: Path, sequences: list[list[int]], prompt_lengths: list[int], stored: list[int], hidden: int, dtype: str,
            meta: dict[str, str], force: bool, features_of, bar) -> tuple[Path, list[str]]:
-    """Write every sequence's features (``features_of(i, tokens)`` -> [S, L, E]) sequence by sequence; commit.
-
-    Returns the written path and the writer's notes."""
+    """Write every sequence's features (``features_of(i, tokens)`` -> [S, L, E]) sequence by sequence; commit."""
     writer = FeatureWriter(out, [len(s) for s in sequences], len(stored), hidden, FEATURE_DTYPES[dtype], meta,
                            replace=force)
     try:
@@ -227,8 +221,7 @@ def _capture_gguf(target_path: Path, prompts_path: Path, out: Path, *, new_token
 
 
 def check_context(target: Target, prompt_lengths: list[int], new_tokens: int, prompts_path: Path) -> None:
-    """Refuse sequences longer than the target's context (``max_position_embeddings``): each prompt, its
-    ``new_tokens`` and the LOOKAHEAD are one sequence the target runs over."""
+    """Refuse a prompt whose tokens, ``new_tokens`` and the LOOKAHEAD exceed the target's context."""
     where = target.source / "config.json"
     context = ConfigView(target.text_config, where).int_("max_position_embeddings", required=False)
     if context is None:

@@ -1,12 +1,9 @@
 """``dflash-convert check``: does a drafter GGUF compute what its checkpoint computes?
 
-Runs one draft of the GGUF as llama.cpp runs it (``runtime.forward``) and the same draft from the
-checkpoint (``runtime.reference``, llama.cpp's semantics) on identical inputs (synthetic, from the
-target model, or from a features file), compares the two (``runtime.compare``), compares the file's
-hyper-parameters and tensors with the checkpoint's (``runtime.diagnose``), and judges the numbers
-against the limits of the file's precision class (``format.check_limits``). Exit 0 on pass, 1 on fail;
-an unreadable input raises ``InputFileError`` before torch is imported. The metrics, the limits and how
-they were calibrated: docs/check.md.
+Runs one draft of the GGUF as llama.cpp does and the same draft from the checkpoint on identical
+inputs, compares outputs, hyper-parameters and tensors, and judges them against the file's precision
+class (``format.check_limits``). Exit 0 on pass, 1 on fail; an unreadable input raises
+``InputFileError`` before torch is imported. Metrics, limits and calibration: docs/check.md.
 """
 
 from __future__ import annotations
@@ -156,8 +153,7 @@ def features_file(features: str) -> FeaturesFile | None:
 
 @dataclass
 class CheckInputs:
-    """Everything ``check`` reads, each once, before torch: the draft (parsed and as a Drafter), the checkpoint
-    (and the Drafter convert would write from it), the target, the features file and the ``--save-io`` path."""
+    """Everything ``check`` reads, each once, before torch."""
 
     checkpoint_dir: Path
     parsed: GGUFFile
@@ -242,10 +238,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
           target_gguf: str | Path | None = None, device: str = "auto", context: int = 64, seed: int = 0,
           save_io: str | Path | None = None, reference_gguf: str | Path | None = None,
           features: str = "synthetic", allow_other_target: bool = False) -> CheckReport:
-    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference (docs/check.md).
-
-    Raises InputFileError for an unreadable input (RepoError for a repo id that does not resolve),
-    DFlashError for a usage problem (no target where one is needed, an output path on an input)."""
+    """Run ``draft_gguf`` and ``checkpoint_dir`` on the same draft and judge the difference (docs/check.md)."""
     src = read_inputs(draft_gguf, checkpoint_dir, target_model_dir, target_gguf, context, save_io, reference_gguf, features,
                       allow_other_target)
     d, cls, target, captured = src.draft, src.precision_class, src.target, src.captured

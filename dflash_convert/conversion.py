@@ -125,8 +125,7 @@ class ConversionPlan:
 
 
 def default_output(src: Path, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
-    """SRC_DIR/dflash-<Name>-<TYPE>.gguf (dspark- for DSpark): the names llama.cpp's -hf finds as a draft
-    (format/file_names.py); <Name> is general.name when the plan has one, else the directory's name."""
+    """SRC_DIR/dflash-<Name>-<TYPE>.gguf (dspark- for DSpark), the name llama.cpp's -hf finds (format/file_names.py)."""
     if not name:
         name = Path(os.path.realpath(src)).name
     return src / drafter_file_name(name, type_name, dspark=dspark)
@@ -140,8 +139,7 @@ def _general_name(md: Metadata) -> str | None:
 
 
 def _default_output_for(src: ResolvedRepo, type_name: str, name: str | None = None, *, dspark: bool = False) -> Path:
-    """Beside a local checkpoint as always; for a repo id, in the current directory (a cache
-    snapshot is no place to write), under the repo's name."""
+    """Beside a local checkpoint; for a repo id, in the current directory under the repo's name."""
     if src.repo_id is None:
         return default_output(src.path, type_name, name, dspark=dspark)
     return Path.cwd() / default_output(Path(src.name), type_name, name, dspark=dspark).name
@@ -162,12 +160,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                     outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
                     hash_sources: bool = True, metadata: str | os.PathLike | None = None,
                     cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
-    """Read and check everything, decide every key and tensor type; writes nothing.
-
-    ``src_dir`` and ``target_model_dir`` may be repo ids (``org/name[@revision]``); ``metadata`` is
-    ``--metadata``'s JSON file; ``hash_sources`` starts hashing the sources in the background (False
-    for a dry run); ``cache`` is True (the user cache), False (none) or a directory.
-    """
+    """Read and check everything, decide every key and tensor type; writes nothing (sources may be repo ids)."""
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     if outfile is not None and not os.fspath(outfile).strip():
@@ -290,10 +283,7 @@ def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | No
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
             tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False,
             metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
-    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run.
-
-    ``metadata``: a JSON file of general.* keys over the model card's (upstream's ``--metadata``).
-    ``cache``: as plan_conversion's (the borrowed tokenizer keys)."""
+    """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                            outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
                            hash_sources=not dry_run, metadata=metadata, cache=cache)

@@ -88,11 +88,7 @@ class Origin:
 
 @dataclass
 class Drafter:
-    """Hyper-parameters and tensors of one drafter, as llama.cpp's dflash runtime sees them.
-
-    Floats are float32-valued, so a drafter read back from its GGUF compares equal. Read leniently
-    (validate), a value the file lacks or mistypes is None whatever its annotation says.
-    """
+    """Hyper-parameters and tensors of one drafter, as llama.cpp's dflash runtime sees them."""
 
     origin: Origin
     n_layers: int

@@ -15,11 +15,7 @@ FAULT_ENV = "DFLASH_CONVERT_FAULT"
 
 
 def printable(text: str | os.PathLike) -> str:
-    """``text`` (or a path) with the bytes of a name that is not UTF-8 written as ``\\xNN``.
-
-    Python decodes such names with surrogate escapes (``d\\udcff``), which no UTF-8 stream or file
-    accepts; this is how they are shown in messages and stored in GGUF strings.
-    """
+    """``text`` (or a path) with the bytes of a name that is not UTF-8 written as ``\\xNN``."""
     s = os.fspath(text)
     if isinstance(s, bytes):
         return s.decode("utf-8", "backslashreplace")

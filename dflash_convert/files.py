@@ -71,10 +71,7 @@ def check_directory(path: str | os.PathLike, what: str = "directory") -> None:
 
 
 def open_regular(path: str | os.PathLike, what: str = "input") -> int:
-    """A read-only descriptor of a regular file; refuses FIFOs and devices without blocking on them.
-
-    O_NONBLOCK makes opening a FIFO return at once; the type is then checked on the descriptor.
-    """
+    """A read-only descriptor of a regular file; O_NONBLOCK, so a FIFO or device is refused without blocking."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -118,10 +115,7 @@ def _bracket_depth(brackets: bytes) -> int:
 
 
 def json_depth(data: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest, for the MAX_JSON_DEPTH bound: exact when deeper
-    than the bound (brackets inside strings not counted), otherwise possibly an overestimate within it.
-
-    Pure Python (no numpy: the tokenizer probe's child process calls it too, and stays small)."""
+    """How deep a JSON text's arrays and objects nest: exact past MAX_JSON_DEPTH, possibly over within it."""
     upper = _bracket_depth(data.translate(None, _BRACKETS))  # strings counted too: a bound from above, fast
     if upper <= MAX_JSON_DEPTH:
         return upper
@@ -130,8 +124,7 @@ def json_depth(data: bytes) -> int:
 
 def parse_json(data: bytes | str, what: str, path: str | os.PathLike | None = None, *,
                object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
-    """Parse untrusted JSON: one InputFileError line naming ``what`` (and ``path``) for text that is
-    not UTF-8, not JSON, or nested deeper than MAX_JSON_DEPTH."""
+    """Parse untrusted JSON: one InputFileError line for text that is not UTF-8, not JSON, or nested past MAX_JSON_DEPTH."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     depth = json_depth(raw)
     if depth > MAX_JSON_DEPTH:
@@ -180,11 +173,7 @@ class FdCache:
 
 
 def pread_into(path: os.PathLike | str, fds: FdCache | None, buf: memoryview, offset: int) -> int:
-    """Fill ``buf`` from ``path`` at ``offset`` by positional reads; returns the bytes read (short at EOF).
-
-    Both tensor readers (safetensors, GGUF) read their rows through here: one descriptor from
-    ``fds`` when given, else a regular-file descriptor opened and closed for this read.
-    """
+    """Fill ``buf`` from ``path`` at ``offset`` by positional reads; returns the bytes read (short at EOF)."""
     if fds is not None:
         fd, own = fds.get(path), False
     else:

@@ -59,13 +59,7 @@ def write_rope_dimension_count(md: Metadata, d: Drafter) -> None:
 
 
 def write_rope_dimension_sections(md: Metadata, d: Drafter, *, early: bool) -> None:
-    """rope.dimension_sections, at the position upstream gives it (see Drafter.rope_sections_early).
-
-    M-RoPE targets (Qwen3.5/3.6) get degenerate sections [head_dim/2, 0, 0, 0]: the draft then
-    ropes on the temporal position row only, which equals NeoX RoPE; the sections are needed
-    because the runtime hands an M-RoPE target's 4-row positions to the draft. Upstream writes
-    a draft's own mrope_section among the generic keys, and the target's sections later, in place.
-    """
+    """rope.dimension_sections, at the position upstream gives it (M-RoPE targets: docs/conversion.md)."""
     if d.rope_sections is not None and early == d.rope_sections_early:
         md.set("rope_dimension_sections", d.rope_sections)
 
@@ -130,13 +124,7 @@ def _move_to_end(md: Metadata, short: str, value: object) -> None:
 
 
 def write_family_tail(md: Metadata, d: Drafter) -> None:
-    """What upstream's DSpark converters add after the DFlash keys.
-
-    Gemma-4 DSpark (the only writer of attention.scale) sets its own values of some generic keys
-    after the DFlash keys: in place when the config gave the key (already written with the final
-    value), at the end when it did not (``d.late_keys``); then attention.scale and the activation.
-    Every DSpark converter ends with sample_from_anchor and has_confidence_head.
-    """
+    """What upstream's DSpark converters add after the DFlash keys."""
     if d.attention_scale is not None:
         late = {"head_count_kv": d.n_head_kv, "key_length": d.head_dim, "value_length": d.head_dim,
                 "rope_dimension_count": d.n_rot, "embedding_scale": d.embedding_scale}

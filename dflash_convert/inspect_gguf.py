@@ -103,8 +103,7 @@ def chosen_line(g: GGUFFile) -> str | None:
 
 
 def pairing_hint(d: Drafter) -> str:
-    """The llama-server line that pairs this drafter with its target, with the member's speculative type;
-    n-max is block_size - 1 (the anchor slot), or block_size for DSpark sampling from the anchor."""
+    """The llama-server line that pairs this drafter with its target (n-max from format/family.draft_tokens_per_block)."""
     m, spec = member(d)
     n_max = max(1, draft_tokens_per_block(m, block_size(d), d.sample_from_anchor))
     return f"llama-server -m TARGET.gguf -md {visible(d.origin.path)} --spec-type {spec} --spec-draft-n-max {n_max} -fa on"

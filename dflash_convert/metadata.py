@@ -44,8 +44,7 @@ class Metadata:
         self._kv[key] = KV(key, vtype, _coerce(vtype, value, sub, key), sub)
 
     def set_as_read(self, key: str, vtype: ValueType, value: Any, sub: ValueType | None = None) -> None:
-        """Keep a value exactly as a reader found it (raw bytes, compact arrays, even an empty array):
-        a file read back is described, not re-validated as if it were about to be written."""
+        """Keep a value exactly as a reader found it: a file read back is described, not re-validated."""
         self._kv[key] = KV(key, vtype, value, sub)
 
     def kv(self, key: str) -> KV | None:

@@ -275,8 +275,7 @@ def _write(plan: MigrationPlan, out: Path, *, force: bool) -> tuple[Path, Report
 def migrate(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, target_layers_offset: int | None = None,
             target_layers: list[int] | None = None, target_gguf: str | os.PathLike | None = None,
             mask_token_id: int | None = None) -> MigrationResult:
-    """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, validated once (by the
-    gate that refuses a failing file before it is renamed into place)."""
+    """Rewrite ``src`` (another fork's dialect) as an upstream dflash GGUF at ``out``, validated before the rename."""
     inputs = [src, *([target_gguf] if target_gguf is not None else [])]
     out = check_output_path(out, inputs, force=force)  # before anything is read
     plan = plan_migration(src, target_layers_offset=target_layers_offset, target_layers=target_layers,

@@ -1,10 +1,7 @@
-"""Choosing a drafter's quantization by acceptance: measure a mix without writing it, and search for
-the smallest one that keeps a given fraction of the full-precision file's accepted tokens.
+"""Choosing a drafter's quantization by acceptance: the smallest mix that keeps a given fraction of
+the full-precision file's accepted tokens, measured without writing a file.
 
-``MixEvaluator`` measures any per-tensor type assignment of one F16/BF16/F32 drafter file on the
-captured sequences, as llama-speculative-simple's live loop counts; ``search_mix`` raises one tensor
-group at a time along ``RAISE_LADDER``; ``recipe`` turns the chosen types into ``--tensor-type``
-items. Specification (the groups, the calibration score, the cost bounds, the keys written):
+Specification (the groups, the calibration score, the cost bounds, the keys written):
 docs/quantize.md, "Choosing by acceptance".
 """
 
@@ -42,7 +39,7 @@ QUANT_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")  # per-layer matric
 Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized tensors of a mix
 
 
-# --- the mix llama-quantize would write, and the flags that reproduce a mix --------------------------------
+# --- the mix llama-quantize would write, and the flags that reproduce a mix
 
 
 def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], ...] = ()) -> list[PlannedTensor]:
@@ -63,10 +60,7 @@ def total_bytes(planned: list[PlannedTensor]) -> int:
 
 
 def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]:
-    """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired``
-    type. A manual type does not advance the mix's layer counters (attn_v, ffn_down), which can move
-    the mix's choice for a later layer, so the plan is redone and any tensor still off is pinned too.
-    Names pinned to one type in one layer share an item (``blk\\.1\\.(attn_k|attn_q)\\.weight=q4_k``)."""
+    """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired`` type (iterated: a pin moves the counters)."""
     pinned: Types = {}
     for _ in range(len(desired) + 1):
         items = _pin_items(pinned)
@@ -79,8 +73,7 @@ def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]
 
 
 def _pin_items(pinned: Types) -> list[tuple[str, GGMLType]]:
-    """Exact-name patterns for ``pinned``: global tensors one each, a layer's tensors of one type in one
-    alternation; in layer order."""
+    """Exact-name patterns for ``pinned``, a layer's tensors of one type in one alternation, in layer order."""
     out: list[tuple[str, GGMLType]] = []
     layered: dict[tuple[int, str], list[str]] = {}
     for name in sorted(pinned):
@@ -106,7 +99,7 @@ def recipe_args(items: list[tuple[str, GGMLType]]) -> list[str]:
     return out
 
 
-# --- measuring a mix ------------------------------------------------------------------------------------
+# --- measuring a mix
 
 
 class MixEvaluator:
@@ -132,8 +125,8 @@ class MixEvaluator:
         self._values: dict[tuple[str, GGMLType], torch.Tensor] = {}
         self._ctx: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._results: dict[tuple, LoopCount | float] = {}
-        self.evaluations = 0  # live-loop runs over a split
-        self.quantized = 0  # tensors quantized (each (tensor, type) once)
+        self.evaluations = 0
+        self.quantized = 0
 
     def source_types(self, names: list[str]) -> Types:
         """The file's own types: the full-precision baseline."""
@@ -259,7 +252,7 @@ def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile
     return live_loop(d, w, feats, slots, n_max, like_cpu=like_cpu, indices=indices)
 
 
-# --- the search -----------------------------------------------------------------------------------------
+# --- the search
 
 
 def split(n: int) -> tuple[list[int], list[int]]:
@@ -341,9 +334,7 @@ class SearchResult:
 
 def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps: int | None = None,
                log: Callable[[str], None] | None = None) -> SearchResult:
-    """Raise tensor groups from ``ftype``'s mix until the held-out live-loop acceptance reaches
-    ``min_acceptance`` times the unquantized file's (``reached`` False when every group is at the top
-    of the ladder, or after ``max_steps``, first)."""
+    """Raise tensor groups from ``ftype``'s mix until held-out acceptance reaches ``min_acceptance`` of the unquantized file's."""
     if not 0.0 < min_acceptance <= 1.0:
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     started = time.perf_counter()

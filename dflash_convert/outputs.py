@@ -86,11 +86,7 @@ def _read_only_filesystem(folder: Path) -> bool:
 
 
 def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os.PathLike], *, force: bool) -> Path:
-    """Refuse an output that is (or would replace) an input, or an existing file without --force.
-
-    A path typed with a trailing slash means a folder: a file is never written under that name.
-    Returns the output path. Errors name the output as the user typed it.
-    """
+    """Refuse an output that is (or would replace) an input, or an existing file without --force."""
     if not isinstance(inputs, Inputs):
         files = Inputs()
         files.add_files(inputs)
@@ -150,7 +146,7 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
     return out
 
 
-# --- temporary outputs: unaimable, written through their descriptor, committed without clobbering ---
+# --- temporary outputs: unaimable, written through their descriptor, committed without clobbering
 
 NAME_MAX = 255  # bytes of one path component on Linux filesystems
 PARTIAL_SUFFIX = ".dflash-partial"
@@ -161,8 +157,7 @@ _AT_FDCWD = -100
 
 
 def temporary_name(out: Path, pid: int, token: str) -> str:
-    """``.<output name>.<pid>-<random>.dflash-partial``, the output's name cut so the whole stays a
-    legal file name: a legal output name never becomes one too long to write."""
+    """``.<output name>.<pid>-<random>.dflash-partial``, the name cut so the whole stays a legal file name."""
     tail = f".{pid}-{token}{PARTIAL_SUFFIX}"
     budget = NAME_MAX - 1 - len(tail.encode())
     stem = out.name.encode(errors="surrogateescape")[:budget].decode(errors="ignore")
@@ -179,8 +174,7 @@ _LOCKED_PARTIAL = re.compile(r"\.(?P<stem>.+)\.(?P<pid>[0-9]+)-(?P<boot>[0-9a-f]
 
 @functools.lru_cache(maxsize=1)
 def boot_tag() -> str | None:
-    """The first 8 hex digits of this boot's id (Linux), None where there is none: a partial's name says
-    which host and boot wrote it, so its lock and pid are only judged where they mean something."""
+    """The first 8 hex digits of this boot's id (Linux), None where there is none; a partial's lock and pid mean something only there."""
     try:
         text = BOOT_ID.read_text().strip().replace("-", "")
     except OSError:
@@ -189,8 +183,7 @@ def boot_tag() -> str | None:
 
 
 def lock_for_life(fd: int) -> None:
-    """An exclusive flock on a temporary file, held until its descriptor is closed (the writer exits or is
-    killed): what tells a later run the writer is gone. A file system without flock just goes without."""
+    """An exclusive flock on a temporary file until its descriptor closes: tells a later run the writer is gone."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -198,8 +191,7 @@ def lock_for_life(fd: int) -> None:
 
 
 def _abandoned(path: Path) -> bool:
-    """Whether ``path`` is a temporary file of ours whose writer is provably gone: named by this boot,
-    a regular file with one link, ours, and its writer's lock free (taken here without waiting)."""
+    """Whether ``path`` is our temporary file (this boot's, regular, one link, ours) whose writer's lock is free."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -230,8 +222,7 @@ def _abandoned(path: Path) -> bool:
 
 
 def remove_abandoned_partials(folder: Path) -> list[str]:
-    """Remove every temporary file of ours in ``folder`` whose writer is provably gone (``_abandoned``),
-    whatever output it was for; each removal is one line (on the log -q does not silence), returned too."""
+    """Remove every temporary file of ours in ``folder`` whose writer is provably gone; returns one line per removal."""
     tag = boot_tag()
     if tag is None:
         return []
@@ -308,14 +299,12 @@ def _renameat2_no_replace(src: Path, dst: Path) -> bool:
 
 
 def exchange_paths(a: Path, b: Path) -> bool:
-    """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE: a directory is replaced without a
-    moment where neither exists); False where the platform or file system cannot, and nothing moved."""
+    """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE); False, nothing moved, where unsupported."""
     return _renameat2(a, b, _RENAME_EXCHANGE)
 
 
 def rename_no_replace(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst`` only if nothing is at ``dst``: renameat2(RENAME_NOREPLACE), else link then
-    unlink (link fails when the name exists). Raises FileExistsError when ``dst`` appeared."""
+    """Move ``src`` to ``dst`` only if nothing is there (RENAME_NOREPLACE, else link + unlink); FileExistsError otherwise."""
     if _renameat2_no_replace(src, dst):
         return
     try:
@@ -334,12 +323,7 @@ def rename_no_replace(src: Path, dst: Path) -> None:
 
 
 class TemporaryOutput:
-    """A new file beside ``out`` that becomes ``out`` only when complete.
-
-    Created exclusively (O_EXCL | O_NOFOLLOW) under a random name, so nobody can plant a link where
-    it is opened; used through its descriptor only; ``commit`` renames it into place without replacing
-    what appeared at ``out`` meanwhile (unless ``replace``). A context manager discards on any exception.
-    """
+    """A new file beside ``out``, created O_EXCL | O_NOFOLLOW under a random name (no planted link), renamed into place when complete."""
 
     kind = "file"
     fd = -1
@@ -449,12 +433,7 @@ class TemporaryOutput:
 
 
 class TemporaryDirectory(TemporaryOutput):
-    """A new directory beside ``out``, filled by the caller and renamed into place as TemporaryOutput is.
-
-    Made with mkdir (which never follows or reuses anything); with ``replace`` an existing ``out``
-    directory is swapped out atomically (renameat2 RENAME_EXCHANGE, else moved aside and back on a
-    failure) and removed.
-    """
+    """A new directory beside ``out`` (mkdir follows nothing), renamed into place; ``replace`` swaps an old one out atomically."""
 
     kind = "directory"
 
@@ -489,9 +468,7 @@ class TemporaryDirectory(TemporaryOutput):
 
 
 def clear_stale_partials(out: Path, *, force: bool) -> list[str]:
-    """Remove the folder's temporary files whose writer is provably gone (``remove_abandoned_partials``,
-    which says so itself); report (and with ``force`` remove) any other a dead run left beside ``out``:
-    the notes to print."""
+    """Remove the folder's abandoned temporary files; report (with ``force`` remove) others a dead run left beside ``out``."""
     remove_abandoned_partials(out.parent if str(out.parent) else Path("."))
     notes = []
     for p in stale_partials(out):

@@ -32,12 +32,7 @@ SMALL_CHUNK_TYPES = frozenset({GGMLType.Q8_0})
 
 
 def recycle_chunk_memory() -> None:
-    """Keep freed chunk buffers in the process instead of returning them to the kernel.
-
-    glibc serves a chunk's few-MB temporaries with fresh mmaps, so each chunk would page-fault its
-    memory back in; raised mmap and trim thresholds reuse the heap pages (bounded by the look-ahead
-    window). No effect outside glibc.
-    """
+    """Keep freed chunk buffers in the process instead of returning them to the kernel."""
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
@@ -64,8 +59,7 @@ def row_spans(p: PlannedTensor, chunk_elements: int | None = None) -> list[tuple
 
 
 def file_span(p: PlannedTensor) -> tuple[Path, int] | None:
-    """(path, offset) of a tensor whose output bytes are its source's bytes as they lie in a file (a
-    byte copy of a GGUF or safetensors tensor, read in place: no permutation), for the writer's in-kernel copy."""
+    """(path, offset) of a tensor whose output bytes lie as they are in a source file, for the writer's in-kernel copy."""
     if p.encode is not COPY:
         return None
     src = p.tensor.source

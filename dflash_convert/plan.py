@@ -52,7 +52,7 @@ class PlannedTensor:
     note: str = ""
 
 
-# --- type names ----------------------------------------------------------------------------------
+# --- type names
 
 
 def parse_ftype(name: str) -> str:
@@ -69,10 +69,9 @@ def parse_ftype(name: str) -> str:
 
 @dataclass(frozen=True)
 class OutType:
-    """``--outtype`` resolved once: what the file is (its ``general.file_type`` and name tag), the float
-    type tensors are converted to, and whether a llama-quantize pass follows in the same stream."""
+    """``--outtype`` resolved once: the file's type, the float type converted to, and whether llama-quantize follows."""
 
-    file_type: FileType  # written as general.file_type; the file is named after it
+    file_type: FileType
     convert_to: FileType  # the converter's own type (f32/f16/bf16/q8_0): matrices are converted to it first
     quantize: bool = False  # llama-quantize's pass to ``file_type`` follows in the same stream
 
@@ -82,9 +81,7 @@ class OutType:
 
 
 def resolve_outtype(outtype: str, first_matrix_dtype: str | None) -> OutType:
-    """convert's --outtype: f32, f16, bf16, q8_0 (the converter's own), auto (bf16 for a bf16
-    checkpoint, else f16, as upstream), or any quantize TYPE (converted as auto would, then quantized:
-    the bytes of ``convert --outtype bf16`` + ``quantize``)."""
+    """convert's --outtype: the converter's own types, auto (bf16 for a bf16 checkpoint, else f16), or any quantize TYPE."""
     auto = OUTTYPES["bf16" if first_matrix_dtype == "BF16" else "f16"]
     if outtype == AUTO:
         return OutType(auto, auto)
@@ -112,8 +109,7 @@ def parse_ggml_type(name: str, flag: str) -> GGMLType:
 
 
 def parse_tensor_types(specs: list[str], where: str = "--tensor-type") -> list[tuple[str, GGMLType]]:
-    """--tensor-type PATTERN=TYPE items (parse_tensor_type): split at the first '=', the pattern lower-cased,
-    each a regular expression searched in the tensor name; the order is kept (the first match wins)."""
+    """--tensor-type PATTERN=TYPE items (parse_tensor_type): patterns lower-cased regexes, order kept (first match wins)."""
     out = []
     for spec in specs:
         pattern, sep, type_name = spec.partition("=")
@@ -145,8 +141,7 @@ KV_STR_MAX = 127
 
 
 def parse_kv_override(spec: str) -> tuple[str, ValueType, object]:
-    """--override-kv KEY=TYPE:VALUE (int, float, bool, str) -> (key, the type written, value). An int is
-    written as UINT32 of its absolute value, as llama-quantize does; malformed values are refused."""
+    """--override-kv KEY=TYPE:VALUE -> (key, written type, value); an int is written as UINT32 of its absolute value, as llama-quantize does."""
     key_name, sep, rest = spec.partition("=")
     kind, colon, text = rest.partition(":")
     if not sep or not key_name or not colon or kind not in KV_OVERRIDE_TYPES:
@@ -190,15 +185,14 @@ class QuantizeOptions:
     """llama-quantize's options beyond the type, parsed (see ``format.quant_types.TypeOverrides``)."""
 
     types: TypeOverrides = NO_OVERRIDES
-    keep_types: tuple[tuple[str, GGMLType], ...] = ()  # our --keep-type globs (applied after llama-quantize's choice)
+    keep_types: tuple[tuple[str, GGMLType], ...] = ()
     kv_overrides: tuple[tuple[str, ValueType, object], ...] = ()
     prune_layers: tuple[int, ...] = ()
     allow_requantize: bool = False
 
 
 def remap_layers(names: list[str], prune: list[int]) -> dict[str, str | None]:
-    """llama-quantize's remap_layer: a tensor of a pruned layer maps to None, the others are renumbered
-    in order (layers below the first pruned one keep their number). ``names`` in loader order."""
+    """llama-quantize's remap_layer: a pruned layer's tensor maps to None, the rest renumbered in order (``names`` in loader order)."""
     out: dict[str, str | None] = {}
     mapped: dict[int, int | None] = {}
     next_id = 0
@@ -233,8 +227,7 @@ PER_LAYER_ARRAYS: tuple[str, ...] = ("sliding_window_pattern", "feed_forward_len
 
 
 def apply_kv_overrides(md: Metadata, options: QuantizeOptions, n_layers: int) -> Metadata:
-    """The overridden keys, then a pruned block_count: each removed from where it was and appended, as
-    gguf_set_val does; a pruned file's per-layer arrays lose the pruned layers' entries (in place)."""
+    """The overridden keys, then a pruned block_count, each moved to the end as gguf_set_val does; per-layer arrays pruned too."""
     for k, vtype, value in options.kv_overrides:
         md.remove(k)
         md.set_raw(k, vtype, value)
@@ -266,7 +259,7 @@ def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
     return out
 
 
-# --- the float plan (convert) --------------------------------------------------------------------
+# --- the float plan (convert)
 
 
 def tensor_type(name: str, shape: tuple[int, ...], matrix_type: GGMLType,
@@ -291,7 +284,7 @@ def plan_tensors(d: Drafter, matrix_type: GGMLType) -> list[PlannedTensor]:
     return out
 
 
-# --- the quantized plan (quantize, convert --outtype TYPE) ----------------------------------------
+# --- the quantized plan (quantize, convert --outtype TYPE)
 
 
 def append_file_type(md: Metadata, file_type: int) -> None:
@@ -301,8 +294,7 @@ def append_file_type(md: Metadata, file_type: int) -> None:
 
 
 def quantized_metadata(source: Metadata, file_type: int) -> Metadata:
-    """llama-quantize's key rule on an existing file's keys: every key copied in order, split.* dropped,
-    the quantization version and the file type removed from where they were and appended."""
+    """llama-quantize's key rule: keys copied in order, split.* dropped, quantization version and file type moved to the end."""
     md = Metadata()
     qv, ft = key("quantization_version"), key("file_type")
     for kv in source:
@@ -316,12 +308,7 @@ def quantized_metadata(source: Metadata, file_type: int) -> Metadata:
 def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, *, keep_types: list[tuple[str, GGMLType]] = (),
                      allow_requantize: bool = False, where: Path | None = None,
                      options: QuantizeOptions | None = None) -> tuple[list[PlannedTensor], int]:
-    """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders.
-
-    Each encoder is extended to produce the new type from the same source (one pass). Returns (planned
-    tensors in llama-quantize's order, number of fallbacks). ``options``: llama-quantize's per-tensor
-    flags and --prune-layers (pruned layers dropped, the others renumbered, as remap_layer does).
-    """
+    """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders."""
     options = options or QuantizeOptions()
     if options.prune_layers:
         order = loader_order([p.tensor.gguf_name for p in planned])

@@ -61,8 +61,8 @@ class Release:
     out_dir: Path
     types: list[str]
     files: list[ReleaseFile] = field(default_factory=list)
-    sums: str = ""  # SHA256SUMS's text
-    card: str = ""  # README.md's text
+    sums: str = ""
+    card: str = ""
     base_type: str = ""  # the full-precision type every quantized file comes from
     uploaded: str | None = None  # the commit the upload made
     dry_run: bool = False
@@ -88,7 +88,7 @@ class Release:
                 *([f"uploaded to {upload}: {self.uploaded}"] if self.uploaded is not None else [])]
 
 
-# --- what to make ------------------------------------------------------------------------------
+# --- what to make
 
 
 def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -109,17 +109,15 @@ def parse_types(types: str | list[str] | tuple[str, ...]) -> list[str]:
 
 
 def base_type(types: list[str]) -> str | None:
-    """The full-precision type quantized files come from: the first float type of the release, else None
-    (a scratch ``auto`` conversion, not released)."""
+    """The full-precision type quantized files come from: the release's first float type, else None (a scratch conversion)."""
     return next((t for t in types if t in FLOAT_TYPE_NAMES), None)
 
 
-# --- the release directory ----------------------------------------------------------------------
+# --- the release directory
 
 
 def check_release_dir(out_dir: str | os.PathLike, inputs: list[Path], *, force: bool) -> Path:
-    """Refuse a release directory that is or holds an input, that exists (without ``force``), or that is
-    not a directory; its folder must exist and be writable. Returns the path."""
+    """Refuse a release directory that is or holds an input, exists (without ``force``) or is not a directory; returns it."""
     text = os.fspath(out_dir)
     if not text.strip():
         raise DFlashError("the release directory path is empty")
@@ -153,8 +151,7 @@ def _stale_staging(out: Path) -> list[Path]:
 
 def read_provenance(recorded: Metadata | GGUFFile, src: Path, target_dir: Path, *, drafter_repo: str | None,
                     target_repo: str | None, target_revision: str | None) -> Provenance:
-    """The arguments first, then the general.source.hf_* / general.target.hf_* keys ``recorded`` holds (a
-    conversion's keys, or a GGUF's), else the local directory names."""
+    """The arguments, else the general.source/target.hf_* keys ``recorded`` holds, else the local directory names."""
     got = {k: recorded.get(key(k)) for k in ("source_hf_repo", "source_hf_commit", "target_hf_repo", "target_hf_commit")}
     drafter = drafter_repo or got["source_hf_repo"]
     target = target_repo or got["target_hf_repo"]
@@ -174,13 +171,10 @@ def _write_new(path: Path, text: str) -> None:
         f.write(text)
 
 
-# --- publish ------------------------------------------------------------------------------------
 
 
 class FileBar:
-    """One progress bar per file of the release (its steps: written, validated, checked), left on the screen;
-    the writer's own byte bar runs beneath it while the file is written. Nothing without ``progress``, or
-    off a terminal."""
+    """One progress bar per release file (written, validated, checked) above the writer's byte bar; only on a terminal."""
 
     def __init__(self, name: str, steps: int, progress: bool) -> None:
         self.bar = None
@@ -238,11 +232,7 @@ def publish(src: str | os.PathLike, target_model_dir: str | os.PathLike, out_dir
             dry_run: bool = False, force: bool = False, progress: bool = False, drafter_repo: str | None = None,
             target_repo: str | None = None, target_revision: str | None = None, tokenizer_pre: str | None = None,
             device: str = "auto", upload_timeout: float = Timeouts.transfer) -> Release:
-    """Convert, quantize, validate (and ``check``) every type into a new release directory; with ``upload``
-    push it to that hub repo, each request waiting at most ``upload_timeout`` seconds. Raises DFlashError, leaving no directory, when any file fails.
-
-    ``src`` and ``target_model_dir`` are directories or Hugging Face repo ids (``org/name[@revision]``,
-    sources/hub.py); a repo id's resolved commit goes into the files and so into the card."""
+    """Convert, quantize, validate (and ``check``) every type into a new release directory, optionally uploaded; none left on failure."""
     token = upload_check(upload) if upload is not None else None  # before anything is read or built
     src_spec, target_spec = src, target_model_dir
     source = resolve_source(src, DRAFTER)

@@ -123,12 +123,7 @@ SKIP_VALIDATION_FLAG = "--skip-validation"
 def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep_types: list[str] | None = None,
                   allow_requantize: bool = False, options: QuantizeOptions | None = None,
                   validate: bool = True) -> QuantizePlan:
-    """Read and decide everything; writes nothing. ``options`` (``quantize_options``) replaces
-    ``keep_types`` / ``allow_requantize`` when given.
-
-    ``validate`` (the default): an input that fails validate is refused; ``validate=False``
-    (--skip-validation) goes ahead, and the plan's output is then written unvalidated too, with a warning.
-    """
+    """Read and decide everything; writes nothing (``options`` replaces ``keep_types`` / ``allow_requantize``)."""
     path = Path(src)
     into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
     if not into_folder:
@@ -174,8 +169,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
 
 
 def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = True, threads: int | None = None) -> Path:
-    """Write the planned file, validated before it is renamed into place (unless --skip-validation): a
-    key (--override-kv) or layer (--prune-layers) llama.cpp would refuse is refused instead of written."""
+    """Write the planned file, validated before the rename (unless --skip-validation)."""
     check_output_path(plan.output, [plan.source], force=force)
     with ChunkPipeline(workers=threads) as pipeline:
         write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, replace=force,
@@ -186,9 +180,7 @@ def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = 
 def quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *, keep_types: list[str] | None = None,
              allow_requantize: bool = False, force: bool = False, dry_run: bool = False, threads: int | None = None,
              progress: bool = False, options: QuantizeOptions | None = None, validate: bool = True) -> QuantizePlan:
-    """Quantize a dflash GGUF to ``qtype`` (a llama-quantize type name). Returns the plan.
-
-    An input that fails validate is refused, and so is an output that would (``validate=False`` skips both)."""
+    """Quantize a dflash GGUF to ``qtype`` (a llama-quantize type name). Returns the plan."""
     plan = plan_quantize(src, out, qtype, keep_types=keep_types, allow_requantize=allow_requantize, options=options,
                          validate=validate)
     if not dry_run:
@@ -266,8 +258,7 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
           target_model_dir: str | os.PathLike | None = None, target_gguf: str | os.PathLike | None = None,
           device: str = "auto", numerics: str = "cpu", threads: int | None = None,
           log: Callable[[str], None] | None = None, allow_other_target: bool = False) -> SweepReport:
-    """Quantize ``src`` to each type (temporary files, removed), measure each file's live-loop acceptance
-    on the captured sequences, and the input's; the Pareto front marked."""
+    """Quantize ``src`` to each type (temporary files), measure each file's and the input's acceptance; Pareto front marked."""
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
@@ -313,8 +304,7 @@ def plot_sweep_ready() -> None:
 
 
 def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = False) -> Path:
-    """Acceptance against tensor bytes, one point per type, the Pareto front joined; a PNG through the
-    unaimable temporary file (outputs.TemporaryOutput)."""
+    """Acceptance against tensor bytes, one point per type, the Pareto front joined, as a PNG."""
     try:
         import matplotlib  # optional: pip install 'dflash-convert[plot]'
     except ImportError:
@@ -352,8 +342,7 @@ def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = Fal
 
 
 def chosen_overrides(res: Any) -> list[str]:
-    """The --override-kv items that record how a file was chosen (format.keys.CHOSEN_KEYS), as
-    llama-quantize takes them; floats printed so they come back as the same float32."""
+    """The --override-kv items recording how a file was chosen (CHOSEN_KEYS); floats printed to read back as the same float32."""
     def f32(x: float) -> str:
         return f"{float(struct.unpack('<f', struct.pack('<f', x))[0]):.9g}"
 
@@ -406,10 +395,7 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                             force: bool = False, dry_run: bool = False, progress: bool = False, threads: int | None = None,
                             max_steps: int | None = None, log: Callable[[str], None] | None = None,
                             allow_other_target: bool = False) -> ChosenQuantize:
-    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the input's held-out
-    live-loop acceptance (mix_search.search_mix); written as llama-quantize would write it given the
-    recipe, with the recipe and the measured acceptance in our keys. Refused (nothing written) when no
-    mix within the candidate types reaches it."""
+    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the held-out acceptance; refused when none does."""
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring

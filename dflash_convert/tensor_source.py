@@ -73,10 +73,7 @@ class ArraySource:
 
 
 class NeoxPermuted:
-    """Interleaved (GPT-J) rotary rows -> NeoX: within each head, even rows first, then odd.
-
-    Rows of one head move together, so a read is widened to whole heads and then cut back.
-    """
+    """Interleaved (GPT-J) rotary rows -> NeoX: within each head, even rows first, then odd."""
 
     def __init__(self, inner: TensorSource, head_dim: int) -> None:
         self.inner, self.head_dim = inner, head_dim

@@ -28,8 +28,7 @@ def _escape(ch: str) -> str:
 
 
 def visible(text: object) -> str:
-    """``text`` (a str, a Path, anything ``str`` takes) with every non-printable character escaped:
-    one line, nothing a terminal interprets."""
+    """``text`` on one line with every non-printable character escaped."""
     s = str(text)
     if s.isprintable():
         return s

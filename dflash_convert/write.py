@@ -98,8 +98,7 @@ DIRECT_IO_ENV = "DFLASH_CONVERT_DIRECT_IO"  # 1 or 0: always or never O_DIRECT (
 
 
 def dirty_limit_bytes() -> int | None:
-    """How many dirty page-cache bytes Linux lets a writer make before it throttles it (vm.dirty_bytes,
-    else vm.dirty_ratio of the available memory); None where that cannot be read (not Linux)."""
+    """Linux's dirty page-cache limit in bytes (vm.dirty_bytes, else vm.dirty_ratio of available memory); None off Linux."""
     try:
         vm = Path("/proc/sys/vm")
         limit = int((vm / "dirty_bytes").read_text())
@@ -114,10 +113,7 @@ def dirty_limit_bytes() -> int | None:
 
 
 def prefer_direct_io(total_bytes: int) -> bool:
-    """Write ``total_bytes`` past the page cache (O_DIRECT)? Only when they would not fit under the
-    kernel's dirty limit: below it a buffered write never waits for the disk; above it the writer is
-    throttled to the disk's pace with the page-cache copy on top. ``DFLASH_CONVERT_DIRECT_IO=1`` or
-    ``0`` decides instead."""
+    """Write ``total_bytes`` with O_DIRECT? Only past the kernel's dirty limit (throttled anyway); DFLASH_CONVERT_DIRECT_IO overrides."""
     forced = os.environ.get(DIRECT_IO_ENV, "")
     if forced in ("0", "1"):
         return forced == "1"
@@ -135,8 +131,8 @@ class _OutputFile:
         self.size = 0
         self.direct = _set_direct(fd, True) if direct else False
         self.stage = mmap.mmap(-1, self.STAGE) if self.direct else None
-        self.fill = 0  # bytes waiting in the stage
-        self.flushed = 0  # bytes already in the file
+        self.fill = 0
+        self.flushed = 0
 
     def write(self, data: memoryview) -> None:
         self.size += data.nbytes
@@ -168,9 +164,7 @@ class _OutputFile:
         self.fill = 0
 
     def copy_span(self, path: Path, offset: int, nbytes: int) -> bool:
-        """Append ``nbytes`` of ``path`` from ``offset`` with copy_file_range (no trip through user
-        memory); False, with nothing appended, where the kernel or the filesystems cannot (the
-        caller then writes the bytes itself). Only on buffered writes: direct writes go through the stage."""
+        """Append ``nbytes`` of ``path`` from ``offset`` by copy_file_range (buffered writes only); False, nothing appended, where it cannot."""
         copy = getattr(os, "copy_file_range", None)
         if self.direct or copy is None or nbytes == 0:
             return False
@@ -243,11 +237,8 @@ def write_gguf(out: Path, md: Metadata, tensors: list[OutTensor], *, progress: b
                verify: Callable[[Path], None] | None = None, replace: bool = False) -> int:
     """Write a GGUF file atomically.
 
-    ``finish`` returns (header offset, bytes) patches applied last; ``verify`` inspects the
-    complete temporary file (through a path to its descriptor) and raises to refuse it, so nothing
-    that fails it is ever renamed into place. ``replace`` (--force) lets the rename replace an
-    existing output, and removes temporary files a killed run left beside it (without it they are
-    reported). On any error or signal the temporary file is removed.
+    ``finish`` returns header patches applied last; ``verify`` may raise to refuse the complete
+    temporary file before the rename; ``replace`` is --force.
     """
     out = Path(out)
     header, value_at = serialize_header(md, tensors)

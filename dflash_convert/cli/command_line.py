@@ -1,10 +1,9 @@
 """A small command-line parser: commands and their parameters as data, parsed into keyword arguments.
 
-``parse`` turns argv into the handler's keyword arguments of a ``Command`` (cli/commands.py) or
-raises ``UsageError`` with the one line the user sees; ``render_help`` writes the help page.
-Refused, in click's words: an unknown option or command (with the nearest names), a missing or
-ill-typed value, one out of range, not finite or not a choice, and options without the ones they
-need or with ones they exclude. Options sharing ``in_order`` reach the handler in command-line order.
+Refused as one ``UsageError`` line, in click's words: an unknown option or command (with the
+nearest names), a missing, ill-typed, out-of-range, non-finite or non-choice value, and options
+without the ones they need or with ones they exclude. Options sharing ``in_order`` reach the
+handler in command-line order.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ class HelpRequested(Exception):  # noqa: N818 - a signal to print help, not an e
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter: a positional ``ARGUMENT`` (``flags`` empty), an option taking a ``VALUE``, a
-    ``FLAG`` (True when given), or a ``MULTI`` option that may repeat (a list, in order)."""
+    """One parameter: a positional ``ARGUMENT``, a ``VALUE`` option, a ``FLAG``, or a repeatable ``MULTI`` option."""
 
     dest: str
     kind: str

@@ -30,8 +30,7 @@ def quiet_logs(quiet: bool) -> None:
 
 @contextmanager
 def command_errors(output: str | os.PathLike | None) -> Iterator[None]:
-    """An OSError no reader or writer named is named by its file, else by the output (a reader of stdout
-    that went away is the guard's to end quietly)."""
+    """Name an unnamed OSError by its file, else by the output (a closed stdout is the guard's to end quietly)."""
     try:
         yield
     except BrokenPipeError:

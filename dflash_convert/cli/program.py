@@ -123,12 +123,7 @@ class _CountingNull(io.RawIOBase):
 
 
 def _open_standard_streams() -> _CountingNull | None:
-    """Reopen a closed stdin, stdout or stderr on /dev/null, before anything opens a file.
-
-    Otherwise the first file opened would get descriptor 0, 1 or 2, and whatever writes to stdout (a
-    child, a library) would write into it. A closed stdout returns the counter its text now goes to.
-    Names that are not UTF-8 are printed escaped, never raise.
-    """
+    """Reopen a closed stdin, stdout or stderr on /dev/null before anything opens a file (else a file would get fd 0-2)."""
     null = None
     for fd in (0, 1, 2):
         try:
@@ -169,12 +164,7 @@ def _exit_broken_pipe() -> None:
 
 
 def guard(command: Callable[[], int]) -> None:
-    """Run ``command`` as the process: one error line and an exit code, whatever happens.
-
-    SIGINT and SIGTERM unwind a running command (its temporary files removed); a signal after it is
-    only recorded, the exit still 128 + signal. Anything unforeseen is one "internal error" line
-    (DFLASH_CONVERT_TRACEBACK=1 shows the traceback). The codes: README.md, "Errors and exit codes".
-    """
+    """Run ``command`` as the process: one error line and an exit code, whatever happens."""
     closed_stdout = _open_standard_streams()
     received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):

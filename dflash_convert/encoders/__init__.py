@@ -67,11 +67,7 @@ _DIRECT: dict[tuple[str, GGMLType], Encoder] = {
 
 
 def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Block bytes of quantized type ``src`` -> float32, with gguf-py's dequantizer (ggml's arithmetic).
-
-    Only for --allow-requantize: a quantized tensor is widened back to float32 and quantized again,
-    as llama-quantize does.
-    """
+    """Block bytes of quantized type ``src`` -> float32, with gguf-py's dequantizer (ggml's arithmetic)."""
     # gguf-py's dequantizers: only requantizing needs them
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -83,10 +79,7 @@ def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]
 
 
 def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encoder:
-    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none.
-
-    A quantized ``src`` (requantizing) needs ``row_length`` to dequantize whole rows first.
-    """
+    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none."""
     direct = _DIRECT.get((src, dst))
     if direct is not None:
         return direct
@@ -121,9 +114,7 @@ def can_encode(src: str, dst: GGMLType) -> bool:
 
 
 def warm_up_kernels() -> float:
-    """Compile (first time on this machine) or load (from numba's cache) every numba kernel, by
-    running each quantizer on 8 zero super-blocks (the K-quants' lane tiles take 64 groups);
-    returns the seconds it took, 0 without numba. For benchmarks that time the steady state."""
+    """Compile or load every numba kernel (8 zero super-blocks per quantizer); returns the seconds taken, 0 without numba."""
     if not jit.jit_available():
         return 0.0
     t0 = time.perf_counter()

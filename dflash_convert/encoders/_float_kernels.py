@@ -22,11 +22,10 @@ def _round_to_bf16(u):
 
 @numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 def f16_to_bf16(words, out, fbuf, ibuf):
-    """float16 words (uint16) -> bfloat16 words in ``out``: as widening to float32 and rounding to
-    bf16. One pass of integer selects that vectorise: a normal number, inf or NaN has its exponent
-    rebiased (127 - 15; inf/NaN to all ones) and its mantissa moved into place; a zero keeps its
-    sign. Subnormals (rare in weights) are fixed in a second, scalar pass: m * 2**-24 is exact in
-    float32, and ``fbuf``/``ibuf`` (one float32 and its uint32 view) give its bits."""
+    """float16 words -> bfloat16 words in ``out``, as widening to float32 and rounding to bf16.
+
+    Integer selects rebias normals/inf/NaN; subnormals get a scalar pass (m * 2**-24 is exact in float32).
+    """
     n = words.shape[0]
     subnormals = 0
     for i in range(n):

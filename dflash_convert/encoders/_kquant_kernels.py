@@ -38,13 +38,9 @@ def _nearest_int(v, fbuf, ibuf):
 
 @_njit
 def qkx2_search_exact(xg, nmax, rmin, rdelta, nstep, mad, av_weights, scales, the_mins, L, g_start, g_end):
-    """``make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, mad)`` for
-    the groups (rows) g_start..g_end-1 of ``xg`` [G, n], one after the other as in C. Any input,
-    inf and NaN included.
+    """``make_qkx2_quants`` for rows g_start..g_end-1 of ``xg`` [G, n] in C's order, any input (inf, NaN).
 
-    Weights: quantize_row_q4_K_ref's / q5_K's ``av_x + |x|`` (av_x = sqrtf(sum x*x / n)) when
-    ``av_weights``, else Q2_K's ``|x|``. Writes scales, the_mins float32 [G] and the search's
-    levels into L [G, n].
+    Weights: Q4_K/Q5_K's ``av_x + |x|`` (av_x = sqrtf(sum x*x / n)) when ``av_weights``, else Q2_K's ``|x|``.
     """
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
@@ -142,11 +138,7 @@ def qkx_final_levels(x, d, dm, nmax, L):
 
 @_njit
 def qx_search_exact(xg, scales, L, g_start, g_end):
-    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for the groups (rows) g_start..g_end-1
-    of ``xg`` [G, 16], one after the other as in C. Any input, inf and NaN included.
-
-    Writes scales float32 [G] and the levels L uint8 [G, 16] (l + 32; 0 for an all-zero group).
-    """
+    """``make_qx_quants(16, 32, x, L, 1, NULL)`` (Q6_K's) for rows g_start..g_end-1 of ``xg`` [G, 16], in C's order, any input."""
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     laux = np.empty(16, np.uint8)
@@ -479,9 +471,7 @@ def qx_search(xg, scales, L):
 
 @_njit
 def q3_search_exact(xg, scales, L, g_start, g_end):
-    """``make_q3_quants(16, 4, x, L, true)`` (Q3_K's) for the groups (rows) g_start..g_end-1 of
-    ``xg`` [G, 16], one after the other as in C. Writes scales float32 [G] and L [G, 16] (l + 4;
-    0 for an all-zero group)."""
+    """``make_q3_quants(16, 4, x, L, true)`` (Q3_K's) for rows g_start..g_end-1 of ``xg`` [G, 16], in C's order."""
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     li = np.empty(16, np.int64)
@@ -691,10 +681,7 @@ def _pack_2bit_block(L, o, qs):
 @_njit
 def q2_finish(x, d, dm, L, out):
     """Q2_K after the scales: levels ``MAX(0, MIN(3, nearest_int((x + dm)/d)))`` per 16-value group
-    (d == 0 keeps the search's, C's ``if (!d) continue;``), packed into ``out[:, 16:80]``.
-
-    x float32 [nb*256]; d, dm float32 [nb*16]; L uint8 [nb*256], overwritten; out uint8 [nb, 84].
-    """
+    (d == 0 keeps the search's, C's ``if (!d) continue;``), packed into ``out[:, 16:80]``."""
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     for g in range(d.size):
@@ -710,10 +697,7 @@ def q2_finish(x, d, dm, L, out):
 def q3_finish(x, d, L, out):
     """Q3_K after the scales: levels ``MAX(-4, MIN(3, nearest_int(x/d))) + 4`` per 16-value group
     (d == 0 keeps the search's), then hmask (bit j/32 of byte j%32 = third bit of value j) and
-    the 2 low bits, into ``out[:, 0:96]``.
-
-    x float32 [nb*256]; d float32 [nb*16]; L uint8 [nb*256], overwritten; out uint8 [nb, 110].
-    """
+    the 2 low bits, into ``out[:, 0:96]``."""
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     for g in range(d.size):

@@ -119,8 +119,7 @@ def _legacy_scratch():
 
 @_njit
 def legacy_quantize(xb, kind, out):
-    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] (``kind`` LEGACY_*): the
-    blocks' bytes as ggml lays them out (fp16 d, fp16 m, qh, qs) into ``out`` uint8 [nb, size]."""
+    """quantize_row_q4_0/q4_1/q5_0/q5_1_ref over ``xb`` float32 [nb, 32] into ``out`` uint8 [nb, size], as ggml lays blocks out."""
     X, lo, hi, idb, dd, QF, HL, HH, bad = _legacy_scratch()
     B = LANES
     for g0 in range(0, xb.shape[0], B):

@@ -151,10 +151,7 @@ def _terms(w: np.ndarray, x: np.ndarray, q: np.ndarray, wq: np.ndarray, p: np.nd
 
 
 def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
-    """The per-block scale ``d`` of ``quantize_row_iq4_nl_impl``'s search, for the rows of ``xb`` ``[n, 32]``.
-
-    Leaves the values position-major in ``s["x"]`` for the caller's requantization.
-    """
+    """The per-block scale ``d`` of ``quantize_row_iq4_nl_impl``'s search, for the rows of ``xb`` ``[n, 32]``."""
     x, w, al, q, wq, p = s["x"], s["w"], s["al"], s["q"], s["wq"], s["p"]
     sums = s["sums"]  # [16, 2, n]: (sumqx, sumq2) of the first fit, then of each trial
     np.copyto(x, xb.T)

@@ -1,9 +1,8 @@
 """Which quantizer backend runs: numba-compiled kernels when numba is installed, else pure numpy.
 
-Both backends are bit-identical with ggml (the tests run both), so the choice is only speed: numba
-when it imports, unless ``DFLASH_CONVERT_NO_JIT`` is set. Kernels compile on first use and are
-cached on disk (``cache=True``). Three self-contained kernel modules: ``_kquant_kernels``,
-``_legacy_kernels`` (and the float16 conversions), ``_float_kernels``. Specification: docs/quantizers.md.
+Both backends are bit-identical with ggml (the tests run both), so the choice is only speed:
+numba when it imports, unless ``DFLASH_CONVERT_NO_JIT`` is set. Kernels are cached on disk
+(``cache=True``). Specification: docs/quantizers.md.
 """
 
 from __future__ import annotations

@@ -202,11 +202,11 @@ class _QkxTile:
     def __init__(self, B: int, nmax: int, rmin: float, rdelta: float, nstep: int) -> None:
         self.B, self.nmax, self.nstep = B, nmax, nstep
         self.rmin, self.rdelta = _F32(rmin), _F32(rdelta)
-        self.X = _page_aligned((32, B))  # x, position-major: column b is group b
-        self.W = _page_aligned((32, B))  # weights av_x + |x|
-        self.T = _page_aligned((32, B))  # levels of the step being tried
+        self.X = _page_aligned((32, B))
+        self.W = _page_aligned((32, B))
+        self.T = _page_aligned((32, B))
         self.S = _page_aligned((3, 32, B))  # w*l, w*l*l, w*l*x; S[0] then holds the squared errors
-        self.lo = _page_aligned((32, B))  # clamp bounds, see _round_clamp
+        self.lo = _page_aligned((32, B))
         self.hi = _page_aligned((32, B))
         self.lo.fill(0)
         self.hi.fill(nmax)
@@ -221,7 +221,7 @@ class _QkxTile:
         self.R3 = _page_aligned((3, B))  # D, scale numerator, min numerator
         self.alt = _page_aligned((B,))
         self.vr = _page_aligned((B,))
-        self.ZD = _page_aligned((2, B), offset=_PAGE // 2)  # dm and d per group, final pass
+        self.ZD = _page_aligned((2, B), offset=_PAGE // 2)
         self.upd = np.empty(B, dtype=bool)
         self.msk = np.empty(B, dtype=bool)
         self.sums = _Sums((self.S, 1), (self.T, 0))
@@ -251,12 +251,7 @@ class _QkxTile:
         return self.sums.from_zero(D2, out)
 
     def search(self, finite: bool) -> np.ndarray:
-        """``make_qkx2_quants(32, nmax, x, weights, ..., use_mad=false)`` for every group at once.
-
-        Leaves scale in ST[1], C's ``min`` in VT[3], the accepted iscale and min in ST[2], ST[3]; returns
-        the ``flat`` mask (C's early return). As in C, ``min`` is updated inside the loop, so later steps
-        use the improved one.
-        """
+        """``make_qkx2_quants(32, nmax, x, weights, ..., use_mad=false)`` for every group at once."""
         X, W, T, S, VT, ST, V5 = self.X, self.W, self.T, self.S, self.VT, self.ST, self.V5
         cur, ts, iscale, m, tm = VT
         best_err, scale, best_iscale, best_min = ST
@@ -440,8 +435,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 # --- Q6_K: make_qx_quants per 16 values (rmse_type 1, no imatrix), then 8-bit scales
 
 def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The super-block half of quantize_row_q6_K_ref from the groups' scales [nb, 16]: (empty
-    blocks [nb] (memset to 0), d fp16 bits [nb], the int8 scales [nb, 16], d = fp16(d)*scale per group [nb*16])."""
+    """The super-block half of quantize_row_q6_K_ref: (empty blocks, d fp16 bits, int8 scales, fp16(d)*scale per group)."""
     nb = scales.shape[0]
     # `if (fabsf(scale) > max_abs_scale) { max_abs_scale = fabsf(scale); max_scale = scale; }`
     abs_scales = np.abs(scales)
@@ -486,7 +480,7 @@ class _QxTile:
         self.WX = _page_aligned((16, B))  # w*x: C's w*x[i]*l is (w*x)*l
         self.T = _page_aligned((16, B))
         self.S = _page_aligned((2, 16, B))  # (w*x)*l, (w*l)*l
-        self.lo = _page_aligned((16, B))  # clamp bounds, see _round_clamp
+        self.lo = _page_aligned((16, B))
         self.hi = _page_aligned((16, B))
         self.lo.fill(-32)
         self.hi.fill(31)
@@ -518,10 +512,7 @@ class _QxTile:
         self.sums.from_zero(S, self.sumv, axis=1)
 
     def search(self, finite: bool) -> np.ndarray:
-        """``make_qx_quants(16, 32, x, L, rmse_type=1, NULL)`` for every group at once.
-
-        Leaves scale in ST[0], the accepted iscale in ST[1]; returns the ``zero`` mask (amax < GROUP_MAX_EPS).
-        """
+        """``make_qx_quants(16, 32, x, L, rmse_type=1, NULL)`` for every group at once."""
         X, VT, ST, mx, B = self.X, self.VT, self.ST, self.mx, self.B
         cand, iscale = VT
         sumlx, suml2 = self.sumv

@@ -49,11 +49,7 @@ def _round_clamp(v: np.ndarray, lo: int, hi: int, iout: np.ndarray, fout: np.nda
 
 
 def _seqsum(t: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``s = 0; for (i = 0; i < n; ++i) s += t[i]`` for every column of a C-contiguous ``[..., n, m]``.
-
-    numpy reduces a non-last axis slice after slice (pairwise only along the contiguous axis), so
-    this is C's order; a test pins it.
-    """
+    """``s = 0; for (i = 0; i < n; ++i) s += t[i]`` for every column of a C-contiguous ``[..., n, m]``."""
     return np.add.reduce(t, axis=-2, out=out, initial=_F0)
 
 
@@ -120,11 +116,7 @@ def _f16_bytes(h: np.ndarray) -> np.ndarray:
 
 
 def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``make_qkx2_quants(16, 3, x, |x|, L, &the_min, Laux, -0.5f, 0.1f, 15, true)`` on ``[16, n_sub]``.
-
-    Returns ``(scale, the_min, L)`` per sub-block. A better candidate replaces scale *and* min, so
-    the steps are sequential; L is recomputed at the end from the winning (iscale, min).
-    """
+    """``make_qkx2_quants(16, 3, x, |x|, L, &the_min, Laux, -0.5f, 0.1f, 15, true)`` on ``[16, n_sub]``."""
     n = xs.shape[1]
     nmax = np.float32(3)
     w = np.abs(xs)
@@ -284,12 +276,7 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
 
 
 def _make_q3_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``make_q3_quants(16, 4, x, L, true)`` on ``[16, n_sub]`` -> ``(scale, L)``, L in 0..7.
-
-    A sweep is a Python loop over the 16 positions, all sub-blocks in lockstep (each step reads the
-    sums the previous one updated). Sweeping every sub-block until none changes equals C's per-block
-    stop: a further sweep from an unchanged state changes nothing.
-    """
+    """``make_q3_quants(16, 4, x, L, true)`` on ``[16, n_sub]`` -> ``(scale, L)``, L in 0..7."""
     n = xs.shape[1]
     ax = np.abs(xs)
     # amax/max: first x of largest |x| (C: if (ax > amax) {amax = ax; max = x;}, NaN never wins)

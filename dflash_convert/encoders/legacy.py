@@ -233,10 +233,7 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_from_f16(name: str) -> Callable[[np.ndarray], np.ndarray]:
-    """The Q4_0/Q4_1/Q5_0/Q5_1 encoder (``name``) taking F16 values (or their uint16 words).
-
-    The backend is chosen at the first call, not here, so planning (--dry-run) does not import numba.
-    """
+    """The Q4_0/Q4_1/Q5_0/Q5_1 encoder (``name``) taking F16 values (or their uint16 words)."""
     block = {"Q4_0": BLOCK_Q4_0, "Q4_1": BLOCK_Q4_1, "Q5_0": BLOCK_Q5_0, "Q5_1": BLOCK_Q5_1}[name]
     widened = {"Q4_0": quantize_q4_0, "Q4_1": quantize_q4_1, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}[name]
 

@@ -104,8 +104,7 @@ def member_of(tensor_names: set[str] | frozenset[str]) -> str:
 
 
 def draft_tokens_per_block(member: str, block_size: int, sample_from_anchor: bool | None) -> int:
-    """Most tokens one block drafts (--spec-draft-n-max): the block minus its anchor slot, except for
-    DSpark sampling from the anchor (a missing key reads as true), which drafts every slot."""
+    """Most tokens one block drafts (--spec-draft-n-max): block_size - 1, or block_size for DSpark sampling from the anchor."""
     if member == DSPARK and sample_from_anchor is not False:
         return block_size
     return block_size - 1

@@ -33,9 +33,7 @@ def drafter_prefix(*, dspark: bool) -> str:
 
 
 def safe_name(name: str) -> str:
-    """``name`` usable as one file-name component: separators and control characters become ``-``,
-    blanks become ``-`` (as upstream's naming_convention does), leading dots and dashes go (no hidden
-    file, nothing read as an option)."""
+    """``name`` as one file-name component: separators, controls and blanks -> ``-``, no leading dot or dash."""
     text = _UNSAFE.sub("-", name.strip())
     text = re.sub(r"\s+", "-", text)
     text = re.sub(r"-{2,}", "-", text).lstrip(".-").rstrip("-")
@@ -43,9 +41,7 @@ def safe_name(name: str) -> str:
 
 
 def drafter_file_name(name: str, type_name: str, *, dspark: bool) -> str:
-    """``dflash-<Name>-<TYPE>.gguf`` (``dspark-`` for DSpark), TYPE upper case as llama.cpp's tags are.
-
-    A name that already starts with the prefix keeps one copy of it."""
+    """``dflash-<Name>-<TYPE>.gguf`` (``dspark-`` for DSpark), TYPE upper case as llama.cpp's tags are."""
     prefix = drafter_prefix(dspark=dspark)
     base = safe_name(name)
     if base.startswith(prefix):
@@ -65,9 +61,7 @@ def file_tag(filename: str) -> str:
 
 
 def quantized_file_name(input_name: str, type_name: str, *, dspark: bool) -> str:
-    """quantize's name for its output: the input's name with its type tag replaced
-    (``dflash-X-BF16.gguf`` -> ``dflash-X-Q4_K_M.gguf``); an input whose tag is no file type keeps its
-    whole stem as the name, and either way the prefix is the member's."""
+    """quantize's output name: the input's with its type tag replaced (the whole stem kept when it has none), the member's prefix."""
     stem = input_name[:-len(GGUF_SUFFIX)] if input_name.endswith(GGUF_SUFFIX) else input_name
     tag = file_tag(stem + GGUF_SUFFIX)
     if tag in FILE_TYPES and len(stem) > len(tag) + 1:
@@ -80,11 +74,7 @@ def quantized_file_name(input_name: str, type_name: str, *, dspark: bool) -> str
 
 
 def discovery_problem(filename: str, *, dspark: bool, type_name: str | None = None) -> str | None:
-    """One line saying why llama.cpp's ``-hf`` would not offer this drafter file as a draft, or would
-    offer it as a main model or as another kind of sidecar; None when the name is found as it should be.
-
-    ``filename`` is the base name as it would be published; ``type_name`` (the file's type, e.g.
-    Q4_K_M) also checks the ``-TAG.`` match that picks among a repo's drafters."""
+    """Why llama.cpp's ``-hf`` would not offer this file as a draft (or would offer it as something else); None when it would."""
     prefix = drafter_prefix(dspark=dspark)
     other = drafter_prefix(dspark=not dspark)
     kind = "DSpark" if dspark else "DFlash"

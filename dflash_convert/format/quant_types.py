@@ -127,11 +127,9 @@ KEEP = "keep"
 _LAYER = re.compile(r"blk\.\s*([+-]?\d+)")
 
 
-# --- small functions over the tables
 
 def _use_more_bits(i: int, n: int) -> bool:
-    """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between.
-    (i - n//8 is never negative when the last term is reached: the first term caught it.)"""
+    """The Q4_K_M/Q5_K_M layer pattern: the first and last eighth, and every third layer between."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
@@ -243,10 +241,7 @@ def _infer_n_gqa(tensors: Sequence[tuple[str, tuple[int, ...]]]) -> int:
 
 @dataclass(frozen=True)
 class TypeOverrides:
-    """llama-quantize's per-tensor options (llama_model_quantize_params); docs/quantize.md says what each does.
-
-    ``tensor_types`` keeps the command line's order: the first pattern that matches wins.
-    """
+    """llama-quantize's per-tensor options (llama_model_quantize_params); docs/quantize.md says what each does."""
 
     tensor_types: tuple[tuple[str, GGMLType], ...] = ()
     output_tensor_type: GGMLType | None = None
@@ -262,12 +257,7 @@ NOTE_MANUAL = "--tensor-type"
 def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
                        n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None,
                        overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
-    """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]).
-
-    ``tensors`` are (GGUF name, ggml ne) in file order; ``input_types`` names the types of tensors left
-    alone (else ``"keep"``) and refuses a requantization; omitted head and layer counts are read off
-    the tensors. Spec: docs/quantizers.md, "Which type each tensor gets".
-    """
+    """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]); docs/quantizers.md."""
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]
     names = [n for n, _ in tensors]
@@ -373,8 +363,7 @@ def fitting_type(ncols: int, t: GGMLType) -> GGMLType:
 
 
 def raised_type(current: GGMLType, ncols: int) -> GGMLType | None:
-    """The next candidate above ``current`` for rows of ``ncols`` values: the first RAISE_LADDER type
-    that, after the block fallback, has more bits per weight; None at the top."""
+    """The first RAISE_LADDER type above ``current`` with more bits per weight after the block fallback; None at the top."""
     for t in RAISE_LADDER:
         fit = fitting_type(ncols, t)
         if bits_per_weight(fit) > bits_per_weight(current):

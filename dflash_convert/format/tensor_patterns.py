@@ -54,8 +54,7 @@ def _width(items: list, state: object) -> tuple[int, int]:
 
 
 def _cost(items: list, item: str, state: object) -> int:
-    """An upper bound of the backtracking paths a match of ``items`` explores from one position of a
-    name of NAME_MAX characters: a choice multiplies the paths after it, an atomic part adds its own."""
+    """An upper bound of the backtracking paths a match of ``items`` explores from one position of a NAME_MAX-long name."""
     total = 1
     for i, (op, av) in enumerate(items):
         if op in _ATOMIC:

@@ -32,8 +32,7 @@ MIN_BITS_PER_PARAMETER = 4
 
 
 def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch.nn.ModuleList:
-    """The decoder's layer list: ``get_decoder().layers`` (text models, and the language model of a
-    multimodal one), else the one ModuleList of exactly ``num_hidden_layers`` entries."""
+    """The decoder's layer list: ``get_decoder().layers``, else the one ModuleList of ``num_hidden_layers`` entries."""
     dec = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(dec, "layers", None)
     if isinstance(layers, torch.nn.ModuleList) and len(layers) == n_layers:
@@ -46,9 +45,7 @@ def _decoder_layers(model: torch.nn.Module, n_layers: int, where: Path) -> torch
 
 def load_target_model(target: Target, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *,
                       tensors: list[TensorRef] | None = None) -> tuple[torch.nn.Module, torch.nn.ModuleList]:
-    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class.
-
-    ``tensors``: ``read_target_weights``' answer, when the caller checked the weights already."""
+    """(model, decoder layers) of a Hugging Face target directory, with transformers' own class."""
     where = Path(target.source)
     try:
         import transformers  # optional, and heavy: only capturing target features needs it
@@ -97,8 +94,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _stage(target: Target, tensors: list[TensorRef], into: Path) -> Path:
-    """``into`` holding all transformers may read: config.json as parsed, links to the checked safetensors
-    (resolved), and an index of our own naming each tensor's file."""
+    """``into`` holding all transformers may read: config.json as parsed, links to the checked safetensors, our own index."""
     (into / "config.json").write_text(json.dumps(target.config))
     for path in sorted({t.path for t in tensors}):
         os.symlink(os.path.realpath(path), into / path.name)
@@ -107,8 +103,7 @@ def _stage(target: Target, tensors: list[TensorRef], into: Path) -> Path:
 
 
 def _check_size(cls: type, cfg: object, tensors: list[TensorRef], where: Path) -> None:
-    """Refuse a config whose model has more parameters than the weights' bytes hold (built on the meta
-    device: no memory for the parameters, only the modules)."""
+    """Refuse a config with more parameters than the weights' bytes hold (counted on the meta device)."""
     try:
         with torch.device("meta"):
             skeleton = cls._from_config(cfg)
@@ -125,9 +120,7 @@ def _check_size(cls: type, cfg: object, tensors: list[TensorRef], where: Path) -
 @torch.no_grad()
 def run_target(model: torch.nn.Module, layers: torch.nn.ModuleList, token_ids: torch.Tensor,
                keep: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass.
-
-    ``keep``: only these layer-input indices, in this order."""
+    """(layer inputs [n_layers + 1, n, hidden] float32, logits [n, vocab] float32) of one target pass."""
     streams: list[torch.Tensor | None] = [None] * (len(layers) + 1)
     wanted = set(range(len(layers) + 1)) if keep is None else set(keep)
 
@@ -173,8 +166,7 @@ def capture_layer_inputs(target: Target, token_ids: torch.Tensor, *, device: tor
 
 @torch.no_grad()
 def greedy_continuation(model: torch.nn.Module, prompt: list[int], n_new: int, eos_ids: set[int]) -> list[int]:
-    """The prompt then the target's greedy continuation: ``n_new`` tokens, or fewer when one of
-    ``eos_ids`` comes (it is kept), decoded with the model's own KV cache."""
+    """The prompt then the target's greedy continuation of up to ``n_new`` tokens (ending at, and keeping, an EOS)."""
     dev = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.int64, device=dev)
     out = list(prompt)

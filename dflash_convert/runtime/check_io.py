@@ -1,9 +1,7 @@
 """``check``'s inputs and outputs in torch: the draft both sides run, another GGUF run on it, the ``--save-io`` arrays.
 
-Inputs come from ``seed`` (synthetic target features), from one pass of the target model (each side
-taps its own layers), or from the first sequence of a features file. ``--save-io`` writes the inputs
-and both sides' outputs to an ``.npz`` through ``outputs.TemporaryOutput``; its schema is in
-docs/check.md. Refuses a context below 1 and a target whose hidden size is not the drafter's.
+Refuses a context below 1 and a target whose hidden size is not the drafter's. The ``--save-io``
+schema: docs/check.md.
 """
 
 from __future__ import annotations
@@ -141,8 +139,7 @@ def run_other_gguf(path: str | Path, target: Target | None, device: torch.device
 
 def write_save_io(out: Path, feats: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, gguf: ForwardResult,
                   ref: ForwardResult, *, dspark: bool, given: ForwardResult | None = None) -> list[str]:
-    """Write ``--save-io``'s ``.npz`` (a DSpark draft adds its slots, ``given`` the file conditioned on the
-    checkpoint's draft); returns the notes about temporary files a killed run left."""
+    """Write ``--save-io``'s ``.npz``; returns the notes about temporary files a killed run left."""
     slots = torch.arange(len(ids) - gguf.tokens.shape[0], len(ids)) if dspark else None
     arrays = save_io_arrays(feats, ids, pos, gguf, ref, slots)
     if given is not None:

@@ -1,9 +1,7 @@
 """``check``'s comparisons: the metrics of one draft against another, and the DSpark and DFlash2 alignments.
 
-Hidden-state errors, top-1 agreement (exact and counting near-ties), mean KL, DFlash2's selector
-agreement, DSpark's common slots, conditioned chain and confidences, and the live-loop acceptance of a
-file next to its checkpoint's. Everything here measures; ``check`` judges the numbers against
-``format.check_limits``. The metrics' definitions: docs/check.md, "Thresholds".
+Everything here measures; ``check`` judges the numbers against ``format.check_limits``.
+The metrics' definitions: docs/check.md, "Thresholds".
 """
 
 from __future__ import annotations
@@ -144,10 +142,7 @@ def confidence_failures(got: ForwardResult, want: ForwardResult, metrics: dict[s
 def compare_drafts(got: ForwardResult, want: ForwardResult, weights: DrafterWeights, file: Drafter, checkpoint: Drafter,
                    ids: torch.Tensor, limits: Thresholds,
                    source: Path) -> tuple[ForwardResult, ForwardResult, ForwardResult | None, dict[str, Any], list[str]]:
-    """The metrics of the file's draft against the checkpoint's, and the failure lines only a draft's layout shows.
-
-    Returns (both drafts as compared, the file's own DSpark chain or None, metrics, failure lines).
-    Raises InputFileError (naming ``source``) when the two drafts cannot be compared."""
+    """The metrics of the file's draft against the checkpoint's, and the failure lines only a draft's layout shows."""
     failures = []
     own_draft = None  # DSpark: the file's own greedy chain, when the gates compare slots conditioned like the checkpoint's
     if weights.markov is not None:  # DSpark: compare the block slots both draft (a flipped layout drafts one more)

@@ -95,11 +95,7 @@ def _u8(like: torch.Tensor, *shape: int) -> torch.Tensor:
 
 
 def _spread(q: torch.Tensor, shifts: tuple[int, ...], mask: int, out: torch.Tensor, dim: int = -2) -> torch.Tensor:
-    """Split packed fields: ``out.select(dim, k) = (q >> shifts[k]) & mask``.
-
-    One scalar-shift op per field position (2, 4 or 8 of them, never per block): torch vectorizes
-    scalar shifts, not a broadcast tensor of shifts.
-    """
+    """Split packed fields: ``out.select(dim, k) = (q >> shifts[k]) & mask``."""
     for k, s in enumerate(shifts):
         torch.bitwise_right_shift(q, s, out=out.select(dim, k))
     return out.bitwise_and_(mask)
@@ -272,11 +268,7 @@ def _reinterpret(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode one ggml tensor's bytes (``shape``: ggml ``ne`` reversed) to values on ``raw``'s device.
-
-    Quantized types are computed in float32 and cast to ``dtype``; integers come back as int64;
-    without a cast the result shares memory with ``raw``. Raises ValueError for an unsupported type
-    or bytes that do not match shape and type."""
+    """Decode one ggml tensor's bytes (``shape``: ggml ``ne`` reversed) to values on ``raw``'s device."""
     if sys.byteorder != "little":
         raise RuntimeError("ggml dequantization reinterprets little-endian bytes in place; this host is big-endian")
     if int(ggml_type) not in SUPPORTED_TYPES:

@@ -73,11 +73,7 @@ class Dflash2Weights:
         return logits
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchors: torch.Tensor, mm: MatMul) -> Selection:
-        """The lattice and the driver's walk over it for blocks of slots 1..n.
-
-        hidden [A, n, E] final-norm states and logits [A, n, V] (target ids, transformed) of the
-        predicted slots of A blocks; anchors [A] the blocks' slot-0 tokens.
-        """
+        """The lattice and the driver's walk over it for blocks of slots 1..n."""
         A, n, V = logits.shape
         k = self.top_k
         if k > V:

@@ -63,10 +63,7 @@ class CheckpointDflash2:
         return logits
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, semantics: str) -> dict[str, torch.Tensor]:
-        """One block's candidates [n, k], lattice [n, k, k] (predecessor, successor), walk and tokens [n].
-
-        hidden [n, E] and logits [n, V] are the predicted slots 1..n of the block.
-        """
+        """One block's candidates [n, k], lattice [n, k, k] (predecessor, successor), walk and tokens [n]."""
         k = self.top_k
         cand = torch.topk(logits, k, dim=-1).indices
         if semantics == LLAMA_CPP and k > 1:  # ggml_top_k's CPU order: sorted, then the first two exchanged

@@ -1,9 +1,8 @@
 """What differs between a drafter GGUF and its checkpoint, named: the second half of ``check``.
 
-``hparam_differences`` compares the hyper-parameters the forward uses (floats as the float32 the GGUF
-stores); ``tensor_differences`` compares every shared tensor against what the file's storage type can
-cost (``WEIGHT_REL_RMS``) and names the checkpoint tensor it matches instead. Any difference is a
-defect. Specification (what a failure names): docs/check.md, "What differs".
+Hyper-parameters are compared as the float32 the GGUF stores; tensors against what the file's
+storage type can cost (``WEIGHT_REL_RMS``). Any difference is a defect. Specification (what a
+failure names): docs/check.md, "What differs".
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ def _as_f32(v: Any) -> Any:
 
 
 def hparam_differences(file: Drafter, checkpoint: Drafter) -> list[str]:
-    """``name: file X, checkpoint Y`` for each forward field whose two readings differ (a member's part
-    field by field, under its key's name)."""
+    """``name: file X, checkpoint Y`` for each forward field whose two readings differ."""
     out = []
     dflash2 = file.selector is not None or checkpoint.selector is not None
     for name in FORWARD_FIELDS + (DFLASH2_FORWARD_FIELDS if dflash2 else ()):
@@ -122,8 +120,7 @@ def _neox_rows(v: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def _squeezed(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    """A shape without its leading 1s: llama-quantize drops a tensor's trailing ggml dimensions of 1
-    (DSpark's conf_proj {E+R, 1} comes out {E+R}), the same values either way."""
+    """A shape without its leading 1s (llama-quantize drops trailing ggml dimensions of 1)."""
     dims = tuple(int(n) for n in shape)
     while len(dims) > 1 and dims[0] == 1:
         dims = dims[1:]
@@ -163,9 +160,7 @@ def _sq_sums(x: DrafterTensor, y: DrafterTensor, device: torch.device, xv: torch
 
 def tensor_differences(file: Drafter, checkpoint: Drafter, device: torch.device | str = "cpu", *,
                        file_values: Decoded | None = None, checkpoint_values: Decoded | None = None) -> list[str]:
-    """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding).
-
-    ``file_values`` and ``checkpoint_values``: what the runner and the reference already decoded."""
+    """One line per tensor of the file whose values are not the checkpoint's (beyond its type's rounding)."""
     device = torch.device(device)
     fv = file_values or (lambda t: None)
     cv = checkpoint_values or (lambda t: None)

@@ -1,11 +1,7 @@
 """DSpark's heads: the Markov bias chained over a block and the confidence head, in torch.
 
-``markov_chain`` is llama.cpp 0c1e57098's head on the GGUF's tensors; ``checkpoint_markov_chain`` the
-same head written separately on the checkpoint's tensors, for ``runtime.reference``; ``driver_draft``
-reads a block as ``draft-dspark`` does. It refuses what llama.cpp's loader refuses of the heads
-(``markov_w1`` without ``markov_w2``, ranks or row counts that disagree, a ``conf_proj`` of the wrong
-size) and a ``--spec-draft-p-min`` for a drafter without a confidence head, naming the file.
-Specification: docs/runtime.md, "DSpark's heads".
+Refuses what llama.cpp's loader refuses of the heads and a ``--spec-draft-p-min`` for a drafter
+without a confidence head, naming the file. Specification: docs/runtime.md, "DSpark's heads".
 """
 
 from __future__ import annotations
@@ -145,10 +141,7 @@ def driver_draft(tokens: torch.Tensor, confidence: torch.Tensor | None, p_min: f
 def checkpoint_markov_chain(tensors: Mapping[str, torch.Tensor], draft_logits: torch.Tensor, hidden: torch.Tensor,
                             anchor: int, sample_from_anchor: bool, d2t_ids: torch.Tensor | None,
                             vocab_size: int) -> MarkovDraft:
-    """The Markov and confidence heads from the checkpoint's own tensors, one block.
-
-    ``draft_logits`` [n_block, Vd] in the head's own vocabulary; ``d2t_ids`` maps draft entry j to
-    target id ``d2t_ids[j]`` (None: the target's vocabulary). Returns target-vocabulary logits."""
+    """The Markov and confidence heads from the checkpoint's own tensors, one block."""
     w1, w2 = tensors[MARKOV_W1_HF], tensors[MARKOV_W2_HF]
     prefix = next((p for p in CONF_HF_PREFIXES if f"{p}.weight" in tensors), None)
     proj_w = tensors[f"{prefix}.weight"] if prefix else None

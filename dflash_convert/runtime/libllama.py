@@ -1,10 +1,8 @@
 """llama.cpp's own library through ctypes: load a target GGUF, decode it, read its layer inputs.
 
-``find_libllama`` finds the library (``--libllama``, ``DFLASH_CONVERT_LIBLLAMA``, or llama-cpp-python's)
-and ``load_libllama`` refuses, as one error line, a library that lacks a call used here or whose
-default parameter structs do not read back as llama.cpp 0c1e57098 fills them. The layer-input calls
-are C++ declarations, found by their Itanium-mangled names. What a target may be is decided in
-``runtime/gguf_target.py``. Specification: docs/acceptance.md ("Capturing from a target GGUF").
+Refuses, as one error line, a library that lacks a call used here or whose default parameter
+structs do not read back as llama.cpp 0c1e57098 fills them. The layer-input calls are found by
+their Itanium-mangled names. Specification: docs/acceptance.md ("Capturing from a target GGUF").
 """
 
 from __future__ import annotations

@@ -88,8 +88,7 @@ class ReferenceModel:
 
 def _read_safetensors(files: list[Path], device: torch.device,
                       dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
-    """Every tensor by its HF name (``model.`` stripped): floats in ``dtype``, integers as int64; and
-    each tensor's stored dtype."""
+    """Every tensor by its HF name (``model.`` stripped), floats in ``dtype``, integers int64; and each stored dtype."""
     from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
 
     out: dict[str, torch.Tensor] = {}
@@ -126,10 +125,7 @@ def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, devic
 
 def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: Drafter | None = None,
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ReferenceModel:
-    """A read checkpoint's weights, by their HF names, for the reference forward.
-
-    ``drafter``: the checkpoint's Drafter (read here when not given), hyper-parameters only.
-    ``target`` supplies the embedding and the head the drafter does not carry."""
+    """A read checkpoint's weights, by their HF names, for the reference forward."""
     device = torch.device(device)
     tgt = target
     d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
@@ -196,9 +192,7 @@ def _view(model: ReferenceModel) -> ConfigView:
 
 
 def reference_features(model: ReferenceModel, hidden_states: torch.Tensor) -> torch.Tensor:
-    """[ctx, T*E] context features the way the checkpoint's own code takes them from the target.
-
-    Read from the raw config (docs/layer-ids.md), so the converter's layer-id translation is checked, not reused."""
+    """[ctx, T*E] context features the way the checkpoint's own code takes them from the target."""
     cv = _view(model)
     if model.dialect == SPECULATORS_LAYOUT:
         ids = list(cv.get("aux_hidden_state_layer_ids"))
@@ -325,17 +319,14 @@ def semantics_differ(model: ReferenceModel) -> bool:
 @torch.no_grad()
 def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
                       positions: torch.Tensor, *, semantics: str = "llama.cpp") -> ForwardResult:
-    """One draft from the checkpoint: same inputs and outputs as ``runtime.forward.run_gguf``.
-
-    positions: [ctx + n_block]; a [4, N] M-RoPE tensor is read by its temporal row only."""
+    """One draft from the checkpoint: same inputs and outputs as ``runtime.forward.run_gguf``."""
     return reference_forwards(model, target_hidden, block_ids, positions, (semantics,))[semantics]
 
 
 @torch.no_grad()
 def reference_forwards(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
                        positions: torch.Tensor, semantics: tuple[str, ...]) -> dict[str, ForwardResult]:
-    """The same draft under several semantics; the layers run once per semantics, the output head once
-    for all of them (a target head too large to keep decoded is streamed once, not once per semantics)."""
+    """The same draft under several semantics: the layers once per semantics, the output head once for all."""
     for s in semantics:
         if s not in SEMANTICS:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {s!r}")

@@ -23,11 +23,7 @@ MAX_TOKENIZER_BYTES = 512 * 1024 * 1024
 
 
 def read_json(path: Path, what: str, limit: int | None = None) -> Any:
-    """Read a JSON file with one-line errors, rejecting oversized files.
-
-    Configs also reject duplicate keys (a second value silently winning is how a hostile config
-    would hide a setting); tokenizer files, tens of MB of plain data, are parsed directly.
-    """
+    """Read a JSON file with one-line errors, rejecting oversized files; configs also reject duplicate keys (a hidden setting)."""
     tokenizer_file = path.name.startswith("tokenizer")
     if limit is None:
         limit = MAX_TOKENIZER_BYTES if tokenizer_file else MAX_CONFIG_BYTES
@@ -105,8 +101,7 @@ def read_checkpoint(model_dir: str | Path) -> Checkpoint:
 
 
 def read_weights(model_dir: Path) -> tuple[list[Path], list[TensorRef]]:
-    """(weight files, every tensor in them) of a model directory: each safetensors header validated,
-    no tensor in two files, the index (when there is one) naming exactly the tensors each file holds."""
+    """(weight files, every tensor in them) of a model directory: headers validated, no tensor twice, the index matching."""
     files, weight_map = weight_files(model_dir)
     tensors: list[TensorRef] = []
     seen: dict[str, Path] = {}

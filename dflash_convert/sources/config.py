@@ -87,10 +87,7 @@ def expected(name: str) -> tuple[str, ...]:
 
 
 class ConfigView:
-    """Typed access to one config object (a file, or an object inside one) with one-line errors.
-
-    ``scope`` prefixes key names in messages (``dflash_config.``); ``path`` is the file.
-    """
+    """Typed access to one config object (a file, or an object inside one) with one-line errors."""
 
     def __init__(self, cfg: dict[str, Any], path: Path, scope: str = "") -> None:
         self.cfg, self.path, self.scope = cfg, Path(path), scope
@@ -131,11 +128,7 @@ class ConfigView:
 
     def int_(self, key: str, value: Any = _READ, *, required: bool = True, minimum: int = 1, maximum: int = U32_MAX,
              written_as: str = "UINT32") -> int | None:
-        """An integer config value, range-checked against the GGUF type it is written as (UINT32 unless said).
-
-        ``key`` names the value in messages; without ``value`` it is read (typed) from this view, and
-        a ``value`` of None is absent.
-        """
+        """An integer config value, range-checked against the GGUF type it is written as (UINT32 unless said)."""
         v = self.get(key) if value is _READ else value
         if v is None:
             if required:

@@ -88,8 +88,7 @@ def checkpoint_reader(ckpt: Checkpoint) -> CheckpointReader:
 
 
 def read_checkpoint_drafter(ckpt: Checkpoint, target: Target | None, *, keep_embeddings: bool = False) -> Drafter:
-    """The Drafter of a checkpoint as convert writes it: read by its member's reader, then its vocabulary
-    part settled (d2t as absolute ids, a mask row in place, which of token_embd/output is written)."""
+    """The Drafter of a checkpoint as convert writes it: its member's reading, then its vocabulary part settled."""
     d = checkpoint_reader(ckpt).read(ckpt, target)
     resolve_vocabulary(d, ckpt, target, keep_embeddings=keep_embeddings)
     return d

@@ -85,8 +85,7 @@ def _family_tensor(name: str) -> bool:
 
 
 def carries_dflash2_parts(ckpt: Checkpoint) -> bool:
-    """A z-lab ``DFlashDraftModel`` with DFlash2 keys or any family tensor: upstream's DFlashModel
-    converts those as DFlash2, and so do we (the dispatcher, ``sources/dispatch.py``, asks this)."""
+    """A z-lab ``DFlashDraftModel`` with DFlash2 keys or tensors, which upstream converts as DFlash2 (asked by the dispatcher)."""
     cfg = merged_text_config(ckpt.config)
     dflash = cfg.get("dflash_config")  # a mistyped dflash_config is refused by the reader this picks
     if isinstance(dflash, dict) and "conv_kernel_size" in dflash:
@@ -192,10 +191,7 @@ def _markov_head_type(cv: ConfigView, *values: Any) -> None:
 # --- Gemma-4 DSpark
 
 def _gemma4_rope(cv: ConfigView) -> dict[str, Any]:
-    """The RoPE parameters upstream's Gemma4DSparkModel uses: its default without any, the full-attention
-    ones of a per-layer-type object, or a flat object as upstream's generic text-model code completes it in
-    place (top-level theta, partial rotary factor, local theta) before Gemma-4 reads it back. Every value
-    is read typed; the result is a plain object the builder reads again."""
+    """The RoPE parameters upstream's Gemma4DSparkModel uses, as a plain object, every value read typed."""
     if not cv.get("rope_parameters"):
         return dict(GEMMA4_DEFAULT_ROPE)
     given = cv.sub("rope_parameters")

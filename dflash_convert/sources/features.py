@@ -98,8 +98,7 @@ class FeaturesFile:
         return [self.layers.index(t) for t in target_layers]
 
     def check_drafter(self, d: Drafter, where: str | Path, n_max: int | None = None) -> list[int]:
-        """A drafter these features fit (hidden size, vocabulary, taps; with ``n_max`` the continuation its
-        loop can read): its slots, or one error line naming the features file."""
+        """A drafter these features fit: its slots, or one error line naming the features file."""
         if d.hidden_size != self.hidden_size:
             raise InputFileError(f"the captured features are {self.hidden_size} wide, the drafter {where} is "
                                  f"{d.hidden_size}: features of another target", self.path)
@@ -111,8 +110,7 @@ class FeaturesFile:
         return self.slots_for(d.target_layers, str(where))
 
     def check_covers(self, n_max: int) -> None:
-        """Every continuation holds what llama-speculative-simple -n new_tokens verifies with drafts of ``n_max``
-        (unless it stops at an end-of-generation token)."""
+        """Every continuation holds what llama-speculative-simple -n new_tokens verifies with drafts of ``n_max``."""
         need = self.new_tokens + n_max + 1
         for s in self.sequences:
             if not s.ends_at_eos and s.length - s.prompt_length < need:
@@ -121,8 +119,7 @@ class FeaturesFile:
                                      f"with drafts of {n_max}", self.path)
 
     def check_target(self, target: Target, allow_other_target: bool = False) -> None:
-        """The target in use is the one the features were captured from: the config's SHA-256 (a directory),
-        the hidden size and the vocabulary. A different config is refused unless ``allow_other_target``."""
+        """Refuse a target whose config hash, hidden size or vocabulary differs from the capture's (unless ``allow_other_target``)."""
         if target.hidden_size is not None and target.hidden_size != self.hidden_size:
             raise InputFileError(f"the captured features are {self.hidden_size} wide, the target {target.source} is "
                                  f"{target.hidden_size}: features of another target", self.path)
@@ -225,9 +222,7 @@ def read_features(path: str | Path) -> FeaturesFile:
 
 
 def recorded_target(feats: FeaturesFile) -> Target | None:
-    """The target directory or GGUF the features record when it is an absolute path still there, else None.
-
-    One that is not absolute or cannot be read is an error asking for --target-model-dir."""
+    """The target directory or GGUF the features record when it is an absolute path still there, else None."""
     rec = feats.target
     if rec is None:
         return None
@@ -245,8 +240,7 @@ def recorded_target(feats: FeaturesFile) -> Target | None:
 
 def target_for(feats: FeaturesFile, target_model_dir: str | Path | None = None,
                target_gguf: str | Path | None = None, *, allow_other_target: bool = False) -> Target | None:
-    """The target whose embedding and head the drafters share: given, else the recorded one (None: none),
-    checked to be the target the features were captured from."""
+    """The target whose embedding and head the drafters share (given, else recorded), checked against the capture."""
     if target_model_dir is not None:  # a directory, a GGUF, or a repo id (its embedding and head are read)
         target = read_target(resolve_source(target_model_dir, TARGET_WEIGHTS).path)
     elif target_gguf is not None:

@@ -172,8 +172,7 @@ class _Cursor:
         self.mm, self.released = mm, 0  # pages before ``released`` are handed back to the kernel
 
     def release(self) -> None:
-        """Hand back the mapped pages the parser has passed: their values are copied out, so the
-        file's pages and the copies are not resident at once (a no-op where madvise is missing)."""
+        """Hand back the mapped pages the parser has passed (their values are copied out); a no-op without madvise."""
         end = self.pos // _PAGE * _PAGE
         if self.mm is None or end - self.released < _RELEASE_EVERY or not hasattr(self.mm, "madvise"):
             return

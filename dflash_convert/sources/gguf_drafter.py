@@ -39,8 +39,7 @@ MAX_INT_LIST = 1 << 16
 
 
 def as_ints(v: GGUFValue | None) -> list[int] | None:
-    """An integer or bool array as a list of ints; None for anything else, or for an array longer
-    than MAX_INT_LIST."""
+    """An integer or bool array as a list of ints; None otherwise or past MAX_INT_LIST."""
     if v is None:
         return None
     if v.vtype == ValueType.ARRAY and v.sub in INT_TYPES | {ValueType.BOOL} and len(v.value) <= MAX_INT_LIST:
@@ -69,8 +68,7 @@ def _position(g: GGUFFile, full_key: str) -> int:
 
 @dataclass
 class KeyFindings:
-    """What a lenient read found beside the Drafter: presence and type of every key, and the values
-    no Drafter field holds as the file says them."""
+    """What a lenient read found beside the Drafter: every key's presence and type, and values no Drafter field holds."""
 
     types: dict[str, tuple[ValueType, ValueType | None]] = field(default_factory=dict)  # full key -> (type, element type)
     values: dict[str, Any] = field(default_factory=dict)  # short name -> the typed value (None: mistyped); ints, floats,
@@ -259,10 +257,7 @@ def _require(d: Drafter, g: GGUFFile) -> None:
 
 
 def read_drafter(path: str | Path) -> Drafter:
-    """A dflash drafter GGUF as a Drafter (strict: raises InputFileError on an incomplete file).
-
-    Tensor data stays on disk; each tensor's source reads its rows on demand.
-    """
+    """A dflash drafter GGUF as a Drafter (strict: raises InputFileError on an incomplete file)."""
     return drafter_from_gguf(read_gguf(path), strict=True)
 
 

@@ -88,18 +88,11 @@ def parse_repo_spec(spec: str) -> tuple[str, str] | None:
 
 
 def resolve_source(spec: str | os.PathLike, role: str) -> ResolvedRepo:
-    """A local directory as it is, or a repo id resolved to a complete cache snapshot (downloaded if allowed).
-
-    ``role`` is ``drafter`` (config, safetensors, index), ``target`` (config and tokenizer files, no
-    weights) or ``target_weights`` (the target's files and its safetensors). Anything that is
-    neither an existing path nor a repo id comes back as a path, for the reader's usual message.
-    Raises RepoError: a repo not in the cache while offline, a revision the cache does not hold, a
-    repo or revision the Hub does not know, an incomplete snapshot.
-    """
+    """A local directory as it is, or a repo id resolved to a complete cache snapshot (downloaded if allowed)."""
     if role not in ALLOW_PATTERNS:
         raise ValueError(f"unknown role {role!r}; expected one of {sorted(ALLOW_PATTERNS)}")
     text = os.fspath(spec)
-    if isinstance(text, bytes) or os.path.lexists(text):  # a path is a path
+    if isinstance(text, bytes) or os.path.lexists(text):
         return ResolvedRepo(Path(os.fsdecode(text)), None, None)
     parsed = parse_repo_spec(text)
     if parsed is None:
@@ -156,8 +149,7 @@ def _inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
 
 
 def _commit_of(repo_dir: Path, revision: str, label: str) -> str | None:
-    """The commit a revision names: itself when it is one, else what the repo's ``refs/<revision>`` holds
-    (None when the cache has no such ref). The ref must lie in refs/ and hold 40 hex digits."""
+    """The commit a revision names: itself, else the 40 hex digits of its ref under refs/ (None without such a ref)."""
     if COMMIT_SHA.fullmatch(revision):
         return revision
     refs = repo_dir / "refs"
@@ -200,9 +192,7 @@ def _confine(snapshot: Path, repo_dir: Path, cache: Path, label: str) -> None:
 
 
 def _cached_snapshot(repo_id: str, commit: str, role: str, cache: Path, label: str) -> tuple[Path | None, bool]:
-    """(the cache's snapshot folder of this commit or None, whether the cache's own tree listing, where
-    there is one, finds every file of the role's patterns in it), without the network. huggingface_hub
-    is given the commit, never a ref name: the refs were read (and checked) by ``_commit_of``."""
+    """(snapshot folder of this commit or None, whether the cache's listing finds every file of the role), offline; given a commit, never a ref."""
     # huggingface_hub is a heavy import: only a repo id pays for it
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
@@ -261,8 +251,7 @@ def _snapshot_path(folder: Path, label: str) -> Path:
 
 
 def _not_cached(repo_dir: Path, revision: str, commit: str | None, cache: Path, label: str) -> str:
-    """Why the cache has no snapshot: no such repo there, a ref to a commit whose snapshot is not there,
-    or not this revision (and which refs it has)."""
+    """Why the cache has no snapshot of this revision (no repo, a commit without snapshot, or the refs it has)."""
     offline = " (HF_HUB_OFFLINE=1)" if hub_offline() else ""
     if not repo_dir.is_dir():
         return f"{label}: no such directory, and not in the Hugging Face cache at {cache}{offline}"

@@ -92,11 +92,7 @@ class ModelCard:
 
 
 def front_matter(path: Path) -> dict[str, Any]:
-    """The YAML front matter of a README.md as a dict; {} when it has none.
-
-    As upstream reads it: the first line is ``---``, the block ends at the next ``---`` line (or the
-    file's end), ``- no`` list items stay the string "no", tabs count as two spaces.
-    """
+    """The YAML front matter of a README.md as a dict; {} when it has none."""
     raw = read_regular_bytes(path, CARD_NAME, MAX_CARD_BYTES)
     try:
         text = raw.decode("utf-8")
@@ -149,8 +145,7 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 
 def _bounded_entries(card: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The card with every base-model or dataset entry gguf-py cannot use (neither a string nor a mapping)
-    replaced by the empty entry gguf-py makes of it; said here, shortened: gguf-py would log it whole."""
+    """The card with each base-model or dataset entry gguf-py cannot use replaced by its empty entry, said here shortened."""
     out = dict(card)
     for what, names in _ENTRY_LISTS.items():
         name = next((n for n in names if n in card), None)
@@ -200,8 +195,7 @@ def parameter_count(shapes: list[tuple[int, ...]]) -> int:
 
 def read_model_card(model_dir: Path, config: dict[str, Any], n_params: int,
                     override: str | os.PathLike | None = None, *, dir_name: str | None = None) -> ModelCard:
-    """Every general.* key upstream's converter writes for ``model_dir`` from its card, in upstream's order.
-    ``dir_name`` names the model instead of the directory (a repo id's snapshot folder is a commit sha)."""
+    """Every general.* key upstream's converter writes from ``model_dir``'s card, in its order (``dir_name``: the model's name)."""
     files: list[Path] = []
     # what the directory is called, even when given as "." or a link
     named = Path(dir_name) if dir_name else Path(os.path.realpath(model_dir))
@@ -304,7 +298,6 @@ def _typed(k: str, vtype: ValueType, value: Any, path: Path) -> Any:
 
 
 def shortened(value: Any) -> str:
-    """A value as a message shows it: reprlib's bounded repr, cut to ``SHOWN_CHARS`` (a card's value can be
-    a megabyte of nested lists)."""
+    """A value as a message shows it: reprlib's bounded repr, cut to ``SHOWN_CHARS``."""
     text = reprlib.repr(value)
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."

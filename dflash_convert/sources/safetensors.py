@@ -66,12 +66,7 @@ class TensorRef:
         return self.read(a * r, (b - a) * r, fds)
 
     def read(self, start: int = 0, count: int | None = None, fds: FdCache | None = None) -> np.ndarray:
-        """Read ``count`` elements from element ``start`` as raw little-endian words (1-D).
-
-        BF16 comes back as uint16 words; callers reinterpret them. Reads are plain positional
-        reads into a fresh buffer, not a mapping, so pages do not stay in our resident set.
-        Pass an open ``fd`` of this file to avoid reopening it per chunk.
-        """
+        """Read ``count`` elements from element ``start`` as raw little-endian words (1-D)."""
         itemsize, np_dtype = DTYPES[self.dtype]
         if np_dtype is None:
             raise InputFileError(f"tensor {self.name!r} has dtype {self.dtype}, which cannot be converted", self.path)

@@ -103,10 +103,7 @@ def _check_repeats(cfg: Any, where: Path, at: str) -> None:
 
 
 def target_from_gguf(g: GGUFFile) -> Target:
-    """A Target from a parsed GGUF (the caller decides whether a drafter architecture is an error).
-
-    Its tokenizer keys are kept as stored, and its embedding and head are the file's tensors.
-    """
+    """A Target from a parsed GGUF (the caller decides whether a drafter architecture is an error)."""
     arch = g.architecture
     hidden = blocks = nextn = None
     if arch:
@@ -155,10 +152,7 @@ def read_target(path: str | Path) -> Target:
 
 
 def target_tensors(t: Target) -> dict[str, TensorSource] | None:
-    """The target's embedding and head as tensor sources (data read on demand), or None.
-
-    A directory's safetensors headers are read the first time this is asked, and kept on the Target.
-    """
+    """The target's embedding and head as tensor sources (data read on demand), or None."""
     if t.weights is None:
         t.weights = {}
         if t.kind == DIRECTORY and (any(t.source.glob("model*.safetensors"))

@@ -135,10 +135,7 @@ def read_zlab(ckpt: Checkpoint, target: Target | None) -> Drafter:
 
 def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: ConfigView, target: Target | None, *,
                   dialect: str, draft_vocab_size: int | None = None, tensors: bool = True) -> Drafter:
-    """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``.
-
-    ``tensors=False`` leaves the tensors to the caller (sources/family.py maps the other members'
-    tensors itself, with their own required sets and names)."""
+    """The Drafter for a flat (z-lab shaped) config: HF target_layer_ids in ``dflash``."""
     n_layers = cv.int_("num_hidden_layers", cv.first(("num_hidden_layers", "n_layers", "n_layer", "num_layers")),
                        maximum=MAX_LAYERS, written_as=f"block_count (llama.cpp loads at most {MAX_LAYERS} layers)")
     hidden = cv.int_("hidden_size", cv.first(("hidden_size", "n_embd", "dim")))
@@ -242,13 +239,7 @@ def build_drafter(ckpt: Checkpoint, cv: ConfigView, dflash: ConfigView, target: 
 def map_tensors(ckpt: Checkpoint, cv: ConfigView, d: Drafter, *, permute_rope: bool,
                 gguf_name_of: Callable[[str], str | None], kind: str, twice_hint: str,
                 rename: Callable[[str], str] | None = None) -> list[DrafterTensor]:
-    """Checkpoint tensors -> DrafterTensors in the checkpoint's (= upstream's) order, each checked.
-
-    Inert names (SKIPPED_SUFFIXES, t2d) are dropped; ``rename`` rewrites a name first (Gemma-4's
-    prefixes), ``gguf_name_of`` maps it (None: not part of a ``kind`` drafter). Every reader of a
-    family member refuses the same things here, one line each: unknown or doubled tensors, a layer
-    past num_hidden_layers, a non-float dtype (d2t aside).
-    """
+    """Checkpoint tensors -> DrafterTensors in the checkpoint's (= upstream's) order, each checked."""
     out: list[DrafterTensor] = []
     seen: set[str] = set()
     for ref in ckpt.tensors:

@@ -40,11 +40,7 @@ ROUTES: dict[str, str] = {
 
 def borrow_from_dir(md: Metadata, target_dir: Path, architecture: str | None, vocab_size: int | None,
                     tokenizer_pre: str | None = None, cache: TokenizerCache | None = None) -> int:
-    """Write the tokenizer keys llama.cpp would write for this target; returns the token count.
-
-    With a ``cache`` (tokenizer/cache.py), keys built once for the same tokenizer files are read
-    back instead of probed and parsed again; ``cache.outcome`` says which happened.
-    """
+    """Write the tokenizer keys llama.cpp would write for this target; returns the token count."""
     route = ROUTES.get(architecture or "")
     if route is None:
         raise InputFileError(

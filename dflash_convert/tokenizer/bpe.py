@@ -86,10 +86,7 @@ class BpeVocab:
 
 def read_bpe_vocab(target_dir: Path, tj: dict[str, Any], tc: dict[str, Any], vocab_size: int | None,
                    result: ProbeResult, tokenizer_pre: str | None = None) -> BpeVocab:
-    """Token list padded to ``vocab_size`` (the draft's), token types, and the pre-tokenizer name.
-
-    ``result`` is the probe of the same tokenizer.json (hash, added-token round trips).
-    """
+    """Token list padded to ``vocab_size``, token types and pre-tokenizer name (``result``: the probe of the same tokenizer.json)."""
     where = target_dir / "tokenizer.json"
     added = added_tokens(tj, where)
     vocab = full_vocab(tj, where)

@@ -36,7 +36,7 @@ log = logging.getLogger("dflash_convert")
 FORMAT_VERSION = 2  # bump when an entry's layout or the meaning of its key changes (2: string arrays in GGUF form)
 MAGIC = b"dflash-convert tokenizer cache\n"
 MAX_ENTRY_BYTES = 256 << 20  # a 262k-token vocabulary with merges and scores is ~15 MB; more is not ours
-MAX_ENTRIES = 32  # the oldest entries beyond this many are removed after a store
+MAX_ENTRIES = 32
 ENTRY_SUFFIX = ".tokcache"
 # modules whose code decides the tokenizer keys: a change to any of them is a different entry
 _BUILDERS = ("tokenizer/borrow.py", "tokenizer/bpe.py", "tokenizer/gemma4.py", "tokenizer/probe.py",
@@ -63,11 +63,7 @@ def _builders_fingerprint() -> str:
 
 
 def _tokenizers_version() -> str:
-    """The probe's library decides the pre-tokenizer hash and the round trips: its installed version.
-
-    Read from the name of its dist-info folder beside it, without importing it (heavy) and without
-    importlib.metadata, which scans every distribution on the path.
-    """
+    """The probe's library decides the pre-tokenizer hash and the round trips: its installed version."""
     spec = importlib.util.find_spec("tokenizers")
     if spec is None or not spec.origin:
         return "absent"
@@ -146,7 +142,7 @@ def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
     values = kv_value if vtype == ValueType.ARRAY else [kv_value]
     kind = VALUE_TYPES[sub if vtype == ValueType.ARRAY else vtype]  # type: ignore[index]
     if vtype == ValueType.ARRAY and sub == ValueType.STRING and isinstance(kv_value, StrArray):
-        return True  # read back from an entry: already in the form the entry holds
+        return True
     if vtype == ValueType.ARRAY and sub == ValueType.STRING or vtype == ValueType.STRING:
         return all(type(v) is str for v in values)
     if kind.kind == BOOLEAN:
@@ -269,7 +265,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
         name, vtype, sub, value = item[0], _type_of(item[1], item[0]), item[2], item[3]
         if vtype == ValueType.ARRAY:
             sub_t = _type_of(sub, name)
-            if isinstance(value, dict):  # a string array, in its section
+            if isinstance(value, dict):
                 ref = value.get("section")
                 if sub_t != ValueType.STRING or len(value) != 1 or not _is_count(ref) or ref >= len(strings):
                     raise CorruptEntry(f"{name}: malformed section reference")
@@ -277,7 +273,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
             elif sub_t == ValueType.ARRAY or not isinstance(value, list):
                 raise CorruptEntry(f"{name}: not a flat array")
             else:
-                _check_values(value, sub_t, name)  # (a section's items are strings by construction)
+                _check_values(value, sub_t, name)
             if not value:
                 raise CorruptEntry(f"{name}: an empty array")
         else:
@@ -298,10 +294,7 @@ def decode_entry(data: bytes, cache_key: str) -> Metadata:
 # --- reading and writing entries
 
 def _read_bounded(path: Path) -> bytes | None:
-    """An entry's bytes: only a regular file, never through a symbolic link, at most MAX_ENTRY_BYTES.
-
-    None when there is no entry; CorruptEntry when what is there is not one we would read.
-    """
+    """An entry's bytes: only a regular file, never through a symbolic link, at most MAX_ENTRY_BYTES."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -345,7 +338,7 @@ class TokenizerCache:
 
     directory: Path | None
     outcome: str = "off"
-    ignored: list[str] = field(default_factory=list)  # why entries were ignored, for tests and warnings
+    ignored: list[str] = field(default_factory=list)
 
     def path_for(self, cache_key: str) -> Path:
         """The entry file for ``cache_key``."""

@@ -117,11 +117,7 @@ def _special_id(processor_entry: dict[str, Any]) -> Any:
 
 
 def _from_post_processor(st: SpecialTokens, post: dict[str, Any], tc: dict[str, Any] | None) -> None:
-    """Infer add_bos/add_eos/add_sep from the post-processor, the way llama.cpp does.
-
-    The inference is crude by design (it matches upstream, which only handles simple templates).
-    ``tc`` (tokenizer_config) is updated in place with the special tokens the template implies.
-    """
+    """Infer add_bos/add_eos/add_sep from the post-processor, the way llama.cpp does."""
     bos = (tc or {}).get("bos_token")
     cls = (tc or {}).get("cls_token")
     eos = (tc or {}).get("eos_token")
@@ -226,9 +222,7 @@ def load_tokenizer_files(target_dir: Path) -> tuple[dict[str, Any] | None, dict[
 
 
 def check_tokenizer_config(tc: dict[str, Any], tc_path: Path) -> None:
-    """Raise ConfigError for a tokenizer_config.json field read_special_tokens uses whose JSON type is wrong.
-    Cheap: borrowing runs it before the tokenizer probe and the vocabulary, so a mistyped field is
-    refused in a fraction of a second."""
+    """Raise ConfigError for a tokenizer_config.json field read_special_tokens uses whose JSON type is wrong."""
     tcv = ConfigView(tc, tc_path)
     for kind in DEFAULT_KINDS + ("eot", "eom"):
         tcv.get(f"add_{kind}_token")
@@ -237,11 +231,7 @@ def check_tokenizer_config(tc: dict[str, Any], tc_path: Path) -> None:
 
 
 def read_special_tokens(target_dir: Path, tj: dict[str, Any] | None, tc: dict[str, Any] | None) -> SpecialTokens:
-    """Everything llama.cpp writes after the token list, from a target's tokenizer files.
-
-    ``tj``/``tc`` are the parsed tokenizer.json/tokenizer_config.json; ``tc`` may be modified,
-    as llama.cpp fills in special tokens the post-processor implies.
-    """
+    """Everything llama.cpp writes after the token list; ``tc`` is filled in with the special tokens the post-processor implies."""
     st = SpecialTokens()
     tj_path = target_dir / "tokenizer.json"
     tc_path = target_dir / "tokenizer_config.json"

@@ -26,12 +26,7 @@ __all__ = ["Check", "PairingTarget", "Report", "pairing_target", "validate"]
 
 def validate(path: str | os.PathLike, target: str | os.PathLike | PairingTarget | None = None, *, deep: bool = False,
              parsed: GGUFFile | None = None) -> Report:
-    """Check one drafter GGUF; never raises for bad input (a fatal check says why instead).
-
-    ``target``: a path, or a ``pairing_target`` read once for several files (publish validates each
-    file of a release against the same one). ``parsed``: ``path`` already read by ``read_gguf``
-    (quantize has it in hand); the caller keeps it open and closes it.
-    """
+    """Check one drafter GGUF; never raises for bad input (a fatal check says why instead)."""
     path = Path(path)
     target_path = None if target is None else target.path if isinstance(target, PairingTarget) else Path(target)
     if parsed is not None:

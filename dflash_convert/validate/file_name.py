@@ -17,8 +17,7 @@ CHECK_ID = "file_name"
 
 
 def name_problem(path: str | Path, drafter: Drafter) -> str | None:
-    """The one-line warning for this drafter's file name, or None; the member (DSpark or not) comes from
-    the tensors, the type tag from general.file_type when the file has one."""
+    """The one-line warning for this drafter's file name, or None."""
     dspark = member_of({t.gguf_name for t in drafter.tensors}) == DSPARK
     type_name = drafter.origin.file_type_name
     return discovery_problem(Path(path).name, dspark=dspark, type_name=type_name)

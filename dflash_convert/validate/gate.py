@@ -46,8 +46,7 @@ class ValidationGate:
 
 
 def require_valid_input(path: str | os.PathLike, skip_flag: str, *, parsed: GGUFFile | None = None) -> Report:
-    """validate ``path`` (``parsed``: already read, see ``validate``); raises (exit 1) when it fails,
-    naming the first failure and ``skip_flag``."""
+    """validate ``path``; raises (exit 1) naming the first failure and ``skip_flag``."""
     report = validate(path, parsed=parsed)
     summary = failure_summary(report)
     if summary is not None:

@@ -111,9 +111,7 @@ def render_json(report: Report) -> str:
 
 
 def render_text(report: Report) -> str:
-    """One line per check and per detail. Every piece that may quote the file (its path, a key or
-    tensor name, a string value) is passed through ``visible``: a newline or an escape sequence in
-    the file cannot forge or hide a line."""
+    """One line per check and per detail, everything quoted from the file through ``visible`` (no forged or hidden line)."""
     width = max((len(c.id) for c in report.checks), default=10)
     lines = [f"validate {visible(report.file)}" + (f" against {visible(report.target)}" if report.target else "")]
     for c in report.checks:

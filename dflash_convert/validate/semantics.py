@@ -114,8 +114,7 @@ def ne_of(t: DrafterTensor) -> tuple[int, ...]:
 
 @dataclass
 class Reading:
-    """What the lenient reader made of one file: the Drafter (None where a key is missing or mistyped)
-    and its findings (presence, types, per-layer arrays, the values no Drafter field holds)."""
+    """What the lenient reader made of one file: the Drafter (None where a key is missing or mistyped) and its findings."""
 
     d: Drafter
     f: KeyFindings

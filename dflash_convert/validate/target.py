@@ -62,12 +62,7 @@ class PairingTarget:
 
 def pairing_target(path: str | os.PathLike, draft_vocab: int | None = None,
                    cache: bool | TokenizerCache = True, *, read: Target | None = None) -> PairingTarget:
-    """Read the target (a GGUF or a Hugging Face directory) for comparing drafters with it.
-
-    A directory's keys are derived exactly as ``convert`` derives them (through the same tokenizer
-    cache), so a file converted from it compares equal; ``read``: the directory's Target, already read
-    (a conversion has it). Raises DFlashError when the target cannot be read at all.
-    """
+    """Read the target (a GGUF or a Hugging Face directory) for comparing drafters with it."""
     path = Path(path)
     if path.is_dir():
         t = read if read is not None else read_target_dir(path)
