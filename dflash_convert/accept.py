@@ -29,6 +29,8 @@ SCHEMA = "dflash-convert/accept/v1"
 
 @dataclass
 class FileAcceptance:
+    """One file's acceptance: its loop counts and every-anchor statistics."""
+
     name: str  # the file (or "checkpoint DIR")
     file_type: str
     size: int  # bytes (0 for a checkpoint)
@@ -36,6 +38,7 @@ class FileAcceptance:
     anchors: AnchorStats
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-ready dict."""
         return {"file": self.name, "file_type": self.file_type, "bytes": self.size, "n_drafted": self.loop.n_drafted,
                 "n_accept": self.loop.n_accept, "accept": self.loop.accept, "steps": self.loop.steps,
                 "mean_accepted_per_step": self.loop.mean_accepted, "n_predict": self.loop.n_predict,
@@ -45,6 +48,8 @@ class FileAcceptance:
 
 @dataclass
 class AcceptReport:
+    """An accept run: its settings, the files' results and the baseline they are compared with."""
+
     features: str
     n_max: int
     new_tokens: int
@@ -55,6 +60,7 @@ class AcceptReport:
     baseline: FileAcceptance | None = None  # what differences are taken against
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict, each row with its accept difference from the baseline."""
         base = self.baseline or (self.results[0] if self.results else None)
         rows = []
         for r in self.results:
@@ -67,9 +73,11 @@ class AcceptReport:
                 "checkpoint": None if self.baseline is None else self.baseline.to_dict(), "files": rows}
 
     def to_json(self) -> str:
+        """The report as indented JSON."""
         return json.dumps(self.to_dict(), indent=2)
 
     def render_text(self) -> str:
+        """The report as a text table, one row per file."""
         base = self.baseline or (self.results[0] if self.results else None)
         lines = [f"accept: {self.sequences} sequences of {visible(self.features)}, llama-speculative-simple's greedy loop with "
                  f"--spec-draft-n-max {self.n_max} -n {self.new_tokens}, on {self.device} ({self.numerics} numerics)",

@@ -39,6 +39,7 @@ class NumArray(Sequence):
         return iter(self.data.tolist())
 
     def tolist(self) -> list[Any]:
+        """The values as a Python list."""
         return self.data.tolist()
 
     def __eq__(self, other: object) -> bool:
@@ -136,6 +137,7 @@ class StrArray(Sequence):
                 yield bytes(data[o[j] + 8:o[j + 1]])
 
     def tolist(self) -> list[bytes]:
+        """The items as a list of bytes."""
         return list(self)
 
     def gguf_items_bytes(self) -> bytes:

@@ -38,6 +38,8 @@ MAX_NEW_TOKENS = 1 << 16
 
 @dataclass
 class CaptureResult:
+    """What a capture wrote: the file, its counts, the layers and notes."""
+
     output: Path
     sequences: int
     tokens: int

@@ -56,6 +56,7 @@ def quantized_types(planned: list[PlannedTensor], d: Drafter) -> Types:
 
 
 def total_bytes(planned: list[PlannedTensor]) -> int:
+    """The summed size in bytes of the planned tensors."""
     return sum(p.nbytes for p in planned)
 
 

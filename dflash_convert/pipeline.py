@@ -89,6 +89,7 @@ class ChunkPipeline:
         self.fds = FdCache()
 
     def chunks(self, p: PlannedTensor) -> Iterator[np.ndarray]:
+        """The encoded row spans of ``p`` in order, encoded ahead on the pool."""
         pending: deque[Future] = deque()
         try:
             for a, b in row_spans(p):
@@ -102,10 +103,12 @@ class ChunkPipeline:
                 f.cancel()
 
     def out_tensors(self, planned: list[PlannedTensor]) -> list[OutTensor]:
+        """An OutTensor per planned tensor, its data streamed from ``chunks``."""
         return [OutTensor(p.tensor.gguf_name, p.ne, p.ggml_type, p.nbytes, (lambda p=p: self.chunks(p)), file_span(p))
                 for p in planned]
 
     def close(self) -> None:
+        """Shut the pool down, close the sources and re-enable the garbage collector."""
         try:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.fds.close()

@@ -77,6 +77,7 @@ class OutType:
 
     @property
     def name(self) -> str:
+        """The file type's name."""
         return self.file_type.name
 
 
@@ -264,6 +265,7 @@ def parse_keep_types(specs: list[str]) -> list[tuple[str, GGMLType]]:
 
 def tensor_type(name: str, shape: tuple[int, ...], matrix_type: GGMLType,
                 fallback: dict[str, str] = CONVERT_FALLBACK) -> tuple[GGMLType, str]:
+    """The GGML type tensor ``name`` is stored as, with a note when it falls back."""
     name_of_type, note = storage_type(name, shape, matrix_type.name, fallback, BLOCK_OF)
     return GGMLType[name_of_type], note
 
@@ -275,6 +277,7 @@ def plan_tensor(t: DrafterTensor, ggml_type: GGMLType, note: str = "", *, copy: 
 
 
 def plan_tensors(d: Drafter, matrix_type: GGMLType) -> list[PlannedTensor]:
+    """A PlannedTensor per drafter tensor at ``matrix_type``, fallbacks logged."""
     out = []
     for t in d.tensors:
         ggml_type, note = tensor_type(t.gguf_name, t.shape, matrix_type)

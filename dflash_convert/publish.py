@@ -185,10 +185,12 @@ class FileBar:
             self.bar = tqdm(total=steps, desc=self.name, unit="step", leave=True, disable=None, bar_format="{bar:12} {desc}")
 
     def doing(self, what: str) -> None:
+        """Show ``what`` as the current step."""
         if self.bar is not None:
             self.bar.set_description_str(f"{self.name}: {what}")
 
     def step(self, then: str) -> None:
+        """Count a step done and show ``then`` as the next."""
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_description_str(f"{self.name}: {then}")

@@ -84,6 +84,7 @@ class Param:
         return self.metavar or self.dest.upper()
 
     def shown_metavar(self) -> str:
+        """The metavar shown in help: the given one, else a name for the type."""
         if self.metavar is not None:
             return self.metavar
         return {int: "INTEGER", float: "FLOAT", Path: "PATH", int_list: "N1,N2,..."}.get(self.type, "TEXT")
@@ -113,6 +114,8 @@ def multi(dest: str, *flags: str, help: str, metavar: str | None = None, in_orde
 
 @dataclass(frozen=True)
 class Command:
+    """A subcommand: its name, handler, help text and parameters."""
+
     name: str
     run: Callable[..., int | None]
     doc: str  # first paragraph: the one-line summary of the program's help
@@ -120,6 +123,7 @@ class Command:
 
     @property
     def summary(self) -> str:
+        """The first paragraph of ``doc`` on one line."""
         return " ".join(self.doc.split("\n\n", 1)[0].split())
 
 

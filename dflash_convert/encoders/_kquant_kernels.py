@@ -582,12 +582,12 @@ def q3_search(xg, scales, L):
     S = Q3_SWEEPS
     # queue k: groups that have swept k times and changed in the last sweep (queue 0: new groups)
     QX = np.empty((S, 16, 2 * B), np.float32)
-    QW = np.empty((S, 16, 2 * B), np.float32)  # x*x
-    QWX = np.empty((S, 16, 2 * B), np.float32)  # x*x*x
-    QLF = np.empty((S, 16, 2 * B), np.float32)  # levels -4..3
-    Qsx = np.empty((S, 2 * B), np.float32)  # sumlx
-    Qs2 = np.empty((S, 2 * B), np.float32)  # suml2
-    Qg = np.empty((S, 2 * B), np.int64)  # the group
+    QW = np.empty((S, 16, 2 * B), np.float32)
+    QWX = np.empty((S, 16, 2 * B), np.float32)
+    QLF = np.empty((S, 16, 2 * B), np.float32)
+    Qsx = np.empty((S, 2 * B), np.float32)
+    Qs2 = np.empty((S, 2 * B), np.float32)
+    Qg = np.empty((S, 2 * B), np.int64)
     count = np.zeros(S, np.int64)
     changed = np.empty(B, np.float32)
     bad = np.empty(B, np.float32)

@@ -157,18 +157,18 @@ def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
     np.copyto(x, xb.T)
     finite = bool(np.isfinite(x).all())
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        np.multiply(x, x, out=w)  # weight[j] = xb[j]*xb[j]
+        np.multiply(x, x, out=w)
         amax, vmax = first_absmax(xb)
         skip = amax < _GROUP_MAX_EPS
         m = np.where(skip, _F32(1), vmax)  # any finite stand-in: skipped blocks get scale 0 below
-        d0 = np.negative(m) / _VALUES[0]  # d = -max/values[0]
+        d0 = np.negative(m) / _VALUES[0]
         # id = (itry + values[0])/max for itry = -7..7 (the int sum is exact in float)
         trial_ids = (np.arange(-_NTRY, _NTRY + 1, dtype=_F32) + _VALUES[0])[:, None] / m[None, :]
 
         if finite:
             # q of the first fit and of the two extreme trials by table lookup, in one batch
             ids = np.empty((3, m.size), _F32)
-            np.divide(_F32(1), d0, out=ids[0])  # id = 1/d
+            np.divide(_F32(1), d0, out=ids[0])
             ids[1:] = trial_ids[[0, -1]]
             ids *= _F32(2)  # fl(x*2id) == 2*fl(x*id): doubling is exact (and |al| <= ~135 here)
             t3, i3 = s["t3"], s["i3"]
@@ -190,9 +190,9 @@ def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
             _terms(w, x, t3[0], wq, diff)
             np.bitwise_xor(diff.view(np.int32), hi.view(np.int32), out=diff.view(np.int32))
             for k in range(2 * _NTRY + 1):
-                np.multiply(x, trial_ids[k], out=al)  # al = id*xb[j]
+                np.multiply(x, trial_ids[k], out=al)
                 np.subtract(al, mid, out=al)  # exact sign; +0 (the upper q) only where al == mid
-                np.right_shift(al.view(np.int32), 31, out=mask)  # -1 where al < mid
+                np.right_shift(al.view(np.int32), 31, out=mask)
                 np.bitwise_and(diff.view(np.int32), mask[:, None, :], out=p.view(np.int32))
                 np.bitwise_xor(p.view(np.int32), hi.view(np.int32), out=p.view(np.int32))
                 _sums(p, sums[k + 1])
@@ -239,7 +239,7 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
         d = _block_scales(xb[b0:b1], s)
         out["d"][b0:b1] = fp16_bits(d)
         with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN here are C's too: _best_index maps them as C does
-            al = np.multiply(s["x"], reciprocal_or_zero(d), out=s["al"])  # id = scales[0] ? 1/scales[0] : 0
+            al = np.multiply(s["x"], reciprocal_or_zero(d), out=s["al"])
         out["qs"][b0:b1] = _pack(_best_index(al, s))
     return out.view(np.uint8)
 

@@ -272,17 +272,17 @@ class _QkxTile:
         self.sums.from_first(W, sum_w)
         np.multiply(W, X, out=T)
         self.sums.from_first(T, sum_x)
-        np.putmask(m, m > 0, _ZERO)  # if (min > 0) min = 0;
+        np.putmask(m, m > 0, _ZERO)
         flat = mx == m  # if (max == min) { L = 0; the_min = -min; return 0; }
         has_flat = bool(flat.any())
         exact = not finite
 
         with np.errstate(all="ignore"):  # flat groups divide by zero (their iscale is then zeroed)
             np.subtract(mx, m, out=self.vr)
-            np.divide(nmax_f, self.vr, out=iscale)  # iscale = nmax/(max - min)
+            np.divide(nmax_f, self.vr, out=iscale)
             if has_flat:
                 np.putmask(iscale, flat, _ZERO)
-            np.divide(_F32(1.0), iscale, out=ts)  # scale = 1/iscale
+            np.divide(_F32(1.0), iscale, out=ts)
             self._levels(exact)
             self._error(ts, m, best_err)
             scale[...] = ts
@@ -296,15 +296,15 @@ class _QkxTile:
                 if has_flat:  # iscale 0 gives levels 0 and D = 0: never accepted, as C never gets here
                     np.putmask(iscale, flat, _ZERO)
                 self._levels(exact)
-                np.multiply(W, T, out=S[0])  # w*l
-                np.multiply(S[0], T, out=S[1])  # w*l*l
-                np.multiply(S[0], X, out=S[2])  # w*l*x[i]
-                self.sums.from_zero(S, V5[2:5], axis=1)  # sum_l, sum_l2, sum_xl
+                np.multiply(W, T, out=S[0])
+                np.multiply(S[0], T, out=S[1])
+                np.multiply(S[0], X, out=S[2])
+                self.sums.from_zero(S, V5[2:5], axis=1)
                 np.take(V5, _PROD_A, axis=0, out=self.A6)
                 np.take(V5, _PROD_B, axis=0, out=self.B6)
                 np.multiply(self.A6, self.B6, out=self.A6)
                 np.subtract(self.A6[0::2], self.A6[1::2], out=self.R3)  # D, sum_w*sum_xl - sum_x*sum_l, ...
-                np.divide(self.R3[1:3], self.R3[0], out=VT[1::3])  # this_scale, this_min
+                np.divide(self.R3[1:3], self.R3[0], out=VT[1::3])
                 np.greater(tm, _ZERO, out=self.msk)  # if (this_min > 0) { this_min = 0; this_scale = sum_xl/sum_l2; }
                 np.divide(V5[4], V5[3], out=self.alt)
                 np.putmask(ts, self.msk, self.alt)
@@ -314,7 +314,7 @@ class _QkxTile:
                 np.less(cur, best_err, out=self.msk)
                 np.logical_and(self.upd, self.msk, out=self.upd)
                 np.copyto(ST, VT[0:4], where=self.upd)  # best_error, scale, best_iscale, best_min (pre-update)
-                np.putmask(m, self.upd, tm)  # min = this_min
+                np.putmask(m, self.upd, tm)
         np.putmask(scale, flat, _ZERO)
         return flat
 
@@ -341,7 +341,7 @@ class _QkxTile:
 
         flat = self.search(finite)
         scales = self.ST[1][:G].reshape(nb, 8)
-        mins = np.negative(self.VT[3][:G]).reshape(nb, 8)  # *the_min = -min
+        mins = np.negative(self.VT[3][:G]).reshape(nb, 8)
 
         ls, lm, d_bits, dmin_bits, d, dm = _qkx_super_scales(scales, mins)
         with np.errstate(all="ignore"):
@@ -449,7 +449,7 @@ def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
 
     with np.errstate(all="ignore"):
         iscale = _F32(-128.0) / max_scale
-        d_bits, d16 = _to_fp16(_F32(1.0) / iscale)  # d = fp16(1/iscale)
+        d_bits, d16 = _to_fp16(_F32(1.0) / iscale)
         sc = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)  # MIN(127, ...) into int8_t
         d = (d16[:, None] * sc).reshape(nb * 16)
     return empty, d_bits, sc, d
@@ -548,14 +548,14 @@ class _QxTile:
         with np.errstate(all="ignore"):  # zero groups divide by ~0 (their iscale is then zeroed)
             np.multiply(X, X, out=self.W)
             np.multiply(self.W, X, out=self.WX)
-            np.divide(_F32(-32.0), mx, out=iscale)  # iscale = -nmax / max
+            np.divide(_F32(-32.0), mx, out=iscale)
             if has_zero:
                 np.putmask(iscale, zero, _ZERO)
             self._sums_for(exact)
-            np.divide(sumlx, suml2, out=cand)  # scale = suml2 ? sumlx/suml2 : 0.0f
+            np.divide(sumlx, suml2, out=cand)
             np.putmask(cand, suml2 == 0, _ZERO)
             ST[...] = VT
-            np.multiply(ST[0], sumlx, out=self.best)  # best = scale * sumlx
+            np.multiply(ST[0], sumlx, out=self.best)
             for step in range(-9, 10):
                 if step == 0:
                     continue

@@ -135,7 +135,7 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
     t = np.empty_like(xs)
     lf = np.empty_like(xs)
-    prods = np.empty((3, *xs.shape), np.float32)  # w*l, w*l*l, w*l*x
+    prods = np.empty((3, *xs.shape), np.float32)
     sums = np.empty((3, n), np.float32)
     sum_l, sum_l2, sum_xl = sums
     bound = np.empty(n, np.float32)
@@ -192,8 +192,8 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         from_[:] = mn
         codes(iscale, mn)
         np.multiply(w, lf, out=prods[0])
-        np.multiply(prods[0], lf, out=prods[1])  # (w*l)*l
-        np.multiply(prods[0], xs, out=prods[2])  # (w*l)*x
+        np.multiply(prods[0], lf, out=prods[1])
+        np.multiply(prods[0], xs, out=prods[2])
         _seqsum(prods, sums)
         d = sum_w * sum_l2 - sum_l * sum_l
         np.divide(sum_w * sum_xl - sum_x * sum_l, d, out=this_scale)
@@ -310,20 +310,20 @@ def _make_q3_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for i in range(16):
             lf_i, x_i, w_i, wx_i = lf[i], xs[i], w[i], wx[i]
             np.multiply(wx_i, lf_i, out=a)
-            np.subtract(sumlx, a, out=slx)  # slx = sumlx - w*x*L
+            np.subtract(sumlx, a, out=slx)
             np.multiply(w_i, lf_i, out=a)
             np.multiply(a, lf_i, out=a)
-            np.subtract(suml2, a, out=sl2)  # sl2 = suml2 - w*L*L
+            np.subtract(suml2, a, out=sl2)
             np.multiply(x_i, sl2, out=a)
             np.divide(a, slx, out=a)
             _round_clamp(a, -4, 3, new_i, new_f)  # nearest_int(x*sl2/slx): may be huge
             ok = slx > 0
             ok &= new_f != lf_i
             np.multiply(wx_i, new_f, out=a)
-            np.add(slx, a, out=slx)  # slx += w*x*new_l
+            np.add(slx, a, out=slx)
             np.multiply(w_i, new_f, out=a)
             np.multiply(a, new_f, out=a)
-            np.add(sl2, a, out=sl2)  # sl2 += w*new_l*new_l
+            np.add(sl2, a, out=sl2)
             ok &= sl2 > 0
             np.multiply(slx, slx, out=a)
             np.multiply(a, suml2, out=a)
@@ -368,7 +368,7 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     has = max_scale != 0
     iscale = np.float32(-32) / max_scale
     li = _nearest_int(iscale[:, None] * scales, np.empty((nb, 16), np.int32))
-    li = ((li + 128) & 0xFF) - 128  # int8_t l = nearest_int(...)
+    li = ((li + 128) & 0xFF) - 128
     np.clip(li, -32, 31, out=li)
     li += 32
     li[~has] = 0  # memset: a zero super-scale stores all-zero scale bytes

@@ -1,11 +1,8 @@
 """Drafts from many anchors of one captured sequence at once, and llama.cpp's acceptance count over them.
 
-A captured sequence (the target's greedy continuation and its layer inputs) is all a DFlash draft
-reads, so every draft the live loop would make is computed here without the target.
-``anchor_drafts`` computes ``runtime.forward.run_gguf``'s draft for each anchor, batched, with the
-context K/V computed once per sequence; ``live_loop`` replays ``llama-speculative-simple``'s greedy
-loop with its exact counting; ``anchor_stats`` is the acceptance from every anchor and the per-slot
-curve. Inputs are checked by the features reader, not here.
+A captured sequence is all a DFlash draft reads, so every draft the live loop would make is
+computed here without the target, batched over anchors. Inputs are checked by the features reader,
+not here.
 
 Specification (the live loop, every-anchor statistics): docs/acceptance.md, "accept".
 """
@@ -48,10 +45,7 @@ DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary 
 @torch.no_grad()
 def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_matmul: bool = False,
                layers: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
-    """Each layer's K (roped at 0..L-1) and V of the context ``g = enc_norm(fc(features))``: what every
-    block of the sequence attends to, and all that depends on fc and the layer's K/V projections. Only
-    ``layers`` (default: all) are computed, the others are None: a caller that changes one layer's
-    weights recomputes that layer's entry and reuses the rest."""
+    """Each layer's K (roped at 0..L-1) and V of the context ``g = enc_norm(fc(features))``; only ``layers``, others None."""
     dev, dt = w.device, w.dtype
     L = features.shape[0]
     spec = rope_spec(d, w.rope_freqs)
@@ -75,13 +69,7 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
                   cpu_matmul: bool = False, kv_cache_dtype: torch.dtype | None = None,
                   ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor position.
-
-    An anchor ``c`` drafts from ``features`` [L, T*E] of ``0..c-1`` and the block ``[tokens[c], mask,
-    ...]`` at ``c..c+B-1``. ``keep_logits`` also returns the logits (small vocabularies only);
-    ``cpu_matmul`` and ``kv_cache_dtype`` are ``run_gguf``'s rounding options; ``ctx_kv`` is the
-    sequence's ``context_kv`` when the caller keeps it.
-    """
+    """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor; ``keep_logits``: the logits too."""
     B = d.block_size
     most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
     if not 1 <= n_max <= most:
@@ -116,8 +104,7 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
 def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
             causal: bool, spec, mrope: bool, kq_scale: float, n_max: int, cpu_matmul: bool,
             cache_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [A, n_max, V] the tokens are chosen from, drafted tokens [A, n_max]) of blocks from ``anchors``:
-    the logits and their argmax, or for DFlash2 the walked lattice rows and the walk's tokens."""
+    """(scores [A, n_max, V] the tokens are chosen from, drafted tokens [A, n_max]) of blocks from ``anchors``."""
     dev, dt = w.device, w.dtype
     A, B = anchors.shape[0], d.block_size
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
@@ -154,7 +141,7 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
         k_blk = apply_rope_neox(k_blk, cos_b, sin_b).reshape(A, B, -1, D)
         v_blk = v_blk.reshape(A, B, -1, D)
         k_ctx, v_ctx = ctx_kv[il]
-        if cache_dtype is not None:  # as runtime.forward.attend: the cache stores K and V rounded, matmuls round q
+        if cache_dtype is not None:  # as runtime.forward.attend
             q, k_blk, v_blk, k_ctx, v_ctx = (t.to(cache_dtype).to(dt) for t in (q, k_blk, v_blk, k_ctx, v_ctx))
         group = H // k_ctx.shape[1]
         kc = k_ctx.repeat_interleave(group, dim=1)  # [L, H, D]
@@ -175,7 +162,7 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
             probs = probs.to(cache_dtype).to(dt)
         attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
                 + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
-        x = layer_tail(d, lw, x, attn, False, cpu_matmul, convs)  # no fp16 GELU table here, as before
+        x = layer_tail(d, lw, x, attn, False, cpu_matmul, convs)
     if w.markov is not None:  # DSpark: every slot through the head, then the Markov chain (runtime.dspark)
         states = rms_norm(x, eps, w.output_norm)
         read = cpu_matmul_input(states, w.head.source.dtype) if cpu_matmul else states
@@ -201,11 +188,7 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
 
 def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
                  draft_at: Callable[[int], list[int]]) -> LoopCount:
-    """Replay llama-speculative-simple's greedy loop along a captured sequence, with its counting.
-
-    ``draft_at(c)`` is the drafter's draft from anchor ``c``. The loop's rules (the first anchor,
-    the truncated last draft, when it ends): docs/acceptance.md, "accept".
-    """
+    """Replay llama-speculative-simple's greedy loop along a captured sequence, ``draft_at(c)`` drafting from ``c``."""
     count = LoopCount()
     c = prompt_length - 1
     while True:
@@ -304,10 +287,7 @@ ContextOf = Callable[[int, torch.Tensor], list]  # (sequence index, its features
 
 def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[int], n_max: int, *, like_cpu: bool = True,
               indices: list[int] | None = None, context_of: ContextOf | None = None) -> LoopCount:
-    """Only the live loop (``loop_anchors``) over sequences ``indices`` (default: all): a draft is made
-    just where the loop anchors, about one position in (accepted per step + 1), instead of at every
-    anchor, so this costs a fraction of ``measure``. ``context_of`` supplies each sequence's
-    ``context_kv`` (a caller that keeps them across weight changes), else it is computed here."""
+    """Only the live loop (``loop_anchors``) over sequences ``indices`` (default: all), drafting just where it anchors."""
     n_predict = feats.new_tokens
     eos = set(feats.eos_ids)
     cache_dtype = torch.float16 if like_cpu else None
@@ -327,8 +307,7 @@ def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[in
 
 
 def gguf_drafts(d: Drafter, w: DrafterWeights, n_max: int, *, like_cpu: bool = True, batch: int = DEFAULT_BATCH) -> Drafts:
-    """A drafter file's drafts, batched; ``like_cpu`` rounds as llama.cpp's CPU backend (F16 KV cache,
-    activations at each weight type's vec_dot type)."""
+    """A drafter file's drafts, batched; ``like_cpu`` rounds as llama.cpp's CPU backend."""
     return lambda f, t, a: anchor_drafts(d, w, f, t, a, n_max, batch=batch, cpu_matmul=like_cpu,
                                          kv_cache_dtype=torch.float16 if like_cpu else None)
 

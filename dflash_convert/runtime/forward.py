@@ -1,15 +1,9 @@
 """The drafter's forward pass as llama.cpp 0c1e57098 computes it, in torch (CPU or CUDA): the runner.
 
-One call (``run_gguf``) does what the speculative driver makes the draft context do for one draft:
-inject the target features of the committed positions into the KV cache, decode the noise block
-``[anchor, mask, mask, ...]`` and read the logits of the drafted slots. Where llama.cpp departs from
-the trained model (one causality flag, the sliding-window rule, one rope base, no logit transforms
-on classic drafters) it departs here too; ``runtime.reference`` keeps the model's own semantics.
-It refuses inputs of the wrong shape, token ids outside the vocabulary and taps it was not given
-(``DFlashError``).
-
-Specification (the masks, RoPE and its scaling, DSpark and DFlash2 hooks, the CPU rounding options):
-docs/runtime.md, "The runner".
+``run_gguf`` computes one draft as the speculative driver's draft context does, departures from the
+trained model included (``runtime.reference`` keeps the model's own semantics). It refuses inputs of
+the wrong shape, token ids outside the vocabulary and taps it was not given (``DFlashError``).
+Specification: docs/runtime.md, "The runner".
 """
 
 from __future__ import annotations
@@ -38,16 +32,14 @@ GELU_SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 
 @dataclass
 class ForwardResult:
-    """One draft: final-norm hidden states of every block slot, logits and greedy tokens of the drafted
-    slots (1.., or for DSpark sampling from the anchor 0..; its logits are the Markov-conditioned ones)."""
+    """One draft: the block's final-norm hidden states and the drafted slots' logits and tokens."""
 
     hidden: torch.Tensor  # [n_block, hidden] output of the final norm
     logits: torch.Tensor  # [n_drafted, vocab] for the predicted slots, target vocabulary ids
     tokens: torch.Tensor  # [n_drafted] int64 target ids as the driver drafts them (the argmax, or DFlash2's walk)
     confidence: torch.Tensor | None = None  # [n_drafted] DSpark's confidence head, when the file has one
     head_logits: torch.Tensor | None = None  # DSpark: [n_block, vocab] the output head's, before the Markov bias
-    # [n_drafted, vocab] the scores the driver picks each token by when they are not ``logits`` (DFlash2:
-    # the walked lattice row at the slot's candidates, -inf elsewhere); None: the logits
+    # [n_drafted, vocab] the scores the driver picks tokens by when not ``logits`` (DFlash2's walked rows)
     choice: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # a member's per-slot arrays (DFlash2: candidates, lattice)
 
@@ -107,13 +99,9 @@ def _yarn_corr_dims(spec: RopeSpec) -> tuple[float, float]:
 
 
 def rope_cos_sin(spec: RopeSpec, pos_rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of every rotated pair: [n_positions, n_rot/2], scaled by YaRN's mscale.
+    """cos, sin of every rotated pair of ``pos_rows`` ([4, N] or [1, N]): [N, n_rot/2], scaled by YaRN's mscale.
 
-    ``pos_rows`` is [4, N] for M-RoPE (temporal, height, width, extra) or [1, N]. The angles are
-    formed as ggml's CPU backend forms them (ggml_rope_cache_init / ggml_mrope_cache_init), in
-    float32: theta starts at the position and is multiplied by theta_scale = base^(-2/n_rot) once
-    per pair; at positions in the thousands this float32 recurrence differs from an exact angle by
-    ~1e-5 in the logits, so it is reproduced rather than computed exactly.
+    The angles follow ggml_rope_cache_init's float32 recurrence, not exact angles (~1e-5 in the logits).
     """
     f32 = torch.float32
     half = spec.n_rot // 2
@@ -164,12 +152,7 @@ def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) ->
 
 
 def position_rows(positions: torch.Tensor, n_ctx: int, mrope: bool) -> torch.Tensor:
-    """Position rows for the rope: [4, N] for M-RoPE, [1, N] otherwise.
-
-    A 1-D ``positions`` [ctx + n_block] is expanded as llama.cpp does: injected context rows get
-    {p, p, p, 0} (common/speculative.cpp), noise tokens {p, p, p, p} (llama-batch broadcasts a
-    token's position to every section). A 2-D [4, N] tensor is used as given.
-    """
+    """Position rows for the rope, [4, N] for M-RoPE or [1, N]; a 1-D ``positions`` expanded as llama.cpp does."""
     if positions.dim() == 2:
         if mrope and positions.shape[0] != ROPE_SECTIONS:
             raise DFlashError(f"M-RoPE positions need {ROPE_SECTIONS} rows, got {positions.shape[0]}")
@@ -193,12 +176,9 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, wi
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
            sinks: torch.Tensor | None, cache_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Softmax attention with GQA (query head h reads KV head h // (H/Hkv)) and optional sinks.
+    """Softmax attention with GQA and optional sinks: q [n, H, D], k/v [K, Hkv, D] -> [n, H*D].
 
-    q [n, H, D], k/v [K, Hkv, D], visible [n, K]. A sink is one extra logit per head in the
-    softmax denominator (ggml_soft_max_add_sinks), unscaled. Returns [n, H*D]. ``cache_dtype``
-    (an F16/BF16 KV cache, flash attention off): K and V are stored rounded, and the CPU matmuls
-    round their other operand, q for KQ and the softmax weights for KQV, to the same type.
+    ``cache_dtype``: an F16/BF16 KV cache, which also rounds q and the softmax weights (CPU, flash attention off).
     """
     n, H, D = q.shape
     if cache_dtype is not None:
@@ -218,8 +198,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     return torch.einsum("hnk,khd->nhd", probs, v).reshape(n, H * D)
 
 
-# ggml-cpu type_traits_cpu[type].vec_dot_type: what the CPU backend converts a matmul's activations
-# to before the dot products with a weight of that type
+# ggml-cpu type_traits_cpu[type].vec_dot_type: the type a matmul's activations are converted to
 VEC_DOT_TYPE: dict[str, str] = {
     "F32": "F32", "F16": "F16", "BF16": "BF16",
     "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "IQ4_NL": "Q8_0",
@@ -230,8 +209,7 @@ Q8_BLOCK, Q8_K_BLOCK = 32, 256
 
 
 def _q8_0_round(x: torch.Tensor) -> torch.Tensor:
-    """x through quantize_row_q8_0 (x86 AVX path) and back: per 32 values d = amax/127 stored as fp16,
-    q = round-half-even(x * 127/amax). Q8_1 quantizes the same way (its extra sum term is not modelled)."""
+    """x through quantize_row_q8_0 (x86 AVX path, round half to even) and back; Q8_1's sum term is not modelled."""
     b = x.reshape(*x.shape[:-1], -1, Q8_BLOCK).to(torch.float32)
     amax = b.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
@@ -241,8 +219,7 @@ def _q8_0_round(x: torch.Tensor) -> torch.Tensor:
 
 
 def _q8_k_round(x: torch.Tensor) -> torch.Tensor:
-    """x through quantize_row_q8_K_ref and back: per 256 values iscale = -127/max (max: the value of
-    largest magnitude, sign kept), q = min(127, nearest_int(iscale * x)), d = 1/iscale in float32."""
+    """x through quantize_row_q8_K_ref and back (max keeps its sign; d = 1/iscale in float32)."""
     b = x.reshape(*x.shape[:-1], -1, Q8_K_BLOCK).to(torch.float32)
     idx = b.abs().argmax(-1, keepdim=True)  # first of equal magnitudes, like the reference loop
     mx = b.gather(-1, idx)
@@ -253,13 +230,7 @@ def _q8_k_round(x: torch.Tensor) -> torch.Tensor:
 
 
 def cpu_matmul_input(x: torch.Tensor, weight_type: str) -> torch.Tensor:
-    """The activations as ggml's CPU backend feeds them to a matmul with a ``weight_type`` matrix.
-
-    ggml_compute_forward_mul_mat converts src1 to the weight type's vec_dot_type first: fp16 or
-    bf16 for those weights, Q8_0 blocks for Q4_0/Q5_0/Q8_0/IQ4_NL, Q8_1 for Q4_1/Q5_1, Q8_K for the
-    K-quants and IQ4_XS. Rounding the activations that way, then multiplying with the dequantized
-    weights, is the same sum up to float32 reordering.
-    """
+    """The activations as ggml's CPU backend feeds them to a matmul with a ``weight_type`` matrix."""
     vt = VEC_DOT_TYPE.get(weight_type, "F32")
     if vt == "F16":
         return x.to(torch.float16).to(x.dtype)
@@ -286,11 +257,7 @@ def _ggml_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_tanh(x: torch.Tensor, *, fp16_table: bool = False) -> torch.Tensor:
-    """ggml's GELU (tanh approximation); ``fp16_table`` mimics the CPU backend's fp16 lookup table.
-
-    ggml's CPU backend (GGML_GELU_FP16) rounds the input to fp16 and reads a table of fp16 GELU
-    values; inputs at or beyond +-10 bypass it. The CUDA backend evaluates the formula in float32.
-    """
+    """ggml's GELU (tanh approximation); ``fp16_table`` mimics the CPU backend's fp16 lookup table."""
     if not fp16_table:
         return _ggml_gelu(x)
     looked_up = _ggml_gelu(x.to(torch.float16).to(torch.float32)).to(torch.float16).to(x.dtype)
@@ -335,13 +302,7 @@ def check_inputs(d: Drafter, target_hidden: torch.Tensor, block_ids: torch.Tenso
 
 
 def gather_features(d: Drafter, layer_inputs: torch.Tensor) -> torch.Tensor:
-    """The driver's feature rows: [ctx, T*E] from the target's per-layer residual streams.
-
-    ``layer_inputs`` is [n_layers + 1, ctx, E]: entry L is the stream entering target layer L
-    (0 = token embeddings), i.e. Hugging Face's ``output_hidden_states`` stacked. llama.cpp
-    publishes t_layer_inp[L] for each L in ``dflash.target_layers`` and the driver concatenates them
-    in that order, so a wrong or reordered ``target_layers`` changes the features, as it would live.
-    """
+    """The driver's feature rows [ctx, T*E] from ``layer_inputs`` [n_layers + 1, ctx, E] (output_hidden_states stacked)."""
     bad = [L for L in d.target_layers if not 0 <= L < layer_inputs.shape[0]]
     if bad:
         raise DFlashError(f"target layer {bad[0]} is not among the {layer_inputs.shape[0]} layer inputs given")
@@ -364,12 +325,7 @@ def contiguous_positions(n_ctx: int, n_block: int, start: int = 0) -> torch.Tens
 @torch.no_grad()
 def layer_tail(d: Drafter, lw: LayerWeights, x: torch.Tensor, attn: torch.Tensor, gelu_fp16_table: bool,
                cpu_matmul: bool, convs: LayerConvs | None = None) -> torch.Tensor:
-    """The rest of a layer after attention, as llama.cpp's dflash graph computes it: the output
-    projection (times value_scale), the post-attention norm, the residual, the FFN with its
-    post-FFW norm and residual, the layer's output scale. ``x``: the layer's input, [rows, E];
-    ``attn``: the attention output, [rows, H*D]. Shared by the single draft (run_gguf) and the
-    batched drafts of every anchor (runtime.accept). ``convs``: a DFlash2 layer's convolutions (whose
-    attention coefficients ``convs.attn_in`` already projected)."""
+    """A layer after attention as the dflash graph computes it: output projection, norms, residuals, FFN, scales."""
     eps = d.rms_eps
     o = _layer_mm(lw, "wo", attn, cpu_matmul)
     if d.value_scale:
@@ -394,14 +350,7 @@ def layer_tail(d: Drafter, lw: LayerWeights, x: torch.Tensor, attn: torch.Tensor
 def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, block_ids: torch.Tensor,
              positions: torch.Tensor, *, causal: bool | None = None, kv_cache_dtype: torch.dtype | None = None,
              gelu_fp16_table: bool = False, cpu_matmul: bool = False) -> ForwardResult:
-    """One draft of a dflash drafter, computed as llama.cpp's draft context computes it.
-
-    ``target_hidden`` [ctx, T*E]: the committed positions' features, taps in ``d.target_layers``
-    order; ``block_ids`` [n_block]: the anchor then mask tokens; ``positions``: [ctx + n_block]
-    (context first) or [4, ctx + n_block] M-RoPE rows. ``causal`` overrides the file's flag.
-    ``cpu_matmul``, ``kv_cache_dtype`` and ``gelu_fp16_table`` add the CPU backend's rounding (off:
-    the graph's exact float32 value); docs/runtime.md, "The runner".
-    """
+    """One draft of a dflash drafter, computed as llama.cpp's draft context computes it."""
     dev, dt = weights.device, weights.dtype
     n_ctx = check_inputs(d, target_hidden, block_ids, positions)
     if weights.markov is not None and block_ids.shape[0] > d.block_size:
@@ -419,10 +368,9 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
     pattern = d.swa_pattern or []
     window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
 
-    # KV injection (embedding batch): g = enc_norm(fc(features)), then each layer's K/V of g
+    # KV injection (embedding batch), then the noise block (token batch)
     g = rms_norm(_mm(feats, weights.fc, weights.fc_scale, weights.fc_type if cpu_matmul else None), eps, weights.enc_norm)
 
-    # noise block (token batch)
     x = weights.embed.rows(ids)
     if d.embedding_scale:
         x = x * d.embedding_scale

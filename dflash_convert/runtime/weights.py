@@ -1,17 +1,9 @@
 """A drafter's tensors as torch values on one device, laid out the way the dflash graph uses them.
 
-The runner (``runtime.forward``) reads weights through this module only, so every way a drafter
-can reach it (a converted GGUF, or a checkpoint read into a Drafter) goes through the same path:
-each DrafterTensor's source hands out raw words or block bytes, ``runtime.dequant`` decodes them
-on the target device, and the result is kept in the compute dtype.
-
-The token embedding and the output head follow llama.cpp's rules (src/models/dflash.cpp): the
-drafter's own ``token_embd`` if it has one, else the target's; the drafter's own ``output``, else
-its ``token_embd`` (the tied fallback llama.cpp takes), else the target's head. The target side
-comes from a target GGUF (only its embedding and head tensors are read) or a target directory's
-safetensors. Both are large, so they are :class:`LazyMatrix` objects: the embedding reads only
-the rows a block needs, the head is dequantized once when it fits ``HEAD_CACHE_BYTES`` and is
-otherwise streamed in row chunks for every projection.
+The runner reads weights through this module only, from a GGUF or a checkpoint alike, decoded by
+``runtime.dequant``. The embedding and head follow llama.cpp's fallbacks to the target; both are
+:class:`LazyMatrix` objects, decoded only as far as they are used. It refuses missing tensors,
+tensors of other graphs and a target of the wrong width. Spec: docs/runtime.md, "The weights".
 """
 
 from __future__ import annotations
@@ -81,11 +73,7 @@ SCALED_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")
 
 def source_values(source: TensorSource, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                   rows: tuple[int, int] | None = None) -> torch.Tensor:
-    """A tensor source's values (all rows, or rows [a, b)) decoded on ``device``.
-
-    Works for GGUF tensors (ggml type names) and safetensors tensors (their dtype names F32, F16,
-    BF16, F64, I64, I32 are also ggml type names). Integer tensors come back as int64.
-    """
+    """A GGUF or safetensors tensor source's values (all rows, or rows [a, b)) decoded on ``device``; integers as int64."""
     a, b = rows if rows is not None else (0, n_rows(tuple(source.shape)))
     try:
         gtype = GGMLType[source.dtype]
@@ -121,8 +109,7 @@ class LazyMatrix:
 
     @classmethod
     def of(cls, values: torch.Tensor, what: str, storage_type: str = "F32") -> LazyMatrix:
-        """A matrix whose values are already decoded (a checkpoint tensor read by safetensors, or a
-        quantized tensor decoded in memory: ``storage_type`` its ggml type)."""
+        """A matrix whose values are already decoded, ``storage_type`` the ggml type they came from."""
         m = cls(_Decoded(tuple(values.shape), storage_type), values.device, values.dtype, what)
         m._full = values
         return m
@@ -203,18 +190,13 @@ class DrafterWeights:
     dflash2: Dflash2Weights | None = None  # a DFlash2 drafter's convolutions and selector (runtime.dflash2)
     embed_from: str = "drafter"  # "drafter" or "target", for messages
     head_from: str = "drafter"  # "drafter", "drafter (tied to token_embd)" or "target"
-    # every tensor of the drafter decoded while loading, by GGUF name (the embedding and head are
-    # LazyMatrix objects, decoded as far as they are used): check compares these with the checkpoint
+    # every tensor decoded while loading, by GGUF name: check compares these with the checkpoint
     decoded: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
 def target_weights(t: Target, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32) -> tuple[LazyMatrix, LazyMatrix]:
-    """(embedding, head) of a target model: a target GGUF or a target directory with safetensors.
-
-    A target without a separate head uses its embedding, as llama.cpp does for a GGUF without
-    ``output.weight`` and transformers does for ``tie_word_embeddings``.
-    """
+    """(embedding, head) of a target GGUF or target directory; without a head of its own, the embedding twice."""
     w = target_tensors(t) or {}
     if "embed" not in w:
         raise InputFileError("has no token embedding to read (a target directory needs its safetensors)", t.source)
@@ -227,8 +209,7 @@ def target_weights(t: Target, device: torch.device | str = "cpu",
 
 
 def _reject_other_members(d: Drafter) -> None:
-    """DeepSeek-V4 drafters share the arch but not this graph: refuse, never guess. DSpark's heads
-    (runtime.dspark) and DFlash2's convolutions and selector (runtime.dflash2) are run."""
+    """Refuse drafters whose tensors belong to another graph (DeepSeek-V4 shares the arch): never guess."""
     names = {t.gguf_name for t in d.tensors}
     if member_of(names) == DFLASH2:
         names -= set(dflash2_tensor_names(d.n_layers))
@@ -246,11 +227,7 @@ def _reject_other_members(d: Drafter) -> None:
 
 def load_weights(d: Drafter, target: Target | None = None, *, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> DrafterWeights:
-    """Every tensor of ``d`` decoded on ``device``; the target supplies what the drafter lacks.
-
-    ``target`` (read from a target GGUF or a target directory) is needed only when the drafter has
-    no token embedding or no output head of its own.
-    """
+    """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks."""
     _reject_other_members(d)
     device = torch.device(device)
     by = {t.gguf_name: t for t in d.tensors}
