@@ -172,7 +172,9 @@ def test_quantize_keeps_card_keys(tmp_path, qwen3_target):
 
 LAUGHS = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
 LAUGHS += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
-SECONDS = 20  # a generous wall-time bound on a loaded machine; a card bomb ran for minutes and 2 GB
+# a card bomb ran for minutes and 2 GB: a run still going after this long is killed, and fails on its exit code
+# (a watchdog, not a timing assertion: how long a refusal takes on a loaded machine is the benchmark's business)
+HANG_SECONDS = 120
 
 
 def run_measured(*args: object) -> tuple[int, str, float, int]:
@@ -185,7 +187,7 @@ def run_measured(*args: object) -> tuple[int, str, float, int]:
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "dflash_convert.cli", *map(str, args)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    timer = __import__("threading").Timer(SECONDS * 3, proc.kill)  # a hang fails the test, never the run
+    timer = __import__("threading").Timer(HANG_SECONDS, proc.kill)  # a hang fails the test, never the run
     timer.start()
     try:
         err = proc.stderr.read()
@@ -211,19 +213,20 @@ def test_an_alias_bomb_is_one_error_line_in_both_commands(tmp_path, qwen3_target
         assert err.splitlines() == [f"dflash-convert: error: {src / 'README.md'}: the model card's front matter uses a "
                                     "YAML alias (*name), which can make a small card expand without bound; write the "
                                     "values out"], (command, err[:500])
-        assert code == 2 and seconds < SECONDS and rss_kib < 1_000_000, (command, code, seconds, rss_kib)
+        assert code == 2 and rss_kib < 1_000_000, (command, code, seconds, rss_kib)
     assert [p.name for p in tmp_path.iterdir()] == ["d"]
 
 
-def test_a_card_of_60000_tags_reads_in_linear_time(tmp_path, qwen3_target):
-    """A 650 KB card (under the 1 MiB cap) is read once, in seconds, by both commands; a larger one is refused."""
+def test_a_card_of_60000_tags_is_read_whole_and_a_larger_one_refused(tmp_path, qwen3_target):
+    """A 650 KB card (under the 1 MiB cap) is read by both commands (the hang watchdog bounds it; the demo of issue 31
+    times it: about a second); a card over the cap is refused."""
     src = make_zlab_drafter(tmp_path / "d", target_layer_ids=[0, 2])
     (src / "README.md").write_text("---\ntags:\n" + "".join(f"- tag{i}\n" for i in range(60000)) + "---\n")
     code, err, seconds, _ = run_measured("convert", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "x.gguf", "-q")
-    assert code == 0 and seconds < SECONDS, (err, seconds)
+    assert code == 0, (err, seconds)
     assert len(read_gguf(tmp_path / "x.gguf").get("general.tags")) == 60000
     code, err, seconds, _ = run_measured("publish", src, "--target-model-dir", qwen3_target, "-o", tmp_path / "r", "--dry-run")
-    assert code == 0 and seconds < SECONDS, (err, seconds)
+    assert code == 0, (err, seconds)
     (src / "README.md").write_text("---\ntags:\n" + "".join(f"- tag{i}\n" for i in range(120000)) + "---\n")
     with pytest.raises(DFlashError, match=r"README.md: README.md is \d+ bytes, larger than the 1048576-byte limit"):
         plan_conversion(src, qwen3_target, outtype="bf16", hash_sources=False)
