@@ -269,9 +269,9 @@ def test_save_io_writes_through_an_unaimable_temporary_file():
     """check --save-io uses the same TemporaryOutput (tested with check itself in test_check.py)."""
     import inspect as std_inspect
 
-    from dflash_convert import check as check_module
+    from dflash_convert.runtime import check_io
 
-    assert "TemporaryOutput" in std_inspect.getsource(check_module.write_npz_atomic)
+    assert "TemporaryOutput" in std_inspect.getsource(check_io.write_npz_atomic)
 
 
 def _in_namespace_with(folder: Path, options: str) -> list[str] | None:
