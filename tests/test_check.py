@@ -258,8 +258,10 @@ def test_precision_class_is_the_loosest_type():
     assert precision_class(_DrafterStub(15, "F32")) == ("Q4_K_M", "Q4")  # the label counts too
     assert precision_class(_DrafterStub(7, "Q8_0", "Q2_K")) == ("Q8_0", "Q2_K")  # a mix: its worst tensor
     assert precision_class(_DrafterStub(None, "F16")) == ("F16", "F16")
+    assert precision_class(_DrafterStub(36, "TQ1_0", "Q4_K")) == ("TQ1_0", "TQ")  # ternary: the loosest class
+    assert precision_class(_DrafterStub(None, "IQ3_S")) == ("IQ3_S", "Q3_K")
     with pytest.raises(InputFileError, match="no check thresholds"):
-        precision_class(_DrafterStub(None, "TQ1_0"))
+        precision_class(_DrafterStub(None, "MXFP4"))
     assert list(THRESHOLDS)[0] == "F32" and all(0 < t.top1_min <= 1.0 for t in THRESHOLDS.values())
     order = list(THRESHOLDS.values())
     assert all(a.hidden_max_rel <= b.hidden_max_rel and a.kl_max <= b.kl_max and a.top1_min >= b.top1_min

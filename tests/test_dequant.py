@@ -33,6 +33,10 @@ FP16_OFFSETS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q6_K: (208,),
     GGMLType.IQ4_NL: (0,),
     GGMLType.IQ4_XS: (0,),
+    GGMLType.TQ1_0: (52,),
+    GGMLType.TQ2_0: (64,),
+    GGMLType.IQ3_XXS: (0,),
+    GGMLType.IQ3_S: (0,),
 }
 BLOCK_TYPES = tuple(FP16_OFFSETS)
 QUANTIZABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)  # gguf-py can quantize these

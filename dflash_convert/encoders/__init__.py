@@ -20,6 +20,7 @@ from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants_low import quantize_q2_k, quantize_q3_k
 from .legacy import quantize_from_f16, quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1
 from .q8_0 import quantize_q8_0
+from .ternary import quantize_tq1_0, quantize_tq2_0
 
 Encoder = Callable[[np.ndarray], np.ndarray]
 
@@ -43,6 +44,8 @@ QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.Q6_K: quantize_q6_k,
     GGMLType.IQ4_NL: quantize_iq4_nl,
     GGMLType.IQ4_XS: quantize_iq4_xs,
+    GGMLType.TQ1_0: quantize_tq1_0,
+    GGMLType.TQ2_0: quantize_tq2_0,
 }
 
 # float destination -> float32 chunk -> words

@@ -48,6 +48,8 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("Q6_K", 18, GGMLType.Q6_K),
     FileType("IQ4_NL", 25, GGMLType.IQ4_NL),
     FileType("IQ4_XS", 30, GGMLType.IQ4_XS),
+    FileType("TQ1_0", 36, GGMLType.TQ1_0),
+    FileType("TQ2_0", 37, GGMLType.TQ2_0),
 )}
 
 # quantize.cpp's aliases: the bare K names mean the _M mix

@@ -107,6 +107,8 @@ MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
         "attn_v": (("gqa>=4", GGMLType.Q5_K),),
         "ffn_down": (("i<n/8", GGMLType.Q5_K),),
     },
+    "TQ1_0": {"token_embd": (("always", GGMLType.Q4_K),)},
+    "TQ2_0": {"token_embd": (("always", GGMLType.Q4_K),)},
 }
 
 # the output tensor (and a tied token_embd): Q8_0 when ne[0] does not fill the default type's

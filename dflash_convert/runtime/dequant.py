@@ -17,6 +17,7 @@ from functools import lru_cache
 import torch
 
 from ..format.ggml import BLOCK_GEOMETRY, REMOVED_TYPES, GGMLType, tensor_nbytes
+from ..format.iq3_grids import IQ3S_POINTS, IQ3S_VALUES, IQ3XXS_POINTS, IQ3XXS_VALUES
 
 # Block structs (ggml-common.h): field name and byte size, in memory order. Fields named d, dmin
 # and m are fp16; everything else is packed integers. Checked against BLOCK_GEOMETRY below.
@@ -33,6 +34,10 @@ BLOCK_FIELDS: dict[GGMLType, tuple[tuple[str, int], ...]] = {
     GGMLType.Q6_K: (("ql", 128), ("qh", 64), ("scales", 16), ("d", 2)),
     GGMLType.IQ4_NL: (("d", 2), ("qs", 16)),
     GGMLType.IQ4_XS: (("d", 2), ("scales_h", 2), ("scales_l", 4), ("qs", 128)),
+    GGMLType.TQ1_0: (("qs", 48), ("qh", 4), ("d", 2)),
+    GGMLType.TQ2_0: (("qs", 64), ("d", 2)),
+    GGMLType.IQ3_XXS: (("d", 2), ("qs", 64), ("scales_signs", 32)),
+    GGMLType.IQ3_S: (("d", 2), ("qs", 64), ("qh", 8), ("signs", 32), ("scales", 4)),
 }
 
 # Types stored one value per element: reinterpret the bytes, then cast to the requested dtype.
@@ -67,6 +72,12 @@ def _check_fields() -> None:
 
 
 _check_fields()
+
+
+@lru_cache(maxsize=16)
+def _iq3_grid(points: tuple[int, ...], values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An IQ3 grid as float32 [points, 4] on one device: point k's value i is values[level i of point k]."""
+    return torch.tensor([[float(values[(p >> 3 * i) & 7]) for i in range(4)] for p in points], dtype=torch.float32, device=device)
 
 
 @lru_cache(maxsize=16)
@@ -227,6 +238,58 @@ def _iq4_xs(blocks: torch.Tensor, out: torch.Tensor) -> None:
     out.view(n, 8, 32).mul_(dl.unsqueeze(-1))
 
 
+def _tq1_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """Five base-3 trits per byte: trit n of byte q is ``((q * 3**n) mod 256 * 3) >> 8`` (ggml's and gguf-py's decode)."""
+    f, n = _fields(blocks, GGMLType.TQ1_0), blocks.shape[0]
+    codes = []
+    for field, per_byte in ((f["qs"][:, :32], 5), (f["qs"][:, 32:], 5), (f["qh"], 4)):
+        pow3 = torch.tensor([3 ** k for k in range(per_byte)], dtype=torch.int32, device=blocks.device)
+        q = (field.to(torch.int32).unsqueeze(1) * pow3.view(1, -1, 1)) & 0xFF  # [n, trit, byte]: value trit*bytes + byte
+        codes.append(((q * 3) >> 8).reshape(n, -1))
+    out.copy_(torch.cat(codes, dim=1).sub_(1)).mul_(_half(f["d"]))
+
+
+def _tq2_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """2-bit codes minus 1: value 128*h + 32*k + m is bits 2k..2k+1 of qs[32*h + m]."""
+    f, n = _fields(blocks, GGMLType.TQ2_0), blocks.shape[0]
+    q = _spread(f["qs"].reshape(n, 2, 32), _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 2, 4, 32))
+    out.copy_(q.view(n, 256).view(torch.int8).sub_(1)).mul_(_half(f["d"]))
+
+
+def _signed_grid(codes: torch.Tensor, grid: torch.Tensor, signs: torch.Tensor, db: torch.Tensor, out: torch.Tensor) -> None:
+    """out[value] = (db[sub-block] * grid[codes][value]) * (1 or -1 by the sign bit): ggml's and gguf-py's order."""
+    n = out.shape[0]
+    torch.index_select(grid, 0, codes.reshape(-1).to(torch.int32), out=out.view(-1, 4))
+    out.view(n, 8, 32).mul_(db.unsqueeze(-1))
+    out.mul_(signs.reshape(n, 256).to(torch.float32).mul_(-2).add_(1))
+
+
+def _iq3_xxs(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """8 sub-blocks of 32: a uint32 each (four 7-bit sign groups, the 8th sign the parity, a 4-bit scale), grid points in qs."""
+    f, n = _fields(blocks, GGMLType.IQ3_XXS), blocks.shape[0]
+    b = f["scales_signs"].reshape(n, 8, 4).to(torch.int64)
+    aux = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    db = _half(f["d"]) * (0.5 + (aux >> 28).float()) * 0.5
+    groups = torch.stack([(aux >> (7 * k)) & 127 for k in range(4)], dim=-1)  # [n, 8, 4]
+    parity = groups.clone()
+    for s in (4, 2, 1):
+        parity ^= parity >> s
+    sign_bytes = groups | ((parity & 1) << 7)
+    signs = torch.stack([(sign_bytes >> j) & 1 for j in range(8)], dim=-1)  # [n, 8, 4, 8]: value 32*ib + 8*k + j
+    _signed_grid(f["qs"], _iq3_grid(IQ3XXS_POINTS, IQ3XXS_VALUES, blocks.device), signs, db, out)
+
+
+def _iq3_s(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """8 sub-blocks of 32 with odd 4-bit scales (1 + 2s); 9-bit grid points (qs plus a bit of qh), one sign bit per value."""
+    f, n = _fields(blocks, GGMLType.IQ3_S), blocks.shape[0]
+    sc = _spread(f["scales"], _NIBBLE_SHIFTS, 0x0F, _u8(blocks, n, 4, 2), dim=-1).view(n, 8)
+    db = _half(f["d"]) * (1 + 2 * sc.to(torch.int32)).float()
+    high = _spread(f["qh"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 8, 8), dim=-1).view(n, 64)
+    codes = f["qs"].to(torch.int32) | (high.to(torch.int32) << 8)
+    signs = _spread(f["signs"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 32, 8), dim=-1)
+    _signed_grid(codes, _iq3_grid(IQ3S_POINTS, IQ3S_VALUES, blocks.device), signs, db, out)
+
+
 _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.Q4_0: _q4_0,
     GGMLType.Q4_1: _q4_1,
@@ -240,6 +303,10 @@ _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.Q6_K: _q6_k,
     GGMLType.IQ4_NL: _iq4_nl,
     GGMLType.IQ4_XS: _iq4_xs,
+    GGMLType.TQ1_0: _tq1_0,
+    GGMLType.TQ2_0: _tq2_0,
+    GGMLType.IQ3_XXS: _iq3_xxs,
+    GGMLType.IQ3_S: _iq3_s,
 }
 
 # Values per kernel call: the code buffers stay below glibc's mmap threshold, so they are recycled

@@ -1,0 +1,132 @@
+"""TQ1_0, TQ2_0, IQ3_XXS and IQ3_S quantizers: byte-identical with ggml, with and without an importance matrix.
+
+The runtime tier compares with ``ggml_quantize_chunk`` itself (the libggml-base of the cached build)
+on the adversarial inputs of the legacy/IQ4 tests plus cases aimed at these types' own branches
+(sub-blocks of zeros, which shift IQ3_S's packed bytes; values on and off the IQ3 grids). The fast
+tier checks the ternary codes against their definition and that every type decodes (gguf-py)
+close to its input.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from test_codecs_legacy_iq4 import adversarial_cases, assert_same_bytes
+
+from dflash_convert.encoders import ternary
+
+F = np.float32
+
+# name: (ggml type id, quantizer, bytes per 256-value block, takes an importance matrix)
+TYPES = {
+    "TQ1_0": (34, ternary.quantize_tq1_0, 54, False),
+    "TQ2_0": (35, ternary.quantize_tq2_0, 66, False),
+}
+
+# relative RMS error of a decode of N(0, 1) rows must stay below this (measured: TQ 0.797: ternary
+# with d = max|x| rounds most of a Gaussian to 0)
+RMS_TOLERANCE = {"TQ1_0": 0.85, "TQ2_0": 0.85}
+
+
+@functools.cache
+def cases() -> dict[str, np.ndarray]:
+    """The legacy/IQ4 adversarial rows plus rows aimed at these types' branches; [rows, n_per_row] float32."""
+    c = dict(adversarial_cases())
+    rng = np.random.default_rng(20261205)
+    z = rng.standard_normal((4, 512))
+    z[0, 32:64] = 0  # a zero sub-block: IQ3_S skips it and writes the next sub-blocks' bytes earlier
+    z[1, :32] = 0
+    z[1, 200:232] = 1e-9  # below IQ3_XXS's 1e-8 cut-off, above IQ3_S's (exactly 0)
+    z[2, 256:] = 0  # a whole zero super-block
+    z[3, ::4] = 0
+    c["zero_sub_blocks"] = z.astype(F)
+    g = rng.integers(0, 8, (8, 512)) * 2 + 1.0  # on the IQ3 level lattice (mostly off the grids)
+    c["grid_lattice"] = (g * rng.choice([-1, 1], g.shape) * 0.01).astype(F)
+    return c
+
+
+def _importance(n_per_row: int, seed: int) -> np.ndarray:
+    """A per-column importance vector like an imatrix's: positive, spanning a few decades, some zeros."""
+    rng = np.random.default_rng(seed)
+    w = np.exp(rng.uniform(-6, 2, n_per_row)).astype(F)
+    w[rng.integers(0, n_per_row, n_per_row // 64)] = 0
+    return w
+
+
+# --------------------------------------------------------------------------------------------
+# runtime tier: ggml itself
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("case", list(cases()))
+@pytest.mark.parametrize("name", list(TYPES))
+def test_bit_identical_with_ggml(name: str, case: str) -> None:
+    from fixtures.ggml_oracle import ggml_quantize
+
+    type_id, quantize, block_bytes, _ = TYPES[name]
+    rows = cases()[case]
+    ours = quantize(rows.reshape(-1)).tobytes()
+    assert_same_bytes(f"{name} on {case}", ours, ggml_quantize(type_id, rows), block_bytes)
+
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("name", list(TYPES))
+def test_importance_ignored_as_ggml_ignores_it(name: str) -> None:
+    """TQ1_0/TQ2_0 take no importance matrix: ggml's bytes with one are its bytes without one."""
+    from fixtures.ggml_oracle import ggml_quantize
+
+    type_id, quantize, _, takes = TYPES[name]
+    if takes:
+        pytest.skip("takes an importance matrix")
+    rows = cases()["realistic_weights"]
+    assert ggml_quantize(type_id, rows, _importance(rows.shape[1], 1)) == quantize(rows.reshape(-1)).tobytes()
+
+
+# --------------------------------------------------------------------------------------------
+# fast tier
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["TQ1_0", "TQ2_0"])
+def test_ternary_codes_are_the_definition(name: str) -> None:
+    """Decoded values are fp16(max|x|) times x/max|x| rounded half away from zero, for every value."""
+    _, quantize, _, _ = TYPES[name]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 256)).astype(F)
+    x[0, :] = np.repeat([-1.0, -0.5, 0.5, 1.0], 64)  # exact halves: away from zero
+    x[1] = 0
+    d = np.abs(x).max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.where(d > 0, x / d, 0)
+    trit = np.sign(r) * np.floor(np.abs(r) + 0.5)
+    want = trit * d.astype(np.float16).astype(F)
+    got = dequantize(quantize(x.reshape(-1)), GGMLQuantizationType[name]).reshape(x.shape)
+    assert np.array_equal(got, want.astype(F))
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_round_trip_close_to_input(name: str) -> None:
+    _, quantize, block_bytes, _ = TYPES[name]
+    x = np.random.default_rng(7).standard_normal(64 * 256).astype(F)
+    q = quantize(x)
+    assert q.dtype == np.uint8 and q.shape == (x.size // 256 * block_bytes,)
+    y = dequantize(q, GGMLQuantizationType[name])
+    assert y.shape == x.shape
+    assert np.sqrt(np.mean((y - x) ** 2)) < RMS_TOLERANCE[name]
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_input_contract(name: str) -> None:
+    _, quantize, _, _ = TYPES[name]
+    assert quantize(np.zeros(0, F)).size == 0
+    with pytest.raises(TypeError):
+        quantize(np.zeros(256, np.float64))
+    with pytest.raises(ValueError):
+        quantize(np.zeros(257, F))
+    x = np.random.default_rng(3).standard_normal(4 * 256).astype(F)
+    before = x.copy()
+    assert quantize(np.repeat(x, 2)[::2]).tobytes() == quantize(x).tobytes()  # strided views are fine
+    assert np.array_equal(x, before)  # and the input is left alone
