@@ -27,6 +27,7 @@ from .format.quant_types import (
     choose_quant_types,
     loader_order,
     n_dims,
+    requires_imatrix,
     resolve_ftype,
 )
 from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storage_type
@@ -333,6 +334,10 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
         raise DFlashError(f"already quantized tensors ({', '.join(requant[:4])}{' ...' if len(requant) > 4 else ''}); "
                           "quantize from the F16/BF16 file, or pass --allow-requantize (quality suffers)", where)
     chosen = [GGMLType[t] if t != KEEP else GGMLType[src] for (t, _), src in zip(choices, in_types, strict=True)]
+    needy = next(((n, t) for (n, _), t in zip(tensors, chosen, strict=True) if requires_imatrix(n, t, ftype.name)), None)
+    if needy is not None:  # llama-quantize's refusal, before anything is written
+        raise DFlashError(f"{ftype.name} needs an importance matrix: {needy[0]} would be {needy[1].name}, which "
+                          "llama-quantize refuses to write without --imatrix (the result would be garbage)", where)
     # the one per-tensor table (format/rules.py): fixed-type and vector tensors keep their type
     for i, (name, ne) in enumerate(tensors):
         if storage_class(name, tuple(reversed(ne))) in (FIXED, VECTOR) and chosen[i].name != in_types[i]:

@@ -94,6 +94,7 @@ def quantizer_backend(request, monkeypatch) -> str:
     else:
         monkeypatch.setattr(jit, "kquant_kernels", lambda: None)
         monkeypatch.setattr(jit, "legacy_kernels", lambda: None)
+        monkeypatch.setattr(jit, "iq3_kernels", lambda: None)
     return request.param
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from dflash_convert import convert
 from dflash_convert.check import check
+from dflash_convert.errors import DFlashError
 from dflash_convert.format.quant_types import FTYPES
 from dflash_convert.quantize import QUANT_TYPES, quantize
 from dflash_convert.runtime.diagnose import tensor_differences
@@ -56,7 +57,11 @@ def _check_type(src: Path, path: Path, qtype: str) -> None:
 def test_every_type_our_quantize_writes_passes_check(f16, qtype):
     root, src, f16_file = f16
     out = root / f"ours-{qtype}.gguf"
-    quantize(f16_file, out, qtype)
+    try:
+        quantize(f16_file, out, qtype)
+    except DFlashError as e:  # refused as llama-quantize refuses it (tests/test_quantize.py): nothing to check
+        assert "needs an importance matrix" in str(e), e
+        pytest.skip(f"{qtype} needs an importance matrix on this drafter")
     _check_type(src, out, qtype)
 
 
@@ -68,6 +73,8 @@ def test_every_type_llama_quantize_writes_passes_check(f16, qtype):
     root, src, f16_file = f16
     out = root / f"llama-{qtype}.gguf"
     r = subprocess.run([str(llama_tool("llama-quantize")), str(f16_file), str(out), qtype, "2"], capture_output=True, text=True)
+    if r.returncode != 0 and "requires an importance matrix" in r.stdout + r.stderr:
+        pytest.skip(f"llama-quantize needs an importance matrix for {qtype} on this drafter")
     assert r.returncode == 0, r.stderr[-2000:]
     _check_type(src, out, qtype)
 

@@ -10,6 +10,7 @@ close to its input.
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +18,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from test_codecs_legacy_iq4 import adversarial_cases, assert_same_bytes
 
-from dflash_convert.encoders import ternary
+from dflash_convert.encoders import iq3, ternary
+from dflash_convert.format import iq3_grids
+
+pytestmark = pytest.mark.usefixtures("quantizer_backend")  # every test on both backends (conftest)
 
 F = np.float32
 
@@ -25,11 +29,16 @@ F = np.float32
 TYPES = {
     "TQ1_0": (34, ternary.quantize_tq1_0, 54, False),
     "TQ2_0": (35, ternary.quantize_tq2_0, 66, False),
+    "IQ3_XXS": (18, iq3.quantize_iq3_xxs, 98, True),
+    "IQ3_S": (21, iq3.quantize_iq3_s, 110, True),
 }
+IQ3 = [n for n, (_, _, _, takes) in TYPES.items() if takes]
+# inputs ggml's IQ3 search aborts on (GGML_ASSERT): refused by ours instead
+IQ3_ABORTS = ("inf_and_nan", "near_float_max")
 
 # relative RMS error of a decode of N(0, 1) rows must stay below this (measured: TQ 0.797: ternary
-# with d = max|x| rounds most of a Gaussian to 0)
-RMS_TOLERANCE = {"TQ1_0": 0.85, "TQ2_0": 0.85}
+# with d = max|x| rounds most of a Gaussian to 0; IQ3_XXS 0.214, IQ3_S 0.167)
+RMS_TOLERANCE = {"TQ1_0": 0.85, "TQ2_0": 0.85, "IQ3_XXS": 0.25, "IQ3_S": 0.2}
 
 
 @functools.cache
@@ -67,21 +76,37 @@ def _importance(n_per_row: int, seed: int) -> np.ndarray:
 def test_bit_identical_with_ggml(name: str, case: str) -> None:
     from fixtures.ggml_oracle import ggml_quantize
 
-    type_id, quantize, block_bytes, _ = TYPES[name]
+    type_id, quantize, block_bytes, takes = TYPES[name]
     rows = cases()[case]
+    if takes and case in IQ3_ABORTS:
+        with pytest.raises(ValueError, match=f"{name} cannot quantize"):
+            quantize(rows.reshape(-1))
+        return
     ours = quantize(rows.reshape(-1)).tobytes()
     assert_same_bytes(f"{name} on {case}", ours, ggml_quantize(type_id, rows), block_bytes)
 
 
 @pytest.mark.runtime
-@pytest.mark.parametrize("name", list(TYPES))
+@pytest.mark.parametrize("case", [c for c in cases() if c not in IQ3_ABORTS])
+@pytest.mark.parametrize("name", IQ3)
+def test_bit_identical_with_ggml_with_importance(name: str, case: str) -> None:
+    """With an importance matrix (per column, the same for every row) the weights take ggml's other path."""
+    from fixtures.ggml_oracle import ggml_quantize
+
+    type_id, quantize, block_bytes, _ = TYPES[name]
+    rows = cases()[case]
+    qw = _importance(rows.shape[1], len(case))
+    ours = quantize(rows.reshape(-1), qw).tobytes()
+    assert_same_bytes(f"{name} on {case} with importance", ours, ggml_quantize(type_id, rows, qw), block_bytes)
+
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("name", [n for n in TYPES if n not in IQ3])
 def test_importance_ignored_as_ggml_ignores_it(name: str) -> None:
     """TQ1_0/TQ2_0 take no importance matrix: ggml's bytes with one are its bytes without one."""
     from fixtures.ggml_oracle import ggml_quantize
 
-    type_id, quantize, _, takes = TYPES[name]
-    if takes:
-        pytest.skip("takes an importance matrix")
+    type_id, quantize, _, _ = TYPES[name]
     rows = cases()["realistic_weights"]
     assert ggml_quantize(type_id, rows, _importance(rows.shape[1], 1)) == quantize(rows.reshape(-1)).tobytes()
 
@@ -116,6 +141,47 @@ def test_round_trip_close_to_input(name: str) -> None:
     y = dequantize(q, GGMLQuantizationType[name])
     assert y.shape == x.shape
     assert np.sqrt(np.mean((y - x) ** 2)) < RMS_TOLERANCE[name]
+
+
+@pytest.mark.parametrize("name", IQ3)
+def test_importance_changes_the_result_and_is_checked(name: str) -> None:
+    _, quantize, _, _ = TYPES[name]
+    x = np.random.default_rng(11).standard_normal(4 * 512).astype(F)
+    qw = _importance(512, 2)
+    assert quantize(x, qw).tobytes() != quantize(x).tobytes()
+    assert quantize(x, np.ones(512, F)).tobytes() != quantize(x).tobytes()  # qw*sqrt(sigma2 + x*x), not x*x
+    for bad in (np.ones(512, np.float64), np.ones(300, F), np.ones(768, F), np.ones((2, 256), F)):
+        with pytest.raises(ValueError, match="importance must be"):
+            quantize(x, bad)
+
+
+def test_iq3_tables_are_ggmls() -> None:
+    """The grids are ggml-common.h's (levels -> values) and ggml-quants.c's; the neighbour lists as iq3xs_init_impl builds them."""
+    from fixtures.upstream import llama_cpp_dir
+
+    src = llama_cpp_dir() / "ggml" / "src"
+    if not src.is_dir():
+        pytest.skip("the vendored llama.cpp source is not cached")
+    header, quants = (src / "ggml-common.h").read_text(), (src / "ggml-quants.c").read_text()
+    for name, table, points, values in (("iq3xxs_grid", "kgrid_256", iq3_grids.IQ3XXS_POINTS, iq3_grids.IQ3XXS_VALUES),
+                                        ("iq3s_grid", "kgrid_512", iq3_grids.IQ3S_POINTS, iq3_grids.IQ3S_VALUES)):
+        m = re.search(name + r"[^{]*?\)\s*(.*?)GGML_TABLE_END", header, re.S)
+        words = [int(v, 16) for v in re.findall(r"0x([0-9a-fA-F]+)", m.group(1))]
+        assert words == [sum(values[(p >> 3 * i) & 7] << 8 * i for i in range(4)) for p in points], name
+        m = re.search(table + r"\[\d+\]\s*=\s*\{(.*?)\};", quants, re.S)
+        assert tuple(int(v) for v in re.findall(r"\d+", m.group(1))) == points, table
+    for name, n_points in (("IQ3_XXS", 256), ("IQ3_S", 512)):
+        grid, kmap, neigh = iq3.tables(name)
+        assert grid.shape == (n_points, 4) and (kmap >= 0).sum() == n_points
+        # every off-grid point lists its nearest grid points first, sorted by (distance, index)
+        for u in (1, 3, 100, 4095):
+            if kmap[u] >= 0:
+                continue
+            off = -kmap[u] - 1
+            listed = neigh[off + 1: off + 1 + neigh[off]].astype(int)
+            pos = 2 * ((u >> 3 * np.arange(4)) & 7) + 1
+            d2 = ((grid.astype(int) - pos) ** 2).sum(axis=1)
+            assert d2[listed[0]] == d2.min() and list(listed) == sorted(listed, key=lambda j: (d2[j], j))
 
 
 @pytest.mark.parametrize("name", list(TYPES))

@@ -15,6 +15,7 @@ import numpy as np
 from ..format.ggml import BLOCK_GEOMETRY, GGMLType
 from . import jit
 from .floats import FLOAT_WORDS, bf16_to_f16, f16_to_bf16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
+from .iq3 import quantize_iq3_s, quantize_iq3_xxs
 from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants_low import quantize_q2_k, quantize_q3_k
@@ -46,6 +47,8 @@ QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.IQ4_XS: quantize_iq4_xs,
     GGMLType.TQ1_0: quantize_tq1_0,
     GGMLType.TQ2_0: quantize_tq2_0,
+    GGMLType.IQ3_XXS: quantize_iq3_xxs,
+    GGMLType.IQ3_S: quantize_iq3_s,
 }
 
 # float destination -> float32 chunk -> words

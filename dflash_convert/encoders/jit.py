@@ -57,6 +57,19 @@ def float_kernels() -> ModuleType | None:
     return _float_kernels
 
 
+@functools.cache
+def iq3_kernels() -> ModuleType | None:
+    """The IQ3_XXS / IQ3_S search kernel (``_iq3_kernels``), or None as for ``kquant_kernels``."""
+    if not jit_available():
+        return None
+    try:
+        # lazy, as _kquant_kernels above: it imports numba
+        from . import _iq3_kernels
+    except Exception:  # as above: numba can fail in ways other than ImportError
+        return None
+    return _iq3_kernels
+
+
 def jit_available() -> bool:
     """Whether the numba kernels are used."""
     return kquant_kernels() is not None

@@ -50,6 +50,11 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("IQ4_XS", 30, GGMLType.IQ4_XS),
     FileType("TQ1_0", 36, GGMLType.TQ1_0),
     FileType("TQ2_0", 37, GGMLType.TQ2_0),
+    FileType("IQ3_XXS", 23, GGMLType.IQ3_XXS),
+    FileType("IQ3_XS", 22, GGMLType.IQ3_S),
+    FileType("IQ3_S", 26, GGMLType.IQ3_S),
+    FileType("IQ3_M", 27, GGMLType.IQ3_S),
+    FileType("Q2_K_S", 21, GGMLType.Q2_K),
 )}
 
 # quantize.cpp's aliases: the bare K names mean the _M mix

@@ -109,7 +109,46 @@ MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
     },
     "TQ1_0": {"token_embd": (("always", GGMLType.Q4_K),)},
     "TQ2_0": {"token_embd": (("always", GGMLType.Q4_K),)},
+    "Q2_K_S": {
+        "attn_v": (("gqa>=4", GGMLType.Q4_K),),
+        "ffn_down": (("i<n/8", GGMLType.Q4_K),),
+    },
+    "IQ3_XXS": {
+        "token_embd": (("always", GGMLType.IQ3_S),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("no_imatrix", GGMLType.IQ3_S)),
+        "attn_k": (("always", GGMLType.IQ2_S),),
+        "attn_q": (("always", GGMLType.IQ2_S),),
+        "ffn_down": (("no_imatrix&i<n/8", GGMLType.Q4_K), ("no_imatrix", GGMLType.Q3_K)),
+        "attn_output": (("always", GGMLType.IQ3_S),),
+    },
+    "IQ3_XS": {
+        "attn_v": (("gqa>=4", GGMLType.Q4_K),),
+        "attn_k": (("always", GGMLType.IQ3_XXS),),
+        "attn_q": (("always", GGMLType.IQ3_XXS),),
+        "ffn_gate": (("n/8<=i<7n/8", GGMLType.IQ3_XXS),),
+        "ffn_up": (("n/8<=i<7n/8", GGMLType.IQ3_XXS),),
+    },
+    "IQ3_S": {
+        "attn_v": (("gqa>=4", GGMLType.Q4_K),),
+    },
+    "IQ3_M": {
+        "attn_v": (("always", GGMLType.Q4_K),),
+        "ffn_down": (("i<n/8", GGMLType.Q4_K),),
+        "attn_output": (("always", GGMLType.Q4_K),),
+    },
 }
+
+# file types whose output head (and a tied token_embd) gets another type than OUTPUT_TYPE
+OUTPUT_TYPE_BY_FTYPE: dict[str, GGMLType] = {"IQ3_XXS": GGMLType.Q5_K}
+
+# tensor_requires_imatrix: llama-quantize refuses to write these types without an importance matrix
+# (Q2_K only in a Q2_K_S file); the token embedding and the output head never need one
+IMATRIX_REQUIRED: dict[GGMLType, frozenset[str] | None] = {  # type -> the file types it needs one in (None: any)
+    GGMLType.IQ3_XXS: None, GGMLType.IQ2_XXS: None, GGMLType.IQ2_XS: None, GGMLType.IQ2_S: None,
+    GGMLType.IQ1_M: None, GGMLType.IQ1_S: None,
+    GGMLType.Q2_K: frozenset({"Q2_K_S"}),
+}
+IMATRIX_EXEMPT_NAMES: frozenset[str] = frozenset({"token_embd.weight", "per_layer_token_embd.weight", "output.weight"})
 
 # the output tensor (and a tied token_embd): Q8_0 when ne[0] does not fill the default type's
 # blocks, else Q6_K unless the default already is Q8_0
@@ -138,8 +177,9 @@ def _use_more_bits(i: int, n: int) -> bool:
 @dataclass(frozen=True)
 class _Where:
     i: int  # tensors of this rule group typed so far
-    n: int  # their total (n_attention_wv, or block_count for ffn_down)
+    n: int  # their total (n_attention_wv, or block_count for ffn_down, ffn_gate, ffn_up)
     n_gqa: int  # head_count // head_count_kv (layer 0)
+    has_imatrix: bool = False  # quantizing with an importance matrix (qs.has_imatrix)
 
 
 CONDITIONS: dict[str, Callable[[_Where], bool]] = {
@@ -150,7 +190,18 @@ CONDITIONS: dict[str, Callable[[_Where], bool]] = {
     "i<n/8": lambda w: w.i < w.n // 8,
     "i<n/16": lambda w: w.i < w.n // 16,
     "more_bits": lambda w: _use_more_bits(w.i, w.n),
+    "n/8<=i<7n/8": lambda w: w.n // 8 <= w.i < 7 * w.n // 8,
+    "no_imatrix": lambda w: not w.has_imatrix,
+    "no_imatrix&i<n/8": lambda w: not w.has_imatrix and w.i < w.n // 8,
 }
+
+
+def requires_imatrix(name: str, t: GGMLType, ftype: str) -> bool:
+    """tensor_requires_imatrix: does llama-quantize refuse to write tensor ``name`` as ``t`` in ``ftype`` without an imatrix?"""
+    if name in IMATRIX_EXEMPT_NAMES or t not in IMATRIX_REQUIRED:
+        return False
+    only_in = IMATRIX_REQUIRED[t]
+    return only_in is None or ftype in only_in
 
 
 def resolve_ftype(ftype: str) -> str:
@@ -258,7 +309,7 @@ NOTE_MANUAL = "--tensor-type"
 
 def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *, input_types: Sequence[str] | None = None,
                        n_layer: int | None = None, n_head: int | None = None, n_head_kv: int | None = None,
-                       overrides: TypeOverrides = NO_OVERRIDES) -> tuple[int, list[tuple[str, str]]]:
+                       overrides: TypeOverrides = NO_OVERRIDES, has_imatrix: bool = False) -> tuple[int, list[tuple[str, str]]]:
     """The type llama-quantize gives each tensor for ``ftype``: (general.file_type, [(type name, note)]); docs/quantizers.md."""
     name_ft = resolve_ftype(ftype)
     file_type, default = FTYPES[name_ft]
@@ -275,8 +326,8 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
     n_attn_v = sum(c in ATTN_V_LIKE for c in cats)
     tied = not any(c == "output" for c in cats)  # no output.weight: token_embd doubles as the output
     rules = MIX_RULES.get(name_ft, {})
-    seen = {"attn_v": 0, "ffn_down": 0}
-    totals = {"attn_v": n_attn_v, "ffn_down": nl}
+    seen = {"attn_v": 0, "ffn_down": 0, "ffn_gate": 0, "ffn_up": 0}
+    totals = {"attn_v": n_attn_v, "ffn_down": nl, "ffn_gate": nl, "ffn_up": nl}
 
     patterns = [(compile_pattern(p.lower()), t) for p, t in overrides.tensor_types]  # bounded: user patterns
     out: list[tuple[str, str]] = [("", "")] * len(tensors)
@@ -313,11 +364,12 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
                 elif ne[0] % _block(default) != 0:
                     new, note = OUTPUT_UNALIGNED_TYPE, f"output: ne[0] does not fill {default.name} blocks"
                 elif default not in OUTPUT_KEEPS_DEFAULT:
-                    new, note = OUTPUT_TYPE, "output" + (" (tied token_embd)" if cat == "token_embd" else "")
+                    new = OUTPUT_TYPE_BY_FTYPE.get(name_ft, OUTPUT_TYPE)
+                    note = "output" + (" (tied token_embd)" if cat == "token_embd" else "")
             else:
                 group = "attn_v" if cat in ATTN_V_LIKE else cat
                 for cond, t in rules.get(group, ()):
-                    where = _Where(seen.get(group, 0), totals.get(group, 0), gqa)
+                    where = _Where(seen.get(group, 0), totals.get(group, 0), gqa, has_imatrix)
                     if CONDITIONS[cond](where):
                         new, note = t, f"{name_ft} mix: {group} {cond} (i={where.i}, n={where.n})"
                         break
