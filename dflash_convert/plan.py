@@ -23,6 +23,7 @@ from .format.quant_types import (
     NO_OVERRIDES,
     NOTE_FALLBACK,
     NOTE_KEPT,
+    NoFallback,
     TypeOverrides,
     choose_quant_types,
     loader_order,
@@ -327,6 +328,8 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
         _, choices = choose_quant_types(
             tensors, ftype.name, input_types=None if allow_requantize else in_types,
             n_layer=d.n_layers, n_head=d.n_head, n_head_kv=d.n_head_kv, overrides=options.types)
+    except NoFallback as e:
+        raise DFlashError(f"{ftype.name}: {e}", where) from None
     except ValueError as e:
         raise DFlashError(f"{e}; the input is already quantized: quantize from the F16/BF16 file, or pass "
                           "--allow-requantize (quality suffers)", where) from None

@@ -258,7 +258,7 @@ def test_precision_class_is_the_loosest_type():
     assert precision_class(_DrafterStub(15, "F32")) == ("Q4_K_M", "Q4")  # the label counts too
     assert precision_class(_DrafterStub(7, "Q8_0", "Q2_K")) == ("Q8_0", "Q2_K")  # a mix: its worst tensor
     assert precision_class(_DrafterStub(None, "F16")) == ("F16", "F16")
-    assert precision_class(_DrafterStub(36, "TQ1_0", "Q4_K")) == ("TQ1_0", "TQ")  # ternary: the loosest class
+    assert precision_class(_DrafterStub(36, "TQ1_0", "Q4_K")) == ("TQ1_0", "Q1")  # 1-2 bits: the loosest class
     assert precision_class(_DrafterStub(None, "IQ3_S")) == ("IQ3_S", "Q3_K")
     with pytest.raises(InputFileError, match="no check thresholds"):
         precision_class(_DrafterStub(None, "MXFP4"))

@@ -1,10 +1,11 @@
-"""TQ1_0, TQ2_0, IQ3_XXS and IQ3_S quantizers: byte-identical with ggml, with and without an importance matrix.
+"""TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, Q1_0 and Q2_0 quantizers: byte-identical with ggml, with and without an importance matrix.
 
 The runtime tier compares with ``ggml_quantize_chunk`` itself (the libggml-base of the cached build)
 on the adversarial inputs of the legacy/IQ4 tests plus cases aimed at these types' own branches
 (sub-blocks of zeros, which shift IQ3_S's packed bytes; values on and off the IQ3 grids). The fast
 tier checks the ternary codes against their definition and that every type decodes (gguf-py)
-close to its input.
+close to its input (gguf-py's decoders; Q1_0 and Q2_0, which gguf-py lacks, by our runtime's, which the
+runtime tier compares with ggml's own ``to_float``).
 """
 
 from __future__ import annotations
@@ -18,27 +19,43 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from test_codecs_legacy_iq4 import adversarial_cases, assert_same_bytes
 
-from dflash_convert.encoders import iq3, ternary
+from dflash_convert.encoders import iq3, low_bit, ternary
 from dflash_convert.format import iq3_grids
+from dflash_convert.format.ggml import GGMLType
 
 pytestmark = pytest.mark.usefixtures("quantizer_backend")  # every test on both backends (conftest)
 
 F = np.float32
 
-# name: (ggml type id, quantizer, bytes per 256-value block, takes an importance matrix)
+# name: (ggml type id, quantizer, bytes per 256 values, takes an importance matrix)
 TYPES = {
     "TQ1_0": (34, ternary.quantize_tq1_0, 54, False),
     "TQ2_0": (35, ternary.quantize_tq2_0, 66, False),
     "IQ3_XXS": (18, iq3.quantize_iq3_xxs, 98, True),
     "IQ3_S": (21, iq3.quantize_iq3_s, 110, True),
+    "Q1_0": (41, low_bit.quantize_q1_0, 36, False),
+    "Q2_0": (42, low_bit.quantize_q2_0, 72, False),
 }
+BLOCK = {"Q1_0": 128, "Q2_0": 64}  # values per block where not 256
 IQ3 = [n for n, (_, _, _, takes) in TYPES.items() if takes]
 # inputs ggml's IQ3 search aborts on (GGML_ASSERT): refused by ours instead
 IQ3_ABORTS = ("inf_and_nan", "near_float_max")
 
 # relative RMS error of a decode of N(0, 1) rows must stay below this (measured: TQ 0.797: ternary
-# with d = max|x| rounds most of a Gaussian to 0; IQ3_XXS 0.214, IQ3_S 0.167)
-RMS_TOLERANCE = {"TQ1_0": 0.85, "TQ2_0": 0.85, "IQ3_XXS": 0.25, "IQ3_S": 0.2}
+# with d = max|x| rounds most of a Gaussian to 0; IQ3_XXS 0.214, IQ3_S 0.167; Q1_0 0.601, Q2_0 0.711)
+RMS_TOLERANCE = {"TQ1_0": 0.85, "TQ2_0": 0.85, "IQ3_XXS": 0.25, "IQ3_S": 0.2, "Q1_0": 0.65, "Q2_0": 0.75}
+
+
+def decode(name: str, q: np.ndarray) -> np.ndarray:
+    """Blocks -> float32 values: gguf-py's decoder, or ours (runtime/dequant.py) for the types gguf-py lacks."""
+    if name in BLOCK:
+        import torch
+
+        from dflash_convert.runtime.dequant import dequantize as ours
+
+        n = q.size // 18 * BLOCK[name]
+        return ours(torch.from_numpy(q.copy()), GGMLType[name], (n,)).numpy()
+    return dequantize(q, GGMLQuantizationType[name])
 
 
 @functools.cache
@@ -77,6 +94,7 @@ def test_bit_identical_with_ggml(name: str, case: str) -> None:
     from fixtures.ggml_oracle import ggml_quantize
 
     type_id, quantize, block_bytes, takes = TYPES[name]
+    block_bytes = 18 if name in BLOCK else block_bytes
     rows = cases()[case]
     if takes and case in IQ3_ABORTS:
         with pytest.raises(ValueError, match=f"{name} cannot quantize"):
@@ -138,7 +156,7 @@ def test_round_trip_close_to_input(name: str) -> None:
     x = np.random.default_rng(7).standard_normal(64 * 256).astype(F)
     q = quantize(x)
     assert q.dtype == np.uint8 and q.shape == (x.size // 256 * block_bytes,)
-    y = dequantize(q, GGMLQuantizationType[name])
+    y = decode(name, q)
     assert y.shape == x.shape
     assert np.sqrt(np.mean((y - x) ** 2)) < RMS_TOLERANCE[name]
 
@@ -196,3 +214,18 @@ def test_input_contract(name: str) -> None:
     before = x.copy()
     assert quantize(np.repeat(x, 2)[::2]).tobytes() == quantize(x).tobytes()  # strided views are fine
     assert np.array_equal(x, before)  # and the input is left alone
+
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("name", list(BLOCK))
+def test_our_decoder_matches_ggml_for_the_types_gguf_py_lacks(name: str) -> None:
+    """Q1_0/Q2_0: runtime/dequant.py against ggml's own to_float, on our blocks and on random bytes (any code, any fp16 d)."""
+    from fixtures.ggml_oracle import ggml_dequantize
+
+    type_id, quantize, _, _ = TYPES[name]
+    rng = np.random.default_rng(4)
+    blocks = [quantize(cases()["realistic_weights"].reshape(-1)), rng.integers(0, 256, 18 * 64, dtype=np.uint8)]
+    finite = blocks[1].reshape(-1, 18)
+    finite[:, 1] &= 0x7B  # exponent bits below all-ones: a finite fp16 d
+    for q in blocks:
+        assert np.array_equal(decode(name, q).view(np.uint32), ggml_dequantize(type_id, q).view(np.uint32))

@@ -20,6 +20,7 @@ from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .kquants_low import quantize_q2_k, quantize_q3_k
 from .legacy import quantize_from_f16, quantize_q4_0, quantize_q4_1, quantize_q5_0, quantize_q5_1
+from .low_bit import quantize_q1_0, quantize_q2_0
 from .q8_0 import quantize_q8_0
 from .ternary import quantize_tq1_0, quantize_tq2_0
 
@@ -49,6 +50,8 @@ QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.TQ2_0: quantize_tq2_0,
     GGMLType.IQ3_XXS: quantize_iq3_xxs,
     GGMLType.IQ3_S: quantize_iq3_s,
+    GGMLType.Q1_0: quantize_q1_0,
+    GGMLType.Q2_0: quantize_q2_0,
 }
 
 # float destination -> float32 chunk -> words

@@ -45,16 +45,16 @@ THRESHOLDS: dict[str, Thresholds] = {
     "Q4": Thresholds(0.7, 0.65, 0.15, 0.1, 1.0),
     "Q3_K": Thresholds(1.3, 0.5, 0.4, 0.1, 2.0),
     "Q2_K": Thresholds(1.6, 0.35, 0.8, 0.1, 3.5),
-    "TQ": Thresholds(2.4, 0.35, 0.95, 0.1, 3.5),
+    "Q1": Thresholds(2.4, 0.25, 0.95, 0.1, 3.5),
 }
 
 # acceptance a file may lose against its checkpoint (accepted / drafted, absolute), per class
 ACCEPT_ALLOWANCE: dict[str, float] = {
     "F32": 0.005, "F16": 0.01, "BF16": 0.01, "Q8_0": 0.02, "Q6_K": 0.02, "Q5": 0.03, "Q4": 0.07, "Q3_K": 0.07,
-    "Q2_K": 0.13, "TQ": 1.0,
+    "Q2_K": 0.13, "Q1": 1.0,
 }
 # classes whose top-1 and KL gates come from random drafters only: with a features file the acceptance gate replaces them
-ACCEPTANCE_GATED = ("Q8_0", "Q6_K", "Q5", "Q4", "Q3_K", "Q2_K", "TQ")
+ACCEPTANCE_GATED = ("Q8_0", "Q6_K", "Q5", "Q4", "Q3_K", "Q2_K", "Q1")
 
 # ggml type -> precision class
 _TYPE_CLASS: dict[GGMLType, str] = {
@@ -63,7 +63,8 @@ _TYPE_CLASS: dict[GGMLType, str] = {
     GGMLType.Q5_0: "Q5", GGMLType.Q5_1: "Q5", GGMLType.Q5_K: "Q5",
     GGMLType.Q4_0: "Q4", GGMLType.Q4_1: "Q4", GGMLType.Q4_K: "Q4", GGMLType.IQ4_NL: "Q4", GGMLType.IQ4_XS: "Q4",
     GGMLType.Q3_K: "Q3_K", GGMLType.Q2_K: "Q2_K",
-    GGMLType.IQ3_XXS: "Q3_K", GGMLType.IQ3_S: "Q3_K", GGMLType.TQ1_0: "TQ", GGMLType.TQ2_0: "TQ",
+    GGMLType.IQ3_XXS: "Q3_K", GGMLType.IQ3_S: "Q3_K", GGMLType.TQ1_0: "Q1", GGMLType.TQ2_0: "Q1",
+    GGMLType.Q1_0: "Q1", GGMLType.Q2_0: "Q1",
 }
 # ggml type name or file type name -> precision class (a file type is judged as its matrix type)
 PRECISION_CLASS: dict[str, str] = {t.name: c for t, c in _TYPE_CLASS.items()} | {

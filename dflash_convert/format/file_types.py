@@ -55,6 +55,8 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("IQ3_S", 26, GGMLType.IQ3_S),
     FileType("IQ3_M", 27, GGMLType.IQ3_S),
     FileType("Q2_K_S", 21, GGMLType.Q2_K),
+    FileType("Q1_0", 40, GGMLType.Q1_0),
+    FileType("Q2_0", 41, GGMLType.Q2_0),
 )}
 
 # quantize.cpp's aliases: the bare K names mean the _M mix

@@ -109,6 +109,7 @@ MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
     },
     "TQ1_0": {"token_embd": (("always", GGMLType.Q4_K),)},
     "TQ2_0": {"token_embd": (("always", GGMLType.Q4_K),)},
+    "Q2_0": {"token_embd": (("always", GGMLType.Q4_K),)},
     "Q2_K_S": {
         "attn_v": (("gqa>=4", GGMLType.Q4_K),),
         "ffn_down": (("i<n/8", GGMLType.Q4_K),),
@@ -263,6 +264,10 @@ def _block(t: GGMLType) -> int:
     return BLOCK_GEOMETRY[t][0]
 
 
+class NoFallback(ValueError):
+    """A tensor's rows do not fill the type's blocks and tensor_type_fallback has no other type for it."""
+
+
 def _fallback(ncols: int, t: GGMLType) -> tuple[GGMLType, str | None]:
     """tensor_type_fallback: (type, note) -- note is None when ne[0] fits the type's blocks."""
     if ncols % _block(t) == 0:
@@ -272,7 +277,8 @@ def _fallback(ncols: int, t: GGMLType) -> tuple[GGMLType, str | None]:
     elif _block(t) <= 32:
         new = t
     else:
-        raise ValueError(f"llama-quantize defines no fallback for {t.name} (ne[0]={ncols})")
+        raise NoFallback(f"ne[0]={ncols} is not a multiple of {_block(t)} ({t.name}), and llama-quantize defines no "
+                         f"fallback for {t.name}: it refuses such a tensor too")
     if ncols % _block(new) != 0:
         new = LAST_RESORT_TYPE
     return new, f"{NOTE_FALLBACK}: ne[0]={ncols} is not a multiple of {_block(t)} ({t.name}) -> {new.name}"

@@ -38,6 +38,8 @@ BLOCK_FIELDS: dict[GGMLType, tuple[tuple[str, int], ...]] = {
     GGMLType.TQ2_0: (("qs", 64), ("d", 2)),
     GGMLType.IQ3_XXS: (("d", 2), ("qs", 64), ("scales_signs", 32)),
     GGMLType.IQ3_S: (("d", 2), ("qs", 64), ("qh", 8), ("signs", 32), ("scales", 4)),
+    GGMLType.Q1_0: (("d", 2), ("qs", 16)),
+    GGMLType.Q2_0: (("d", 2), ("qs", 16)),
 }
 
 # Types stored one value per element: reinterpret the bytes, then cast to the requested dtype.
@@ -290,6 +292,21 @@ def _iq3_s(blocks: torch.Tensor, out: torch.Tensor) -> None:
     _signed_grid(codes, _iq3_grid(IQ3S_POINTS, IQ3S_VALUES, blocks.device), signs, db, out)
 
 
+def _q1_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """128 values: bit j of the 16 bytes set: +d, else -d (ggml's ``bit ? d : neg_d``; gguf-py has no Q1_0)."""
+    f, n = _fields(blocks, GGMLType.Q1_0), blocks.shape[0]
+    bits = _spread(f["qs"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 16, 8), dim=-1).view(n, 128)
+    d = _half(f["d"])
+    torch.where(bits.bool(), d, d.neg(), out=out)
+
+
+def _q2_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """64 values: ``(q - 1)*d``, q bits 2(j%4) of byte j/4 (ggml's ``((int)q - 1) * d``; gguf-py has no Q2_0)."""
+    f, n = _fields(blocks, GGMLType.Q2_0), blocks.shape[0]
+    q = _spread(f["qs"], _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 16, 4), dim=-1).view(n, 64)
+    out.copy_(q.view(torch.int8).sub_(1)).mul_(_half(f["d"]))
+
+
 _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.Q4_0: _q4_0,
     GGMLType.Q4_1: _q4_1,
@@ -307,6 +324,8 @@ _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.TQ2_0: _tq2_0,
     GGMLType.IQ3_XXS: _iq3_xxs,
     GGMLType.IQ3_S: _iq3_s,
+    GGMLType.Q1_0: _q1_0,
+    GGMLType.Q2_0: _q2_0,
 }
 
 # Values per kernel call: the code buffers stay below glibc's mmap threshold, so they are recycled

@@ -45,7 +45,7 @@ WEIGHT_REL_RMS: dict[str, float] = {
     "Q6_K": 2e-2, "Q5_0": 7e-2, "Q5_1": 7e-2, "Q5_K": 7e-2, "Q4_0": 0.14, "Q4_1": 0.14, "Q4_K": 0.14,
     "IQ4_NL": 0.1, "IQ4_XS": 0.1, "Q3_K": 0.25, "Q2_K": 0.5,
     "TQ1_0": 1.0, "TQ2_0": 1.0,  # ternary with d = max|x| rounds most of a normal row to 0 (measured 0.81)
-    "IQ3_XXS": 0.45, "IQ3_S": 0.35,
+    "IQ3_XXS": 0.45, "IQ3_S": 0.35, "Q1_0": 0.9, "Q2_0": 1.0,  # measured 0.60 and 0.71: a swapped matrix is ~1.4
 }
 CHUNK_ELEMENTS = 1 << 22
 
