@@ -224,6 +224,23 @@ def test_deep_scan_dequantizes_q8_0(tmp_path):
     assert status == "fail" and "fc.weight:" in text
 
 
+@pytest.mark.parametrize("qtype, values", [(GGMLType.Q1_0, 128), (GGMLType.Q2_0, 64), (GGMLType.IQ3_S, 256)])
+def test_deep_scan_reads_the_new_low_bit_types(tmp_path, qtype, values):
+    """Q1_0/Q2_0 (no gguf-py decoder: scanned by their block scales) and IQ3_S: one inf scale, one block of non-finite values."""
+    from dflash_convert.encoders import QUANTIZERS
+
+    parts = drafter_parts(E=128)  # fc.weight's rows: 2 x 128, whole blocks of every type
+    fc = get_tensor(parts, "fc.weight")
+    data = bytearray(QUANTIZERS[qtype](np.random.default_rng(0).standard_normal(int(np.prod(fc.ne))).astype(np.float32)))
+    path = write_parts(tmp_path / "ok.gguf", set_tensor(parts, Tensor(fc.name, fc.ne, qtype, bytes(data))))
+    assert _status(validate(path, deep=True), "numerics")[0] == "pass"
+    size = len(data) * values // int(np.prod(fc.ne))
+    data[size:size + 2] = np.float16(np.inf).tobytes()  # the scale of the second block (at byte 0 of each)
+    path = write_parts(tmp_path / "q.gguf", set_tensor(parts, Tensor(fc.name, fc.ne, qtype, bytes(data))))
+    status, text = _status(validate(path, deep=True), "numerics")
+    assert status == "fail" and f"fc.weight: {values} of {int(np.prod(fc.ne))} values are NaN or Inf" in text
+
+
 # --- real converted files and their targets ------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """--deep: every tensor scanned for NaN and Inf, row chunk by row chunk (memory stays flat on large files).
 
 Rows are read by position into a small buffer, never mapped. Float tensors are checked on their bit
-patterns, quantized ones dequantized a chunk at a time with gguf-py (bit-exact with ggml); integer
-tensors are skipped.
+patterns, quantized ones dequantized a chunk at a time with gguf-py (bit-exact with ggml), Q1_0 and
+Q2_0 (which gguf-py lacks) by their block scales; integer tensors are skipped.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..files import FdCache
-from ..format.ggml import GGMLType
+from ..format.ggml import BLOCK_GEOMETRY, GGMLType
 from ..sources.gguf import GGUFFile, GGUFTensor
 from .report import Check, check_from
 
@@ -23,6 +23,9 @@ _FLOAT_BITS: dict[GGMLType, tuple[str, int]] = {
     GGMLType.F64: ("<u8", 0x7FF0000000000000),
 }
 _INTEGER = frozenset({GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64})
+# types gguf-py cannot decode whose every value is a small integer times the block's one fp16 scale at
+# byte 0 (Q1_0: +-d, Q2_0: (q - 1)*d): a value is NaN or Inf exactly when that scale is
+_SCALE_AT_0 = frozenset({GGMLType.Q1_0, GGMLType.Q2_0})
 
 
 def _bad_float(words: np.ndarray, t: GGUFTensor) -> int:
@@ -32,6 +35,10 @@ def _bad_float(words: np.ndarray, t: GGUFTensor) -> int:
 
 
 def _bad_quantized(raw: np.ndarray, t: GGUFTensor) -> int | None:
+    if t.ggml_type in _SCALE_AT_0:
+        block, size = BLOCK_GEOMETRY[t.ggml_type]
+        d = raw.view(np.uint8).reshape(-1, size)[:, :2].copy().view("<u2")
+        return block * int(np.count_nonzero((d & 0x7C00) == 0x7C00))
     try:
         # gguf-py's dequantizers: only --deep on a quantized file needs them
         from gguf import GGMLQuantizationType
