@@ -121,12 +121,13 @@ def test_bit_identical_with_ggml_with_importance(name: str, case: str) -> None:
 @pytest.mark.runtime
 @pytest.mark.parametrize("name", [n for n in TYPES if n not in IQ3])
 def test_importance_ignored_as_ggml_ignores_it(name: str) -> None:
-    """TQ1_0/TQ2_0 take no importance matrix: ggml's bytes with one are its bytes without one."""
+    """TQ1_0/TQ2_0/Q1_0/Q2_0 ignore an importance matrix: ggml's bytes with one are its bytes without one, and ours."""
     from fixtures.ggml_oracle import ggml_quantize
 
     type_id, quantize, _, _ = TYPES[name]
     rows = cases()["realistic_weights"]
-    assert ggml_quantize(type_id, rows, _importance(rows.shape[1], 1)) == quantize(rows.reshape(-1)).tobytes()
+    qw = _importance(rows.shape[1], 1)
+    assert ggml_quantize(type_id, rows, qw) == quantize(rows.reshape(-1)).tobytes() == quantize(rows.reshape(-1), qw).tobytes()
 
 
 # --------------------------------------------------------------------------------------------

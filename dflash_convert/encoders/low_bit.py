@@ -23,8 +23,8 @@ BLOCK_Q2_0 = np.dtype([("d", "<u2"), ("qs", "u1", (QK2_0 // 4,))])
 assert (BLOCK_Q1_0.itemsize, BLOCK_Q2_0.itemsize) == (18, 18)
 
 
-def quantize_q1_0(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*128,)`` -> Q1_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of sign bits (bit j: value j)."""
+def quantize_q1_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``(n*128,)`` -> Q1_0 blocks as bytes ``(n*18,)`` (fp16 ``d``, 16 bytes of sign bits); ``importance`` ignored, as by ggml."""
     xb = as_blocks(x, QK1_0)
     out = np.zeros(xb.shape[0], BLOCK_Q1_0)
     a = np.abs(xb)
@@ -38,8 +38,8 @@ def quantize_q1_0(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def quantize_q2_0(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*64,)`` -> Q2_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 2-bit codes (value j: bits 2(j%4) of byte j/4)."""
+def quantize_q2_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``(n*64,)`` -> Q2_0 blocks as bytes ``(n*18,)`` (fp16 ``d``, 2-bit codes); ``importance`` ignored, as by ggml."""
     xb = as_blocks(x, QK2_0)
     out = np.zeros(xb.shape[0], BLOCK_Q2_0)
     a = np.abs(xb)

@@ -54,8 +54,8 @@ def _trits(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d, (q + _F32(1)).astype(np.uint8)
 
 
-def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> TQ1_0 blocks as bytes ``(n*54,)``: 48 + 4 bytes of base-3 trits, then fp16 ``d``."""
+def quantize_tq1_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``(n*256,)`` -> TQ1_0 blocks as bytes ``(n*54,)`` (48 + 4 bytes of trits, fp16 ``d``); ``importance`` ignored, as by ggml."""
     xb = as_blocks(x, QK_K)
     out = np.zeros(xb.shape[0], BLOCK_TQ1_0)
     if xb.shape[0] == 0:
@@ -74,8 +74,8 @@ def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> TQ2_0 blocks as bytes ``(n*66,)``: 64 bytes of 2-bit trits, then fp16 ``d``."""
+def quantize_tq2_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``(n*256,)`` -> TQ2_0 blocks as bytes ``(n*66,)`` (64 bytes of 2-bit trits, fp16 ``d``); ``importance`` ignored, as by ggml."""
     xb = as_blocks(x, QK_K)
     out = np.zeros(xb.shape[0], BLOCK_TQ2_0)
     if xb.shape[0] == 0:
