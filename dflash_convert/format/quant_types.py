@@ -1,7 +1,7 @@
 """Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF: data tables and their rule.
 
-Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model without an imatrix
-(``MIX_RULES``, ``FALLBACK``, ``TypeOverrides``, applied by ``choose_quant_types``). Reads no file;
+Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model, with or without an imatrix
+(``MIX_RULES``, ``FALLBACK``, ``TypeOverrides``, applied by ``choose_quant_types``; ``IMATRIX_REQUIRED``). Reads no file;
 refuses an unknown type name (``resolve_ftype``) and nothing else. Specification: docs/quantizers.md,
 "Which type each tensor gets".
 """
@@ -381,7 +381,10 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
                         break
                 if group in seen:
                     seen[group] += 1
-            new, fb = _fallback(ne[0], new)
+            try:
+                new, fb = _fallback(ne[0], new)
+            except NoFallback as e:
+                raise NoFallback(f"{name}: {e}") from None
             note = fb or note
         if given is not None and ne[0] % _block(given) != 0:  # taken as is, with no fallback: it must fit
             raise ValueError(f"{name}: {note} {given.name} needs rows of whole {_block(given)}-value blocks, ne[0] is {ne[0]}")
