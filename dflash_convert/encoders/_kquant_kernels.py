@@ -716,3 +716,267 @@ def q3_finish(x, d, L, out):
                 L[j] -= 4 if high else 0
             out[blk, m] = hm
         _pack_2bit_block(L, o, out[blk, 32:96])
+
+
+# --- the importance-matrix paths (quantize_row_q{2..6}_K_impl): scalar, in C's order, exact nearest_int
+
+_QKX3_RMIN = _F32(-0.9)
+_QKX3_RDELTA = _F32(0.05)
+_QKX3_NSTEP = 36
+_QP_STEP = _F32(0.1)
+
+
+@_njit
+def _qkx3(x, o, n, w, nmax, L, laux, fbuf, ibuf):
+    """``make_qkx3_quants(n, nmax, x+o, w, L+o, &the_min, Laux, -0.9f, 0.05f, 36, false)``: (scale, the_min)."""
+    mn = x[o]
+    mx = x[o]
+    sum_w = w[0]
+    sum_x = sum_w * x[o]
+    for i in range(1, n):
+        xi = x[o + i]
+        if xi < mn:
+            mn = xi
+        if xi > mx:
+            mx = xi
+        sum_w += w[i]
+        sum_x += w[i] * xi
+    if mn > _ZERO:
+        mn = _ZERO
+    if mx <= mn:
+        for i in range(n):
+            L[o + i] = 0
+        return _ZERO, -mn
+    nmax_f = _F32(nmax)
+    iscale = nmax_f / (mx - mn)
+    scale = _ONE / iscale
+    best = _ZERO
+    for i in range(n):
+        li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+        L[o + i] = li
+        diff = scale * _F32(li) + mn - x[o + i]
+        best += w[i] * (diff * diff)
+    for step in range(_QKX3_NSTEP + 1):
+        iscale = (_QKX3_RMIN + _QKX3_RDELTA * _F32(step) + nmax_f) / (mx - mn)
+        sum_l = _ZERO
+        sum_l2 = _ZERO
+        sum_xl = _ZERO
+        for i in range(n):
+            li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+            laux[i] = li
+            lf = _F32(li)
+            wl = w[i] * lf
+            sum_l += wl
+            sum_l2 += wl * lf
+            sum_xl += wl * x[o + i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        if D > _ZERO:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            if this_min > _ZERO:
+                this_min = _ZERO
+                this_scale = sum_xl / sum_l2
+            mad = _ZERO
+            for i in range(n):
+                diff = this_scale * _F32(laux[i]) + this_min - x[o + i]
+                mad += w[i] * (diff * diff)
+            if mad < best:
+                for i in range(n):
+                    L[o + i] = laux[i]
+                best = mad
+                scale = this_scale
+                mn = this_min
+    return scale, -mn
+
+
+@_njit
+def _qp(x, n, nmax, w, L, fbuf, ibuf):
+    """``make_qp_quants(n, nmax, x, L, w)``: the scale; L holds the uint8 values C stores (0..255)."""
+    mx = _ZERO
+    for i in range(n):
+        mx = mx if mx > x[i] else x[i]
+    if mx < _GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return _ZERO
+    nmax_f = _F32(nmax)
+    iscale = nmax_f / mx
+    for i in range(n):
+        L[i] = _nearest_int(iscale * x[i], fbuf, ibuf) & 0xFF
+    scale = _ONE / iscale
+    best = _ZERO
+    for i in range(n):
+        diff = x[i] - scale * _F32(L[i])
+        best += w[i] * diff * diff
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_s = (_QP_STEP * _F32(step) + nmax_f) / mx
+        scale_s = _ONE / iscale_s
+        mse = _ZERO
+        for i in range(n):
+            li = min(nmax, _nearest_int(iscale_s * x[i], fbuf, ibuf))
+            diff = x[i] - scale_s * _F32(li)
+            mse += w[i] * diff * diff
+        if mse < best:
+            best = mse
+            iscale = iscale_s
+    sumlx = _ZERO
+    suml2 = _ZERO
+    for i in range(n):
+        li = min(nmax, _nearest_int(iscale * x[i], fbuf, ibuf))
+        L[i] = li & 0xFF
+        lf = _F32(li)
+        sumlx += w[i] * x[i] * lf
+        suml2 += w[i] * lf * lf
+    for _ in range(5):
+        n_changed = 0
+        for i in range(n):
+            lf = _F32(L[i])
+            slx = sumlx - w[i] * x[i] * lf
+            sl2 = suml2 - w[i] * lf * lf
+            if slx > _ZERO and sl2 > _ZERO:
+                new_l = min(nmax, _nearest_int(x[i] * sl2 / slx, fbuf, ibuf))
+                if new_l != L[i]:
+                    nf = _F32(new_l)
+                    slx += w[i] * x[i] * nf
+                    sl2 += w[i] * nf * nf
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l & 0xFF
+                        sumlx = slx
+                        suml2 = sl2
+                        n_changed += 1
+        if n_changed == 0:
+            break
+    return sumlx / suml2 if suml2 > _ZERO else _ZERO
+
+
+@_njit
+def _qx_weighted(x, o, n, nmax, w, L, fbuf, ibuf):
+    """``make_qx_quants(n, nmax, x+o, L+o, 1, w)``: the scale; L = level + nmax (0 for an all-zero group)."""
+    amax = _ZERO
+    mx = _ZERO
+    for i in range(n):
+        ax = abs(x[o + i])
+        if ax > amax:
+            amax = ax
+            mx = x[o + i]
+    if amax < _GROUP_MAX_EPS:
+        for i in range(n):
+            L[o + i] = 0
+        return _ZERO
+    nmax_f = _F32(nmax)
+    iscale = _F32(-nmax) / mx
+    sumlx = _ZERO
+    suml2 = _ZERO
+    for i in range(n):
+        li = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[o + i], fbuf, ibuf)))
+        L[o + i] = li + nmax
+        lf = _F32(li)
+        sumlx += w[i] * x[o + i] * lf
+        suml2 += w[i] * lf * lf
+    scale = sumlx / suml2 if suml2 != _ZERO else _ZERO
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(nmax_f + _TENTH * _F32(step)) / mx
+        sumlx = _ZERO
+        suml2 = _ZERO
+        for i in range(n):
+            li = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[o + i], fbuf, ibuf)))
+            lf = _F32(li)
+            sumlx += w[i] * x[o + i] * lf
+            suml2 += w[i] * lf * lf
+        if suml2 > _ZERO and sumlx * sumlx > best * suml2:
+            for i in range(n):
+                L[o + i] = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[o + i], fbuf, ibuf))) + nmax
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@_njit
+def _sigma2(x, num):
+    """``num*sum_x2/QK_K`` with sum_x2 = 0 + x0*x0 + ... over one super-block (num 1 or 2)."""
+    s = _ZERO
+    for i in range(256):
+        s += x[i] * x[i]
+    return num * s / _F32(256.0)
+
+
+@_njit
+def qkx3_imatrix(xb, qw, gsize, nmax, num, L, ls, lm, d_block, m_block):
+    """Q2_K (gsize 16, nmax 3, num 1) / Q4_K, Q5_K (gsize 32, nmax 15 or 31, num 2) with weights, up to
+    the super-scales: levels L [nb, 256], make_qp_quants' Ls / Lm and scales per super-block.
+    ``qw`` [nbr, 256] is the importance of one row, super-block b using row ``b % nbr``."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    nb = xb.shape[0]
+    nbr = qw.shape[0]
+    ng = 256 // gsize
+    w = np.empty(gsize, np.float32)
+    laux = np.empty(gsize, np.int64)
+    scales = np.empty(ng, np.float32)
+    mins = np.empty(ng, np.float32)
+    sw = np.empty(ng, np.float32)
+    lsb = np.empty(ng, np.int64)
+    for b in range(nb):
+        x = xb[b]
+        q = qw[b % nbr]
+        sigma2 = _sigma2(x, num)
+        for j in range(ng):
+            o = j * gsize
+            for i in range(gsize):
+                w[i] = q[o + i] * np.sqrt(sigma2 + x[o + i] * x[o + i])
+            s = _ZERO
+            for i in range(gsize):
+                s += w[i]
+            sw[j] = s
+            scales[j], mins[j] = _qkx3(x, o, gsize, w, nmax, L[b], laux, fbuf, ibuf)
+        d_block[b] = _qp(scales, ng, 15 if gsize == 16 else 63, sw, lsb, fbuf, ibuf)
+        for j in range(ng):
+            ls[b, j] = lsb[j]
+        m_block[b] = _qp(mins, ng, 15 if gsize == 16 else 63, sw, lsb, fbuf, ibuf)
+        for j in range(ng):
+            lm[b, j] = lsb[j]
+
+
+@_njit
+def q3_imatrix(xb, qw, L, ls, d_block):
+    """Q3_K with weights up to the super-scale: levels L [nb, 256] (l + 4), Ls [nb, 16] (l + 32), d_block [nb]."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    nb = xb.shape[0]
+    nbr = qw.shape[0]
+    w = np.empty(16, np.float32)
+    scales = np.empty(16, np.float32)
+    sw = np.empty(16, np.float32)
+    two = _F32(2.0)
+    for b in range(nb):
+        x = xb[b]
+        q = qw[b % nbr]
+        sigma2 = _sigma2(x, two)
+        for j in range(16):
+            o = 16 * j
+            for i in range(16):
+                w[i] = q[o + i] * np.sqrt(sigma2 + x[o + i] * x[o + i])
+            s = _ZERO
+            for i in range(16):
+                s += w[i]
+            sw[j] = s
+            scales[j] = _qx_weighted(x, o, 16, 4, w, L[b], fbuf, ibuf)
+        d_block[b] = _qx_weighted(scales, 0, 16, 32, sw, ls[b], fbuf, ibuf)
+
+
+@_njit
+def q6_imatrix(xb, qw, scales, L):
+    """Q6_K's group search with the importance itself as weights: scales [nb, 16], levels L [nb, 256] (l + 32)."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    nb = xb.shape[0]
+    nbr = qw.shape[0]
+    for b in range(nb):
+        q = qw[b % nbr]
+        for j in range(16):
+            scales[b, j] = _qx_weighted(xb[b], 16 * j, 16, 32, q[16 * j:16 * j + 16], L[b], fbuf, ibuf)

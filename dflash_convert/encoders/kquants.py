@@ -422,13 +422,17 @@ def _pack_q5(o: np.ndarray, L64: np.ndarray) -> None:
     o[:, 48:176] = (lo[:, :, 0] | (lo[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(-1, 128)
 
 
-def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 256) -> block_q4_K bytes, identical to quantize_row_q4_K_ref."""
+def quantize_q4_k(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 whole rows -> block_q4_K bytes, as quantize_row_q4_K_ref, or _impl with ``importance`` [row_length]."""
+    if importance is not None:
+        return _quantize_qkx_imatrix(x, importance, "quantize_q4_k", Q4_K_BYTES, 15, _pack_q4)
     return _quantize_qkx(x, "quantize_q4_k", Q4_K_BYTES, 15, -1.0, 0.1, 20, _pack_q4)
 
 
-def quantize_q5_k(x: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 256) -> block_q5_K bytes, identical to quantize_row_q5_K_ref."""
+def quantize_q5_k(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 whole rows -> block_q5_K bytes, as quantize_row_q5_K_ref, or _impl with ``importance`` [row_length]."""
+    if importance is not None:
+        return _quantize_qkx_imatrix(x, importance, "quantize_q5_k", Q5_K_BYTES, 31, _pack_q5)
     return _quantize_qkx(x, "quantize_q5_k", Q5_K_BYTES, 31, -0.5, 0.1, 15, _pack_q5)
 
 
@@ -609,8 +613,10 @@ class _QxTile:
         _pack_q6(out, L, sc, d_bits, empty)
 
 
-def quantize_q6_k(x: np.ndarray) -> np.ndarray:
-    """float32 values (a multiple of 256) -> block_q6_K bytes, identical to quantize_row_q6_K_ref."""
+def quantize_q6_k(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 whole rows -> block_q6_K bytes, as quantize_row_q6_K_ref, or _impl with ``importance`` [row_length]."""
+    if importance is not None:
+        return _quantize_q6_imatrix(x, importance)
     x = _check_input(x, "quantize_q6_k")
     nb = x.size // QK_K
     out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
@@ -632,4 +638,318 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
         for s in range(0, nb, per_tile):
             e = min(nb, s + per_tile)
             tile.quantize(x[s * QK_K:e * QK_K], out[s:e])
+    return out.reshape(-1)
+
+
+# --- the importance-matrix paths (quantize_row_q{2..6}_K_impl). The numpy mirrors below take the
+# numba kernels' arguments (``_kquant_kernels.qkx3_imatrix`` ...) and work on [n, groups] arrays,
+# position by position where C sums in order; nearest_int is always the exact bit trick.
+
+_IMATRIX_TILE = 512  # super-blocks per numpy call
+_QKX3_RMIN, _QKX3_RDELTA, _QKX3_NSTEP = _F32(-0.9), _F32(0.05), 36
+_TENTH = _F32(0.1)
+
+
+def check_importance(x: np.ndarray, importance: np.ndarray, name: str) -> np.ndarray:
+    """The importance as float32 [row_length / 256, 256]; the row length must be whole super-blocks dividing ``x``."""
+    qw = np.asarray(importance)
+    if qw.dtype != _F32 or qw.ndim != 1 or qw.size == 0 or qw.size % QK_K or x.size % qw.size:
+        raise ValueError(f"{name}: importance must be float32 [row_length] (whole {QK_K}-value super-blocks) dividing "
+                         f"the input; got {qw.dtype} {qw.shape} for {x.size} values")
+    return np.ascontiguousarray(qw).reshape(-1, QK_K)
+
+
+def _seq_sum(a: np.ndarray) -> np.ndarray:
+    """``s = 0; for (i) s += a[i];`` over axis 0 of [n, G]."""
+    s = np.zeros(a.shape[1:], _F32)
+    for i in range(a.shape[0]):
+        s += a[i]
+    return s
+
+
+def _np_levels(X: np.ndarray, iscale: np.ndarray, sub: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
+    """``MAX(lo, MIN(hi, nearest_int(iscale*(x - sub))))`` (``iscale*x`` when ``sub`` is None) as int32 [n, G]."""
+    t = X - sub if sub is not None else X.copy()
+    np.multiply(iscale, t, out=t)
+    li = _nearest_int_inplace(t)
+    np.clip(li, lo, hi, out=li)
+    return li
+
+
+def _np_qkx3(X: np.ndarray, W: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``make_qkx3_quants(n, nmax, x, w, L, &the_min, Laux, -0.9f, 0.05f, 36, false)`` per column of X [n, G]:
+    (scale, the_min, L int32 [n, G])."""
+    n = X.shape[0]
+    nmax_f = _F32(nmax)
+    mn, mx = X[0].copy(), X[0].copy()
+    sum_w = W[0].copy()
+    sum_x = sum_w * X[0]
+    for i in range(1, n):  # C's scans: NaN never replaces, a NaN x[0] stays
+        np.putmask(mn, X[i] < mn, X[i])
+        np.putmask(mx, X[i] > mx, X[i])
+        sum_w += W[i]
+        sum_x += W[i] * X[i]
+    np.putmask(mn, mn > 0, _ZERO)
+    flat = mx <= mn  # C returns early: L = 0, scale 0, the_min = -min
+    mn_flat = mn.copy()
+
+    def error(lf: np.ndarray, scale: np.ndarray, m: np.ndarray) -> np.ndarray:
+        d = lf * scale
+        d += m
+        d -= X
+        d *= d
+        d *= W
+        return _seq_sum(d)
+
+    iscale = nmax_f / (mx - mn)
+    scale = _F32(1.0) / iscale
+    L = _np_levels(X, iscale, mn, 0, nmax)
+    best = error(L.astype(_F32), scale, mn)
+    for step in range(_QKX3_NSTEP + 1):
+        iscale = (_QKX3_RMIN + _QKX3_RDELTA * _F32(step) + nmax_f) / (mx - mn)
+        la = _np_levels(X, iscale, mn, 0, nmax)
+        lf = la.astype(_F32)
+        wl = W * lf
+        sum_l, sum_l2, sum_xl = _seq_sum(wl), _seq_sum(wl * lf), _seq_sum(wl * X)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ts = (sum_w * sum_xl - sum_x * sum_l) / D
+        tm = (sum_l2 * sum_x - sum_l * sum_xl) / D
+        pos = tm > 0
+        np.copyto(ts, sum_xl / sum_l2, where=pos)
+        np.putmask(tm, pos, _ZERO)
+        mad = error(lf, ts, tm)
+        upd = (D > 0) & (mad < best)
+        np.copyto(L, la, where=upd)
+        np.copyto(best, mad, where=upd)
+        np.copyto(scale, ts, where=upd)
+        np.copyto(mn, tm, where=upd)
+    L[:, flat] = 0
+    scale[flat] = 0
+    mn[flat] = mn_flat[flat]
+    return scale, -mn, L
+
+
+def _np_qp(V: np.ndarray, W: np.ndarray, nmax: int, L: np.ndarray) -> np.ndarray:
+    """``make_qp_quants(n, nmax, x, L, w)`` per column of V [n, G]: the scale; L [G, n] gets the uint8 values C stores."""
+    n, G = V.shape
+    nmax_f = _F32(nmax)
+    mx = np.zeros(G, _F32)
+    for i in range(n):  # MAX(max, x): a NaN x replaces, as C's ternary does
+        mx = np.where(mx > V[i], mx, V[i])
+    zero = mx < _GROUP_MAX_EPS
+    iscale = nmax_f / mx
+    lw = _np_levels(V, iscale, None, -(2**31), 2**31 - 1) & 0xFF  # uint8 stores wrap
+    scale = _F32(1.0) / iscale
+
+    def mse(sc: np.ndarray, lf: np.ndarray) -> np.ndarray:
+        d = V - sc * lf
+        return _seq_sum(W * d * d)
+
+    best = mse(scale, lw.astype(_F32))
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        isc = (_TENTH * _F32(step) + nmax_f) / mx
+        e = mse(_F32(1.0) / isc, _np_levels(V, isc, None, -(2**31), nmax).astype(_F32))
+        upd = e < best
+        np.copyto(best, e, where=upd)
+        np.copyto(iscale, isc, where=upd)
+    li = _np_levels(V, iscale, None, -(2**31), nmax)
+    lf = li.astype(_F32)
+    sumlx, suml2 = _seq_sum(W * V * lf), _seq_sum(W * lf * lf)
+    lw = li & 0xFF
+    for _ in range(5):
+        changed = False
+        for i in range(n):
+            w, x = W[i], V[i]
+            cur = lw[i].astype(_F32)
+            slx = sumlx - w * x * cur
+            sl2 = suml2 - w * cur * cur
+            ok = (slx > 0) & (sl2 > 0)
+            new = np.minimum(nmax, _nearest_int(x * sl2 / slx))
+            ok &= new != lw[i]
+            nf = new.astype(_F32)
+            slx += w * x * nf
+            sl2 += w * nf * nf
+            ok &= slx * slx * suml2 > sumlx * sumlx * sl2
+            if ok.any():
+                changed = True
+                np.copyto(lw[i], new & 0xFF, where=ok)
+                np.copyto(sumlx, slx, where=ok)
+                np.copyto(suml2, sl2, where=ok)
+        if not changed:  # an unchanged sweep changes nothing the next time either
+            break
+    lw[:, zero] = 0
+    L[...] = lw.T
+    out = np.where(suml2 > 0, sumlx / suml2, _ZERO)
+    out[zero] = 0
+    return out
+
+
+def _np_qx_weighted(X: np.ndarray, W: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``make_qx_quants(n, nmax, x, L, 1, w)`` per column of X [n, G]: (scale, L int32 [n, G] = level + nmax)."""
+    n, G = X.shape
+    amax = np.zeros(G, _F32)
+    mx = np.zeros(G, _F32)
+    for i in range(n):  # the first x of the largest |x|; NaN never wins
+        ax = np.abs(X[i])
+        gt = ax > amax
+        np.copyto(amax, ax, where=gt)
+        np.copyto(mx, X[i], where=gt)
+    zero = amax < _GROUP_MAX_EPS
+
+    def sums(li: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lf = li.astype(_F32)
+        return _seq_sum(W * X * lf), _seq_sum(W * lf * lf)
+
+    L = _np_levels(X, _F32(-nmax) / mx, None, -nmax, nmax - 1)
+    sumlx, suml2 = sums(L)
+    scale = np.where(suml2 != 0, sumlx / suml2, _ZERO)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        li = _np_levels(X, -(_F32(nmax) + _TENTH * _F32(step)) / mx, None, -nmax, nmax - 1)
+        slx, sl2 = sums(li)
+        upd = (sl2 > 0) & (slx * slx > best * sl2)
+        np.copyto(L, li, where=upd)
+        np.copyto(scale, slx / sl2, where=upd)
+        np.copyto(best, scale * slx, where=upd)
+    L += nmax
+    L[:, zero] = 0
+    scale[zero] = 0
+    return scale, L
+
+
+def _np_weights(xb: np.ndarray, qw: np.ndarray, gsize: int, num: np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X [gsize, G], weights qw*sqrtf(sigma2 + x*x) [gsize, G], their sums [G]); sigma2 = num*sum_x2/256 per super-block."""
+    nb = xb.shape[0]
+    q = qw[np.arange(nb) % qw.shape[0]]
+    sigma2 = num * _seq_sum((xb * xb).T) / _F32(QK_K)
+    X = np.ascontiguousarray(xb.reshape(-1, gsize).T)
+    W = np.repeat(sigma2, QK_K // gsize) + X * X
+    np.sqrt(W, out=W)
+    W *= q.reshape(-1, gsize).T
+    return X, W, _seq_sum(W)
+
+
+def qkx3_imatrix_numpy(xb: np.ndarray, qw: np.ndarray, gsize: int, nmax: int, num: np.float32, L: np.ndarray,
+                       ls: np.ndarray, lm: np.ndarray, d_block: np.ndarray, m_block: np.ndarray) -> None:
+    """``_kquant_kernels.qkx3_imatrix`` in numpy (Q2_K, Q4_K, Q5_K up to the super-scales)."""
+    nb, ng = xb.shape[0], QK_K // gsize
+    X, W, sw = _np_weights(xb, qw, gsize, num)
+    scales, mins, lv = _np_qkx3(X, W, nmax)
+    L[...] = lv.T.reshape(nb, QK_K)
+    nsc = 15 if gsize == 16 else 63
+    swt = np.ascontiguousarray(sw.reshape(nb, ng).T)
+    d_block[...] = _np_qp(np.ascontiguousarray(scales.reshape(nb, ng).T), swt, nsc, ls)
+    m_block[...] = _np_qp(np.ascontiguousarray(mins.reshape(nb, ng).T), swt, nsc, lm)
+
+
+def q3_imatrix_numpy(xb: np.ndarray, qw: np.ndarray, L: np.ndarray, ls: np.ndarray, d_block: np.ndarray) -> None:
+    """``_kquant_kernels.q3_imatrix`` in numpy."""
+    nb = xb.shape[0]
+    X, W, sw = _np_weights(xb, qw, 16, _F32(2.0))
+    scales, lv = _np_qx_weighted(X, W, 4)
+    L[...] = lv.T.reshape(nb, QK_K)
+    d_block[...], lsv = _np_qx_weighted(np.ascontiguousarray(scales.reshape(nb, 16).T), np.ascontiguousarray(sw.reshape(nb, 16).T), 32)
+    ls[...] = lsv.T
+
+
+def q6_imatrix_numpy(xb: np.ndarray, qw: np.ndarray, scales: np.ndarray, L: np.ndarray) -> None:
+    """``_kquant_kernels.q6_imatrix`` in numpy."""
+    nb = xb.shape[0]
+    q = qw[np.arange(nb) % qw.shape[0]]
+    X = np.ascontiguousarray(xb.reshape(-1, 16).T)
+    sc, lv = _np_qx_weighted(X, np.ascontiguousarray(q.reshape(-1, 16).T), 32)
+    scales[...] = sc.reshape(nb, 16)
+    L[...] = lv.T.reshape(nb, QK_K)
+
+
+def run_imatrix_search(kernel: str, xb: np.ndarray, qw: np.ndarray, *outs: np.ndarray, args: tuple = ()) -> None:
+    """The numba kernel ``kernel`` over all super-blocks, or its numpy mirror tile by tile (outputs indexed by super-block)."""
+    k = jit.kquant_kernels()
+    with np.errstate(all="ignore"):  # C's float semantics: inf and NaN are part of the arithmetic
+        if k is not None:
+            getattr(k, kernel)(xb, qw, *args, *outs)
+            return
+        fn = globals()[kernel + "_numpy"]
+        nbr = qw.shape[0]
+        for s in range(0, xb.shape[0], _IMATRIX_TILE):
+            e = min(xb.shape[0], s + _IMATRIX_TILE)
+            fn(xb[s:e], qw[np.arange(s, e) % nbr], *args, *(o[s:e] for o in outs))
+
+
+def _quantize_qkx_imatrix(x: np.ndarray, importance: np.ndarray, name: str, block_bytes: int, nmax: int,
+                          pack: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray:
+    """quantize_row_q4_K_impl / q5_K_impl, row by row."""
+    x = _check_input(x, name)
+    qw = check_importance(x, importance, name)
+    nb = x.size // QK_K
+    if nb == 0:
+        return np.empty(0, np.uint8)
+    xb = x.reshape(nb, QK_K)
+    L = np.empty((nb, QK_K), np.uint8)
+    ls, lm = np.empty((nb, 8), np.int64), np.empty((nb, 8), np.int64)
+    d_block, m_block = np.empty(nb, _F32), np.empty(nb, _F32)
+    run_imatrix_search("qkx3_imatrix", xb, qw, L, ls, lm, d_block, m_block, args=(32, nmax, _F32(2.0)))
+    if nmax == 31:  # Q5_K's `ls = MIN(63, ls)` on the uint8; Q4_K stores them as they are
+        np.minimum(ls, 63, out=ls)
+        np.minimum(lm, 63, out=lm)
+    sc = np.empty((nb, 12), np.int64)  # y.scales, each store truncated to 8 bits
+    sc[:, 0:4] = (ls[:, :4] | ((ls[:, 4:] >> 4) << 6)) & 0xFF
+    sc[:, 4:8] = (lm[:, :4] | ((lm[:, 4:] >> 4) << 6)) & 0xFF
+    sc[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
+    # get_scale_min_k4 on those bytes
+    s_dec = np.concatenate([sc[:, 0:4] & 63, (sc[:, 8:12] & 0xF) | ((sc[:, 0:4] >> 6) << 4)], axis=1)
+    m_dec = np.concatenate([sc[:, 4:8] & 63, (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)], axis=1)
+    d_bits, d16 = _to_fp16(d_block)
+    dmin_bits, dmin16 = _to_fp16(m_block)
+    with np.errstate(all="ignore"):
+        d = (d16[:, None] * s_dec.astype(_F32)).reshape(-1)
+        dm = (dmin16[:, None] * m_dec.astype(_F32)).reshape(-1)
+        _final_levels(x, d, dm, 0, nmax, 0, L.reshape(-1))
+    out = np.empty((nb, block_bytes), dtype=np.uint8)
+    out[:, 0:2] = d_bits.view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = dmin_bits.view(np.uint8).reshape(-1, 2)
+    out[:, 4:16] = sc
+    pack(out, L.view(np.uint64).reshape(-1, 4, 2, 4))
+    return out.reshape(-1)
+
+
+def _final_levels(x: np.ndarray, d: np.ndarray, add: np.ndarray | None, lo: int, hi: int, offset: int, L: np.ndarray) -> None:
+    """``L = MAX(lo, MIN(hi, nearest_int((x + add)/d))) + offset`` per group of x.size/d.size values; d == 0 keeps L."""
+    n = x.size // d.size
+    k = jit.kquant_kernels()
+    if k is not None and n == 32 and offset == 0:
+        k.qkx_final_levels(x, d, add, hi, L)
+        return
+    if k is not None and n == 16 and add is None and lo == -32:
+        k.qx_final_levels(x, d, L)
+        return
+    xg = x.reshape(-1, n)
+    v = xg + add[:, None] if add is not None else xg.copy()
+    v /= d[:, None]
+    li = _nearest_int_inplace(v)
+    np.clip(li, lo, hi, out=li)
+    li += offset
+    keep = d == 0  # C's `if (!d) continue;`; a NaN d goes on
+    Lg = L.reshape(-1, n)
+    np.copyto(Lg, li.astype(np.uint8), where=~keep[:, None])
+
+
+def _quantize_q6_imatrix(x: np.ndarray, importance: np.ndarray) -> np.ndarray:
+    """quantize_row_q6_K_impl, row by row: make_qx_quants with the importance as its weights."""
+    x = _check_input(x, "quantize_q6_k")
+    qw = check_importance(x, importance, "quantize_q6_k")
+    nb = x.size // QK_K
+    if nb == 0:
+        return np.empty(0, np.uint8)
+    scales, L = np.empty((nb, 16), _F32), np.empty((nb, QK_K), np.uint8)
+    run_imatrix_search("q6_imatrix", x.reshape(nb, QK_K), qw, scales, L)
+    empty, d_bits, sc, d = _qx_super_scales(scales)
+    with np.errstate(all="ignore"):
+        _final_levels(x, d, None, -32, 31, 32, L.reshape(-1))
+    out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
+    _pack_q6(out, L.reshape(-1), sc, d_bits, empty)
     return out.reshape(-1)
