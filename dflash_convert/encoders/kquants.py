@@ -908,7 +908,7 @@ def _quantize_qkx_imatrix(x: np.ndarray, importance: np.ndarray, name: str, bloc
     with np.errstate(all="ignore"):
         d = (d16[:, None] * s_dec.astype(_F32)).reshape(-1)
         dm = (dmin16[:, None] * m_dec.astype(_F32)).reshape(-1)
-        _final_levels(x, d, dm, 0, nmax, 0, L.reshape(-1))
+        requantize_levels(x, d, dm, 0, nmax, 0, L.reshape(-1))
     out = np.empty((nb, block_bytes), dtype=np.uint8)
     out[:, 0:2] = d_bits.view(np.uint8).reshape(-1, 2)
     out[:, 2:4] = dmin_bits.view(np.uint8).reshape(-1, 2)
@@ -917,8 +917,9 @@ def _quantize_qkx_imatrix(x: np.ndarray, importance: np.ndarray, name: str, bloc
     return out.reshape(-1)
 
 
-def _final_levels(x: np.ndarray, d: np.ndarray, add: np.ndarray | None, lo: int, hi: int, offset: int, L: np.ndarray) -> None:
-    """``L = MAX(lo, MIN(hi, nearest_int((x + add)/d))) + offset`` per group of x.size/d.size values; d == 0 keeps L."""
+def requantize_levels(x: np.ndarray, d: np.ndarray, add: np.ndarray | None, lo: int, hi: int, offset: int, L: np.ndarray) -> None:
+    """The final rounding with the stored scales: ``L = MAX(lo, MIN(hi, nearest_int((x + add)/d))) + offset``
+    per group of x.size/d.size values; a group with d == 0 keeps its L."""
     n = x.size // d.size
     k = jit.kquant_kernels()
     if k is not None and n == 32 and offset == 0:
@@ -949,7 +950,7 @@ def _quantize_q6_imatrix(x: np.ndarray, importance: np.ndarray) -> np.ndarray:
     run_imatrix_search("q6_imatrix", x.reshape(nb, QK_K), qw, scales, L)
     empty, d_bits, sc, d = _qx_super_scales(scales)
     with np.errstate(all="ignore"):
-        _final_levels(x, d, None, -32, 31, 32, L.reshape(-1))
+        requantize_levels(x, d, None, -32, 31, 32, L.reshape(-1))
     out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
     _pack_q6(out, L.reshape(-1), sc, d_bits, empty)
     return out.reshape(-1)

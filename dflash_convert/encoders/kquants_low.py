@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
+from .kquants import check_importance, requantize_levels, run_imatrix_search
 
 QK_K = 256
 Q2_K_BLOCK_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
@@ -261,10 +262,12 @@ def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     out[:, 82:84] = _f16_bytes(dmin16)
 
 
-def quantize_q2_k(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> Q2_K blocks as bytes ``(n*84,)``, bit-exact with ggml (no imatrix)."""
+def quantize_q2_k(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 whole rows -> Q2_K bytes ``(n*84,)``, as quantize_row_q2_K_ref, or _impl with ``importance`` [row_length]."""
 
     xb = _sub_blocks(x, "quantize_q2_k")
+    if importance is not None:
+        return _q2_k_imatrix(xb, importance)
     out = np.empty((xb.shape[0], Q2_K_BLOCK_BYTES), np.uint8)
     with np.errstate(all="ignore"):
         for s in range(0, xb.shape[0], _Q2_CHUNK_BLOCKS):
@@ -404,14 +407,84 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     out[:, 108:110] = _f16_bytes(d16)
 
 
-def quantize_q3_k(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> Q3_K blocks as bytes ``(n*110,)``, bit-exact with ggml (no imatrix)."""
+def quantize_q3_k(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 whole rows -> Q3_K bytes ``(n*110,)``, as quantize_row_q3_K_ref, or _impl with ``importance`` [row_length]."""
 
     xb = _sub_blocks(x, "quantize_q3_k")
+    if importance is not None:
+        return _q3_k_imatrix(xb, importance)
     out = np.empty((xb.shape[0], Q3_K_BLOCK_BYTES), np.uint8)
     with np.errstate(all="ignore"):
         for s in range(0, xb.shape[0], _Q3_CHUNK_BLOCKS):
             _q3_k_chunk(xb[s:s + _Q3_CHUNK_BLOCKS], out[s:s + _Q3_CHUNK_BLOCKS])
+    return out.reshape(-1)
+
+
+# ------------------------------------------------------------------ with an importance matrix (_impl)
+
+
+def _q2_k_imatrix(xb: np.ndarray, importance: np.ndarray) -> np.ndarray:
+    """quantize_row_q2_K_impl row by row: make_qkx3_quants per 16 values, make_qp_quants for the 4-bit scales and mins."""
+    qw = check_importance(xb, importance, "quantize_q2_k")
+    nb = xb.shape[0]
+    out = np.empty((nb, Q2_K_BLOCK_BYTES), np.uint8)
+    if nb == 0:
+        return out.reshape(-1)
+    L = np.empty((nb, QK_K), np.uint8)
+    ls, lm = np.empty((nb, 16), np.int64), np.empty((nb, 16), np.int64)
+    d_block, m_block = np.empty(nb, np.float32), np.empty(nb, np.float32)
+    run_imatrix_search("qkx3_imatrix", xb, qw, L, ls, lm, d_block, m_block, args=(16, 3, np.float32(1.0)))
+    sc = (ls | (lm << 4)) & 0xFF  # y.scales[j] = Ls[j] | (Lm[j] << 4), a uint8 store
+    d16, dmin16 = _f16(d_block), _f16(m_block)
+    with np.errstate(all="ignore"):
+        d = (d16.astype(np.float32)[:, None] * (sc & 0xF).astype(np.float32)).reshape(-1)
+        dm = (dmin16.astype(np.float32)[:, None] * (sc >> 4).astype(np.float32)).reshape(-1)
+        k = jit.kquant_kernels()
+        if k is not None:
+            k.q2_finish(xb.reshape(-1), d, dm, L.reshape(-1), out)
+        else:
+            requantize_levels(xb.reshape(-1), d, dm, 0, 3, 0, L.reshape(-1))
+            out[:, 16:80] = _pack_2bit(L)
+    out[:, 0:16] = sc.astype(np.uint8)
+    out[:, 80:82] = _f16_bytes(d16)
+    out[:, 82:84] = _f16_bytes(dmin16)
+    return out.reshape(-1)
+
+
+def _q3_k_imatrix(xb: np.ndarray, importance: np.ndarray) -> np.ndarray:
+    """quantize_row_q3_K_impl row by row: weighted make_qx_quants per 16 values, then on the 16 scales."""
+    qw = check_importance(xb, importance, "quantize_q3_k")
+    nb = xb.shape[0]
+    out = np.empty((nb, Q3_K_BLOCK_BYTES), np.uint8)
+    if nb == 0:
+        return out.reshape(-1)
+    L = np.empty((nb, QK_K), np.uint8)
+    ls = np.empty((nb, 16), np.int64)
+    d_block = np.empty(nb, np.float32)
+    run_imatrix_search("q3_imatrix", xb, qw, L, ls, d_block)
+    lo, hi = ls & 0xF, ls >> 4
+    packed = np.empty((nb, 12), np.int64)
+    packed[:, 0:8] = lo[:, 0:8] | (lo[:, 8:16] << 4)
+    packed[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
+    d16 = _f16(d_block)
+    with np.errstate(all="ignore"):
+        d = (d16.astype(np.float32)[:, None] * (ls - 32).astype(np.float32)).reshape(-1)
+        k = jit.kquant_kernels()
+        if k is not None:
+            k.q3_finish(xb.reshape(-1), d, L.reshape(-1), out)
+        else:
+            requantize_levels(xb.reshape(-1), d, None, -4, 3, 4, L.reshape(-1))
+            lq = L.astype(np.int32)
+            high = lq > 3
+            lq -= 4 * high
+            hb = high.reshape(nb, 8, 32).astype(np.uint8)  # value 32*k + m -> bit k of hmask[m]
+            hmask = np.zeros((nb, 32), np.uint8)
+            for bit in range(8):
+                hmask |= hb[:, bit] << bit
+            out[:, 0:32] = hmask
+            out[:, 32:96] = _pack_2bit(lq)
+    out[:, 96:108] = packed.astype(np.uint8)
+    out[:, 108:110] = _f16_bytes(d16)
     return out.reshape(-1)
 
 
