@@ -903,9 +903,9 @@ def _quantize_qkx_imatrix(x: np.ndarray, importance: np.ndarray, name: str, bloc
     # get_scale_min_k4 on those bytes
     s_dec = np.concatenate([sc[:, 0:4] & 63, (sc[:, 8:12] & 0xF) | ((sc[:, 0:4] >> 6) << 4)], axis=1)
     m_dec = np.concatenate([sc[:, 4:8] & 63, (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)], axis=1)
-    d_bits, d16 = _to_fp16(d_block)
-    dmin_bits, dmin16 = _to_fp16(m_block)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # an overflowing super-scale becomes fp16 inf, as in C
+        d_bits, d16 = _to_fp16(d_block)
+        dmin_bits, dmin16 = _to_fp16(m_block)
         d = (d16[:, None] * s_dec.astype(_F32)).reshape(-1)
         dm = (dmin16[:, None] * m_dec.astype(_F32)).reshape(-1)
         requantize_levels(x, d, dm, 0, nmax, 0, L.reshape(-1))
@@ -948,8 +948,8 @@ def _quantize_q6_imatrix(x: np.ndarray, importance: np.ndarray) -> np.ndarray:
         return np.empty(0, np.uint8)
     scales, L = np.empty((nb, 16), _F32), np.empty((nb, QK_K), np.uint8)
     run_imatrix_search("q6_imatrix", x.reshape(nb, QK_K), qw, scales, L)
-    empty, d_bits, sc, d = _qx_super_scales(scales)
     with np.errstate(all="ignore"):
+        empty, d_bits, sc, d = _qx_super_scales(scales)
         requantize_levels(x, d, None, -32, 31, 32, L.reshape(-1))
     out = np.empty((nb, Q6_K_BYTES), dtype=np.uint8)
     _pack_q6(out, L.reshape(-1), sc, d_bits, empty)

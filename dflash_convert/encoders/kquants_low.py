@@ -435,8 +435,8 @@ def _q2_k_imatrix(xb: np.ndarray, importance: np.ndarray) -> np.ndarray:
     d_block, m_block = np.empty(nb, np.float32), np.empty(nb, np.float32)
     run_imatrix_search("qkx3_imatrix", xb, qw, L, ls, lm, d_block, m_block, args=(16, 3, np.float32(1.0)))
     sc = (ls | (lm << 4)) & 0xFF  # y.scales[j] = Ls[j] | (Lm[j] << 4), a uint8 store
-    d16, dmin16 = _f16(d_block), _f16(m_block)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # an overflowing super-scale becomes fp16 inf, as in C
+        d16, dmin16 = _f16(d_block), _f16(m_block)
         d = (d16.astype(np.float32)[:, None] * (sc & 0xF).astype(np.float32)).reshape(-1)
         dm = (dmin16.astype(np.float32)[:, None] * (sc >> 4).astype(np.float32)).reshape(-1)
         k = jit.kquant_kernels()
@@ -466,8 +466,8 @@ def _q3_k_imatrix(xb: np.ndarray, importance: np.ndarray) -> np.ndarray:
     packed = np.empty((nb, 12), np.int64)
     packed[:, 0:8] = lo[:, 0:8] | (lo[:, 8:16] << 4)
     packed[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
-    d16 = _f16(d_block)
     with np.errstate(all="ignore"):
+        d16 = _f16(d_block)
         d = (d16.astype(np.float32)[:, None] * (ls - 32).astype(np.float32)).reshape(-1)
         k = jit.kquant_kernels()
         if k is not None:
