@@ -906,6 +906,258 @@ def _sigma2(x, num):
 
 
 @_njit
+def _qkx3_lanes(xg, wg, nmax, scales, mins, L):
+    """``_qkx3`` for every group (row) of ``xg`` [G, n] with weights ``wg``, LANES groups at a time (see the lane kernels)."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    G, n = xg.shape
+    B = LANES
+    X = np.empty((n, B), np.float32)
+    W = np.empty((n, B), np.float32)
+    T = np.empty((n, B), np.float32)
+    laux = np.empty(n, np.int64)
+    mn = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    sw = np.empty(B, np.float32)
+    sx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    scale = np.empty(B, np.float32)
+    best = np.empty(B, np.float32)
+    b_isc = np.empty(B, np.float32)
+    b_mn = np.empty(B, np.float32)
+    sl = np.empty(B, np.float32)
+    sl2 = np.empty(B, np.float32)
+    sxl = np.empty(B, np.float32)
+    ts = np.empty(B, np.float32)
+    tm = np.empty(B, np.float32)
+    dd = np.empty(B, np.float32)
+    cur = np.empty(B, np.float32)
+    flat = np.empty(B, np.bool_)
+    nmax_f = _F32(nmax)
+    for g0 in range(0, G, B):
+        if G - g0 < B:  # a partial tile: C's loop, group by group
+            for g in range(g0, G):
+                scales[g], mins[g] = _qkx3(xg[g], 0, n, wg[g], nmax, L[g], laux, fbuf, ibuf)
+            break
+        for b in range(B):
+            for i in range(n):
+                X[i, b] = xg[g0 + b, i]
+                W[i, b] = wg[g0 + b, i]
+        for b in range(B):
+            mn[b] = X[0, b]
+            mx[b] = X[0, b]
+            sw[b] = W[0, b]
+            sx[b] = W[0, b] * X[0, b]
+        for i in range(1, n):
+            for b in range(B):
+                xi = X[i, b]
+                mn[b] = xi if xi < mn[b] else mn[b]
+                mx[b] = xi if xi > mx[b] else mx[b]
+                sw[b] += W[i, b]
+                sx[b] += W[i, b] * xi
+        for b in range(B):
+            mn[b] = _ZERO if mn[b] > _ZERO else mn[b]
+            flat[b] = mx[b] <= mn[b]
+            # flat groups return early in C; iscale 0 keeps their lanes harmless (levels 0, D = 0)
+            isc[b] = _ZERO if flat[b] else nmax_f / (mx[b] - mn[b])
+            scale[b] = _ONE / isc[b]
+            best[b] = _ZERO
+            b_isc[b] = isc[b]
+            b_mn[b] = mn[b]
+        bad = 0
+        for i in range(n):
+            for b in range(B):
+                t = isc[b] * (X[i, b] - mn[b])
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = _ZERO if r < _ZERO else r
+                r = nmax_f if r > nmax_f else r
+                diff = scale[b] * r + mn[b] - X[i, b]
+                best[b] += W[i, b] * (diff * diff)
+        for step in range(_QKX3_NSTEP + 1):
+            c = _QKX3_RMIN + _QKX3_RDELTA * _F32(step) + nmax_f
+            for b in range(B):
+                isc[b] = _ZERO if flat[b] else c / (mx[b] - mn[b])
+                sl[b] = _ZERO
+                sl2[b] = _ZERO
+                sxl[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    t = isc[b] * (X[i, b] - mn[b])
+                    bad += _out_of_range(t)
+                    r = _round_in_range(t)
+                    r = _ZERO if r < _ZERO else r
+                    r = nmax_f if r > nmax_f else r
+                    T[i, b] = r
+                    wl = W[i, b] * r
+                    sl[b] += wl
+                    sl2[b] += wl * r
+                    sxl[b] += wl * X[i, b]
+            for b in range(B):
+                D = sw[b] * sl2[b] - sl[b] * sl[b]
+                dd[b] = D
+                s_ = (sw[b] * sxl[b] - sx[b] * sl[b]) / D
+                m_ = (sl2[b] * sx[b] - sl[b] * sxl[b]) / D
+                pos = m_ > _ZERO
+                ts[b] = sxl[b] / sl2[b] if pos else s_
+                tm[b] = _ZERO if pos else m_
+                cur[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    diff = ts[b] * T[i, b] + tm[b] - X[i, b]
+                    cur[b] += W[i, b] * (diff * diff)
+            for b in range(B):
+                take = dd[b] > _ZERO and cur[b] < best[b]
+                best[b] = cur[b] if take else best[b]
+                scale[b] = ts[b] if take else scale[b]
+                b_isc[b] = isc[b] if take else b_isc[b]
+                b_mn[b] = mn[b] if take else b_mn[b]
+                mn[b] = tm[b] if take else mn[b]
+        if bad:
+            for g in range(g0, g0 + B):
+                scales[g], mins[g] = _qkx3(xg[g], 0, n, wg[g], nmax, L[g], laux, fbuf, ibuf)
+            continue
+        for b in range(B):
+            g = g0 + b
+            scales[g] = _ZERO if flat[b] else scale[b]
+            mins[g] = -mn[b]
+            # the accepted step's levels, recomputed from the iscale and min that made them
+            for i in range(n):
+                r = _round_in_range(b_isc[b] * (X[i, b] - b_mn[b]))
+                r = _ZERO if r < _ZERO else r
+                r = nmax_f if r > nmax_f else r
+                L[g, i] = 0 if flat[b] else np.int32(r)
+
+
+@_njit
+def _qx_lanes(xg, wg, nmax, scales, L):
+    """``_qx_weighted`` for every group (row) of ``xg`` [G, n] with weights ``wg``, LANES groups at a time."""
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    G, n = xg.shape
+    B = LANES
+    X = np.empty((n, B), np.float32)
+    W = np.empty((n, B), np.float32)
+    WX = np.empty((n, B), np.float32)
+    amax = np.empty(B, np.float32)
+    mx = np.empty(B, np.float32)
+    isc = np.empty(B, np.float32)
+    b_isc = np.empty(B, np.float32)
+    scale = np.empty(B, np.float32)
+    best = np.empty(B, np.float32)
+    slx = np.empty(B, np.float32)
+    sl2 = np.empty(B, np.float32)
+    zero = np.empty(B, np.bool_)
+    nmax_f = _F32(nmax)
+    lo = _F32(-nmax)
+    hi = _F32(nmax - 1)
+    for g0 in range(0, G, B):
+        if G - g0 < B:
+            for g in range(g0, G):
+                scales[g] = _qx_weighted(xg[g], 0, n, nmax, wg[g], L[g], fbuf, ibuf)
+            break
+        for b in range(B):
+            for i in range(n):
+                X[i, b] = xg[g0 + b, i]
+                W[i, b] = wg[g0 + b, i]
+        for b in range(B):
+            amax[b] = _ZERO
+            mx[b] = _ZERO
+        for i in range(n):
+            for b in range(B):
+                xi = X[i, b]
+                ax = abs(xi)
+                gt = ax > amax[b]
+                amax[b] = ax if gt else amax[b]
+                mx[b] = xi if gt else mx[b]
+                WX[i, b] = W[i, b] * xi
+        for b in range(B):
+            zero[b] = amax[b] < _GROUP_MAX_EPS
+            isc[b] = _ZERO if zero[b] else lo / mx[b]
+            slx[b] = _ZERO
+            sl2[b] = _ZERO
+        bad = 0
+        for i in range(n):
+            for b in range(B):
+                t = isc[b] * X[i, b]
+                bad += _out_of_range(t)
+                r = _round_in_range(t)
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                slx[b] += WX[i, b] * r
+                sl2[b] += W[i, b] * r * r
+        for b in range(B):
+            scale[b] = slx[b] / sl2[b] if sl2[b] != _ZERO else _ZERO
+            best[b] = scale[b] * slx[b]
+            b_isc[b] = isc[b]
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            c = -(nmax_f + _TENTH * _F32(step))
+            for b in range(B):
+                isc[b] = _ZERO if zero[b] else c / mx[b]
+                slx[b] = _ZERO
+                sl2[b] = _ZERO
+            for i in range(n):
+                for b in range(B):
+                    t = isc[b] * X[i, b]
+                    bad += _out_of_range(t)
+                    r = _round_in_range(t)
+                    r = lo if r < lo else r
+                    r = hi if r > hi else r
+                    slx[b] += WX[i, b] * r
+                    sl2[b] += W[i, b] * r * r
+            for b in range(B):
+                take = sl2[b] > _ZERO and slx[b] * slx[b] > best[b] * sl2[b]
+                s_ = slx[b] / sl2[b]
+                scale[b] = s_ if take else scale[b]
+                best[b] = s_ * slx[b] if take else best[b]
+                b_isc[b] = isc[b] if take else b_isc[b]
+        if bad:
+            for g in range(g0, g0 + B):
+                scales[g] = _qx_weighted(xg[g], 0, n, nmax, wg[g], L[g], fbuf, ibuf)
+            continue
+        for b in range(B):
+            g = g0 + b
+            scales[g] = _ZERO if zero[b] else scale[b]
+            for i in range(n):
+                r = _round_in_range(b_isc[b] * X[i, b])
+                r = lo if r < lo else r
+                r = hi if r > hi else r
+                L[g, i] = 0 if zero[b] else np.int32(r) + nmax
+
+
+_CHUNK = 64  # super-blocks per weights scratch: a multiple of LANES groups for 16- and 32-value groups
+
+
+@_njit
+def _weights(xb, qw, s, e, num, W):
+    """W[b - s] = qw * sqrtf(sigma2 + x*x) for super-blocks s..e-1, sigma2 = num*sum_x2/256 (num 0: W = qw)."""
+    nbr = qw.shape[0]
+    for b in range(s, e):
+        x = xb[b]
+        q = qw[b % nbr]
+        w = W[b - s]
+        if num == _ZERO:
+            for i in range(256):
+                w[i] = q[i]
+            continue
+        sigma2 = _sigma2(x, num)
+        for i in range(256):
+            w[i] = q[i] * np.sqrt(sigma2 + x[i] * x[i])
+
+
+@_njit
+def _group_sums(w, gsize, sw):
+    """sw[j] = 0 + w[gsize*j] + ... in order, per group of one super-block's weights."""
+    for j in range(256 // gsize):
+        s = _ZERO
+        for i in range(gsize):
+            s += w[gsize * j + i]
+        sw[j] = s
+
+
+@_njit
 def qkx3_imatrix(xb, qw, gsize, nmax, num, L, ls, lm, d_block, m_block):
     """Q2_K (gsize 16, nmax 3, num 1) / Q4_K, Q5_K (gsize 32, nmax 15 or 31, num 2) with weights, up to
     the super-scales: levels L [nb, 256], make_qp_quants' Ls / Lm and scales per super-block.
@@ -913,33 +1165,27 @@ def qkx3_imatrix(xb, qw, gsize, nmax, num, L, ls, lm, d_block, m_block):
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     nb = xb.shape[0]
-    nbr = qw.shape[0]
     ng = 256 // gsize
-    w = np.empty(gsize, np.float32)
-    laux = np.empty(gsize, np.int64)
-    scales = np.empty(ng, np.float32)
-    mins = np.empty(ng, np.float32)
+    nsc = 15 if gsize == 16 else 63
+    W = np.empty((_CHUNK, 256), np.float32)
+    scales = np.empty(_CHUNK * ng, np.float32)
+    mins = np.empty(_CHUNK * ng, np.float32)
     sw = np.empty(ng, np.float32)
     lsb = np.empty(ng, np.int64)
-    for b in range(nb):
-        x = xb[b]
-        q = qw[b % nbr]
-        sigma2 = _sigma2(x, num)
-        for j in range(ng):
-            o = j * gsize
-            for i in range(gsize):
-                w[i] = q[o + i] * np.sqrt(sigma2 + x[o + i] * x[o + i])
-            s = _ZERO
-            for i in range(gsize):
-                s += w[i]
-            sw[j] = s
-            scales[j], mins[j] = _qkx3(x, o, gsize, w, nmax, L[b], laux, fbuf, ibuf)
-        d_block[b] = _qp(scales, ng, 15 if gsize == 16 else 63, sw, lsb, fbuf, ibuf)
-        for j in range(ng):
-            ls[b, j] = lsb[j]
-        m_block[b] = _qp(mins, ng, 15 if gsize == 16 else 63, sw, lsb, fbuf, ibuf)
-        for j in range(ng):
-            lm[b, j] = lsb[j]
+    for s in range(0, nb, _CHUNK):
+        e = min(nb, s + _CHUNK)
+        m = e - s
+        _weights(xb, qw, s, e, num, W)
+        _qkx3_lanes(xb[s:e].reshape(m * ng, gsize), W[:m].reshape(m * ng, gsize), nmax, scales, mins,
+                    L[s:e].reshape(m * ng, gsize))
+        for b in range(m):
+            _group_sums(W[b], gsize, sw)
+            d_block[s + b] = _qp(scales[b * ng:(b + 1) * ng], ng, nsc, sw, lsb, fbuf, ibuf)
+            for j in range(ng):
+                ls[s + b, j] = lsb[j]
+            m_block[s + b] = _qp(mins[b * ng:(b + 1) * ng], ng, nsc, sw, lsb, fbuf, ibuf)
+            for j in range(ng):
+                lm[s + b, j] = lsb[j]
 
 
 @_njit
@@ -948,35 +1194,27 @@ def q3_imatrix(xb, qw, L, ls, d_block):
     fbuf = np.empty(1, np.float32)
     ibuf = fbuf.view(np.int32)
     nb = xb.shape[0]
-    nbr = qw.shape[0]
-    w = np.empty(16, np.float32)
-    scales = np.empty(16, np.float32)
+    W = np.empty((_CHUNK, 256), np.float32)
+    scales = np.empty(_CHUNK * 16, np.float32)
     sw = np.empty(16, np.float32)
-    two = _F32(2.0)
-    for b in range(nb):
-        x = xb[b]
-        q = qw[b % nbr]
-        sigma2 = _sigma2(x, two)
-        for j in range(16):
-            o = 16 * j
-            for i in range(16):
-                w[i] = q[o + i] * np.sqrt(sigma2 + x[o + i] * x[o + i])
-            s = _ZERO
-            for i in range(16):
-                s += w[i]
-            sw[j] = s
-            scales[j] = _qx_weighted(x, o, 16, 4, w, L[b], fbuf, ibuf)
-        d_block[b] = _qx_weighted(scales, 0, 16, 32, sw, ls[b], fbuf, ibuf)
+    for s in range(0, nb, _CHUNK):
+        e = min(nb, s + _CHUNK)
+        m = e - s
+        _weights(xb, qw, s, e, _F32(2.0), W)
+        _qx_lanes(xb[s:e].reshape(m * 16, 16), W[:m].reshape(m * 16, 16), 4, scales, L[s:e].reshape(m * 16, 16))
+        for b in range(m):
+            _group_sums(W[b], 16, sw)
+            d_block[s + b] = _qx_weighted(scales[b * 16:(b + 1) * 16], 0, 16, 32, sw, ls[s + b], fbuf, ibuf)
 
 
 @_njit
 def q6_imatrix(xb, qw, scales, L):
     """Q6_K's group search with the importance itself as weights: scales [nb, 16], levels L [nb, 256] (l + 32)."""
-    fbuf = np.empty(1, np.float32)
-    ibuf = fbuf.view(np.int32)
     nb = xb.shape[0]
-    nbr = qw.shape[0]
-    for b in range(nb):
-        q = qw[b % nbr]
-        for j in range(16):
-            scales[b, j] = _qx_weighted(xb[b], 16 * j, 16, 32, q[16 * j:16 * j + 16], L[b], fbuf, ibuf)
+    W = np.empty((_CHUNK, 256), np.float32)
+    for s in range(0, nb, _CHUNK):
+        e = min(nb, s + _CHUNK)
+        m = e - s
+        _weights(xb, qw, s, e, _ZERO, W)
+        _qx_lanes(xb[s:e].reshape(m * 16, 16), W[:m].reshape(m * 16, 16), 32, scales[s:e].reshape(m * 16),
+                  L[s:e].reshape(m * 16, 16))
