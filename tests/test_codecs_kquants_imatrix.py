@@ -15,12 +15,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from dflash_convert.encoders import kquants
+from dflash_convert.encoders import jit, kquants
 from dflash_convert.encoders.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from dflash_convert.encoders.kquants_low import quantize_q2_k, quantize_q3_k
 from dflash_convert.format.ggml import GGMLType
 
-pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("quantizer_backend")]
+backends = pytest.mark.usefixtures("quantizer_backend")  # numba and numpy (conftest)
 
 QK_K = 256
 ROWS = 8  # rows per input case and row length
@@ -149,6 +149,8 @@ def _assert_same(kind: str, what: str, ours: np.ndarray, ref: np.ndarray, row_by
                     f"ours {ours[diff[0]]} ggml {ref[diff[0]]}")
 
 
+@pytest.mark.parity
+@backends
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("kind", TYPES)
 def test_bit_identical_with_ggml_impl(kind, case):
@@ -163,6 +165,8 @@ def test_bit_identical_with_ggml_impl(kind, case):
             _assert_same(kind, f"{case} row {row} importance {name}", quantize(rows.reshape(-1), qw), ref, ref.size // ROWS)
 
 
+@pytest.mark.parity
+@backends
 @pytest.mark.parametrize("kind", TYPES)
 def test_without_importance_is_the_ref_path(kind):
     """``importance=None`` (and no argument) gives ggml's bytes without an imatrix, which differ from the weighted ones."""
@@ -176,6 +180,8 @@ def test_without_importance_is_the_ref_path(kind):
     assert (weighted != ref).mean() > 0.05  # the imatrix path really is another algorithm
 
 
+@pytest.mark.parity
+@backends
 @pytest.mark.parametrize("kind", TYPES)
 def test_importance_tiles_row_by_row(kind, monkeypatch):
     """Rows of 768 values (3 super-blocks each): the same bytes with numpy tiles of 2 super-blocks (which split
@@ -193,6 +199,7 @@ def test_importance_tiles_row_by_row(kind, monkeypatch):
     assert np.array_equal(quantize(rows[3], qw), whole[3 * per_row:4 * per_row])
 
 
+@backends
 @pytest.mark.parametrize("kind", TYPES)
 def test_bad_importance_is_refused(kind):
     quantize = TYPES[kind][0]
@@ -203,3 +210,52 @@ def test_bad_importance_is_refused(kind):
             quantize(x, bad)
     assert quantize(np.zeros(0, np.float32), np.ones(QK_K, np.float32)).shape == (0,)
     assert not quantize(x, np.ones(QK_K, np.float32)).any()  # zero blocks: all-zero bytes, as ggml
+
+
+def _hard_groups(n_groups: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """([G, size] values, [G, size] weights): normal, grid (ties), constant, zero, nearly flat and huge groups
+    in every tile; subnormal groups (iscale overflows), NaN and inf only in the second tile, which the exact
+    kernel redoes. Weights with zeros (whole groups too), and per-value magnitudes 1e-20..1e20 (errors tie)."""
+    r = _rng(seed, size)
+    x = r.standard_normal((n_groups, size)) * 0.02
+    x[1::9] = r.integers(-8, 9, (len(x[1::9]), size)) * 0.5
+    x[2::13] = r.uniform(-3, 3, (len(x[2::13]), 1))
+    x[3::17] = 0
+    x[4::19] = 1.0 + r.standard_normal((len(x[4::19]), size)) * 1e-7
+    x[6::29] *= 1e15
+    x[64 + 5:128:23] *= 1e-40
+    x = x.astype(np.float32)
+    x[64 + 3, 5] = np.nan
+    x[64 + 40, 7] = np.inf
+    w = (r.gamma(0.5, 2e-3, (n_groups, size)) * np.exp(r.uniform(-30, 30, (n_groups, 1)))).astype(np.float32)
+    w[r.random(w.shape) < 0.3] = 0
+    w[7::11] = 0
+    w[9::4] = np.exp(r.uniform(np.log(1e-20), np.log(1e20), (len(w[9::4]), size)))
+    return np.ascontiguousarray(x), np.ascontiguousarray(w)
+
+
+@pytest.mark.skipif(not jit.jit_available(), reason="numba is not installed")
+def test_lane_kernels_equal_the_exact_kernels():
+    """The 64-lane searches (selects, fast rounding, exact redo of a tile out of range) equal the group-by-group
+    ports of make_qkx3_quants and weighted make_qx_quants, partial last tile included; no llama.cpp needed."""
+    from dflash_convert.encoders import _kquant_kernels as k
+
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    G = 3 * k.LANES + 17
+    for n, nmax in ((16, 3), (32, 15), (32, 31)):
+        x, w = _hard_groups(G, n, nmax)
+        sc, mn, L = np.empty(G, np.float32), np.empty(G, np.float32), np.empty((G, n), np.uint8)
+        k._qkx3_lanes(x, w, nmax, sc, mn, L)
+        laux, Le = np.empty(n, np.int64), np.empty((G, n), np.uint8)
+        want = np.array([k._qkx3(x[g], 0, n, w[g], nmax, Le[g], laux, fbuf, ibuf) for g in range(G)], np.float32)
+        assert np.array_equal(np.stack([sc, mn], 1).view(np.uint32), want.view(np.uint32)), (n, nmax)
+        assert np.array_equal(L, Le), (n, nmax)
+    for nmax in (4, 32):
+        x, w = _hard_groups(G, 16, nmax)
+        sc, L = np.empty(G, np.float32), np.empty((G, 16), np.uint8)
+        k._qx_lanes(x, w, nmax, sc, L)
+        Le = np.empty((G, 16), np.uint8)
+        want = np.array([k._qx_weighted(x[g], 0, 16, nmax, w[g], Le[g], fbuf, ibuf) for g in range(G)], np.float32)
+        assert np.array_equal(sc.view(np.uint32), want.view(np.uint32)), nmax
+        assert np.array_equal(L, Le), nmax
