@@ -1,9 +1,12 @@
-"""Bit-exact ports of ggml's reference K-quant quantizers: Q4_K, Q5_K and Q6_K.
+"""Bit-exact ports of ggml's K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
 Each function returns the bytes ``quantize_row_q{4,5,6}_K_ref`` write (llama-quantize without an
-imatrix). With numba the per-group searches run as ``_kquant_kernels``; the numpy tiles here are the
-fallback, with the same bytes. Nothing is refused: inf and NaN take loops that mirror C's scans.
-Pure functions, safe on a thread pool. Specification: docs/quantizers.md, "K-quants".
+imatrix), or with ``importance`` (float32 [row_length], tiled row by row) those of the ``_impl``
+paths (``make_qkx3_quants``/``make_qp_quants``, weighted ``make_qx_quants``; the numpy mirrors of
+those searches live here for Q2_K/Q3_K too). With numba the searches run as ``_kquant_kernels``; the
+numpy code is the fallback, with the same bytes. Refused: an importance that is not whole rows of
+super-blocks. inf and NaN take loops that mirror C's scans. Pure functions, safe on a thread pool.
+Specification: docs/quantizers.md, "K-quants".
 """
 
 from __future__ import annotations

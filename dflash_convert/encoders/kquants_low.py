@@ -1,9 +1,10 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
-What llama-quantize runs without an importance matrix. With numba the searches and packing run as
-``_kquant_kernels``; the numpy code here is the fallback, with the same bytes. Nothing is refused:
-degenerate sub-blocks store the clamped values C stores. Pure functions.
-Specification: docs/quantizers.md, "Q2_K and Q3_K".
+What llama-quantize runs without an importance matrix; with ``importance`` (float32 [row_length])
+the bytes of ``quantize_row_q2_K_impl`` / ``q3_K_impl`` (searches shared with ``kquants``). With
+numba the searches and packing run as ``_kquant_kernels``; the numpy code is the fallback, with the
+same bytes. Only an importance that is not whole rows is refused: degenerate sub-blocks store the
+clamped values C stores. Pure functions. Specification: docs/quantizers.md, "Q2_K and Q3_K".
 """
 
 from __future__ import annotations
