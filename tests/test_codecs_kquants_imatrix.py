@@ -259,3 +259,18 @@ def test_lane_kernels_equal_the_exact_kernels():
         want = np.array([k._qx_weighted(x[g], 0, 16, nmax, w[g], Le[g], fbuf, ibuf) for g in range(G)], np.float32)
         assert np.array_equal(sc.view(np.uint32), want.view(np.uint32)), nmax
         assert np.array_equal(L, Le), nmax
+
+
+@backends
+@pytest.mark.parametrize("kind", TYPES)
+def test_thread_pool(kind):
+    """Pure functions, as the pipeline's encode pool calls them: row chunks quantized concurrently give one call's bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    quantize = TYPES[kind][0]
+    r = _rng(11)
+    rows = (r.standard_normal((16, 2 * QK_K)) * 0.02).astype(np.float32)
+    qw = r.gamma(0.5, 2e-3, 2 * QK_K).astype(np.float32)
+    with ThreadPoolExecutor(2) as pool:
+        parts = list(pool.map(lambda c: quantize(c.reshape(-1), qw), np.split(rows, 4)))
+    assert np.array_equal(np.concatenate(parts), quantize(rows.reshape(-1), qw))
