@@ -299,11 +299,12 @@ def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | No
             target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
             tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False,
-            metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
+            metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True,
+            imatrix: str | None = None) -> ConversionPlan:
     """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                            outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
-                           hash_sources=not dry_run, metadata=metadata, cache=cache)
+                           hash_sources=not dry_run, metadata=metadata, cache=cache, imatrix=imatrix)
     if not dry_run:
         write_plan(plan, force=force, progress=progress)
     return plan

@@ -391,6 +391,7 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
             notes[i] = f"--keep-type {pattern}"
 
     out: list[PlannedTensor] = []
+    unported: list[tuple[str, GGMLType]] = []  # refused after every imatrix entry is checked
     for i in loader_order([n for n, _ in tensors]):
         p, new = planned[i], chosen[i]
         # llama-quantize writes ggml_n_dims dimensions: trailing 1s dropped (DSpark's conf_proj {E+R, 1} -> {E+R})
@@ -401,13 +402,16 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
         first = p.encode
         importance = None if imatrix is None else imatrix.for_tensor(imatrix_names[i], p.ne)
         if importance is None and imatrix is not None and requires_imatrix(p.tensor.gguf_name, new, ftype.name):
-            raise DFlashError(f"missing importance matrix for tensor {p.tensor.gguf_name} ({new.name}) in a very low-bit "
-                              f"quantization: {imatrix.path} has no entry {imatrix_names[i]!r} (llama-quantize refuses it too)",
-                              where)
+            raise InputFileError(f"missing importance matrix for tensor {imatrix_names[i]} ({new.name}, a very low-bit "
+                                 f"type): the file has no entry for it (llama-quantize refuses it too)", imatrix.path)
         if importance is not None and new in QUANTIZERS and not takes_importance(new):
-            raise DFlashError(f"{p.tensor.gguf_name}: the {new.name} quantizer has no importance-matrix path yet; "
-                              f"quantize without --imatrix, or exclude the tensor with --exclude-weights", where)
+            unported.append((p.tensor.gguf_name, new))
+            continue
         step = encoder(p.ggml_type.name, new, row_length=p.ne[0], importance=importance)
         enc = step if first is COPY else (lambda raw, first=first, step=step: step(first(raw)))
         out.append(PlannedTensor(p.tensor, new, ne, tensor_nbytes(new, ne), enc, notes[i]))
+    if unported:
+        name, t = unported[0]
+        raise DFlashError(f"{name}: the {t.name} quantizer has no importance-matrix path yet; quantize without --imatrix, "
+                          "or exclude the tensor with --exclude-weights", where)
     return out, fallbacks
