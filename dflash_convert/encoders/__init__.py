@@ -154,8 +154,11 @@ def warm_up_kernels() -> float:
         return 0.0
     t0 = time.perf_counter()
     block = np.zeros(256 * 8, np.float32)
-    for quantize in QUANTIZERS.values():
+    ones = np.ones(256, np.float32)  # one 256-value row: the importance paths are other kernels
+    for t, quantize in QUANTIZERS.items():
         quantize(block)
+        if takes_importance(t):
+            quantize(block, ones)
     words = block.astype(np.float16)  # the kernels that read F16 words themselves
     for name in _LEGACY_FROM_F16:
         encoder("F16", GGMLType[name])(words)

@@ -29,8 +29,6 @@ from .gguf import read_gguf
 __all__ = ["ImportanceMatrix", "c_string", "read_imatrix"]
 
 INT64_MIN = -(1 << 63)
-# llama-quantize ignores a size mismatch on these names (tensor_name_match_token_embd)
-TOKEN_EMBD_NAMES = ("token_embd.weight", "per_layer_token_embd.weight")
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,7 @@ class ImportanceMatrix:
             return None
         want = ne[0] * (ne[2] if len(ne) > 2 else 1)
         if v.size != want:
-            if name in TOKEN_EMBD_NAMES:  # llama-quantize quantizes it without an imatrix then
+            if name in keys.LENGTH_MISMATCH_IGNORED:  # llama-quantize quantizes it without an imatrix then
                 return None
             raise InputFileError(f"imatrix entry {name!r} has {v.size} values; the tensor needs {want} (ne0 {ne[0]}"
                                  f"{f' x {ne[2]} experts' if want != ne[0] else ''}): an imatrix of another model?", self.path)
