@@ -404,6 +404,8 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
         if importance is None and imatrix is not None and requires_imatrix(p.tensor.gguf_name, new, ftype.name):
             raise InputFileError(f"missing importance matrix for tensor {imatrix_names[i]} ({new.name}, a very low-bit "
                                  f"type): the file has no entry for it (llama-quantize refuses it too)", imatrix.path)
+        if importance is not None and importance.size != p.ne[0]:  # per-expert slices: no 3-D drafter tensor has them
+            raise DFlashError(f"{p.tensor.gguf_name}: an importance matrix per expert is not supported", where)
         if importance is not None and new in QUANTIZERS and not takes_importance(new):
             unported.append((p.tensor.gguf_name, new))
             continue
