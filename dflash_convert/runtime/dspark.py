@@ -112,6 +112,7 @@ def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, a
         cols.append(col)
         if head.conf_w is not None:
             feat = torch.cat([z[:, i], row], dim=-1)
+            observe(head.conf_w, feat)
             if round_input is not None:
                 feat = round_input(feat, head.conf_type)
             c = feat @ head.conf_w

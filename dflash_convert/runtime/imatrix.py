@@ -4,8 +4,8 @@ The drafter runs over a features file as llama.cpp drafts (``accept``'s live loo
 with an observer on the runner's matmuls (``runtime.observe``). Per sequence every captured position
 passes ``fc`` and each layer's ``attn_k``/``attn_v`` once, as one injection; per draft the block
 passes every block weight, the drafter's own head and the family's heads. A weight's rows of one
-decode count only when there are at least ``format.imatrix.MIN_ROWS`` of them (imatrix.cpp); a
-non-finite sum is refused. Specification: docs/quantize.md, "Importance matrix".
+decode count only when there are at least ``format.imatrix.MIN_ROWS`` of them (imatrix.cpp), except
+DSpark's chained heads (``CHAINED``); a non-finite sum is refused. Specification: docs/quantize.md, "Importance matrix".
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from ..drafter import Drafter
 from ..errors import DFlashError
-from ..format.family import MARKOV_W2, SELECTOR_HIDDEN
+from ..format.family import CONF_PROJ, MARKOV_W2, SELECTOR_HIDDEN
 from ..format.imatrix import MIN_ROWS
 from ..format.rules import EMBEDDING_TENSOR, OUTPUT_TENSOR
 from ..sources.features import FeaturesFile
@@ -52,14 +52,21 @@ def matmul_names(w: DrafterWeights) -> dict[int, str]:
         names[id(w.head)] = HEAD_NAMES[w.head_from]
     if w.dflash2 is not None:
         names[id(w.dflash2)] = SELECTOR_HIDDEN
+    if w.markov is not None and w.markov.conf_w is not None:  # a reshaped view of the decoded tensor
+        names[id(w.markov.conf_w)] = CONF_PROJ
     return names
+
+
+# DSpark's heads multiply one row per chained slot (one MUL_MAT per slot, never 16 rows): collected whatever
+# the count, else they would never have an entry (and llama-quantize refuses IQ1/IQ2 for a weight without one)
+CHAINED: tuple[str, ...] = (MARKOV_W2, CONF_PROJ)
 
 
 class _Collector:
     """The observer: sums x² and rows per weight, keeping a decode's rows only when it has MIN_ROWS of them."""
 
-    def __init__(self, names: dict[int, str], block_rows: dict[str, int], default_rows: int) -> None:
-        self.names, self.block_rows, self.default_rows = names, block_rows, default_rows
+    def __init__(self, names: dict[int, str], block_rows: int) -> None:
+        self.names, self.block_rows = names, block_rows
         self.decode_rows: int | None = None  # set while a context is injected: its positions, one decode
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
@@ -68,8 +75,8 @@ class _Collector:
         name = self.names.get(id(weight))
         if name is None:
             return
-        rows = self.decode_rows if self.decode_rows is not None else self.block_rows.get(name, self.default_rows)
-        if rows < MIN_ROWS:
+        rows = self.decode_rows if self.decode_rows is not None else self.block_rows
+        if rows < MIN_ROWS and name not in CHAINED:
             return
         x64 = x.to(torch.float64)
         s = (x64 * x64).sum(0)
@@ -99,9 +106,7 @@ def collect(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[int]
             done: Callable[[int], None] | None = None) -> ImatrixStats:
     """Run the drafter over sequences ``indices`` (default: all) of ``feats``, ``done(i)`` after each; its importance matrix."""
     n_max = draft_length(d, w)
-    first = w.markov.first_slot if w.markov is not None else 0
-    # rows of one draft's decode: the whole block, except DSpark's w2, one row per chained slot
-    collector = _Collector(matmul_names(w), {MARKOV_W2: d.block_size - first}, d.block_size)
+    collector = _Collector(matmul_names(w), d.block_size)  # one draft's decode multiplies the whole block
     cache = torch.float16 if like_cpu else None
     stats = ImatrixStats()
     eos = set(feats.eos_ids)
@@ -134,4 +139,4 @@ def collect(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[int]
     return stats
 
 
-__all__ = ["HEAD_NAMES", "ImatrixStats", "collect", "draft_length", "matmul_names"]
+__all__ = ["CHAINED", "HEAD_NAMES", "ImatrixStats", "collect", "draft_length", "matmul_names"]
