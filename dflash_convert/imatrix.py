@@ -62,7 +62,9 @@ def imatrix(draft: str | Path, features: str | Path, out: str | Path, *, every_a
     m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf,
                          allow_other_target=allow_other_target)
     if m.target is not None:  # the recorded target is read as well
-        check_output_path(out, [m.target.source], force=force)
+        recorded = Inputs()
+        (recorded.add_directory if Path(m.target.source).is_dir() else recorded.add_file)(m.target.source)
+        check_output_path(out, recorded, force=force)
     dspark_from_anchor = d.tensor(MARKOV_W1) is not None and d.sample_from_anchor is not False
     n_max = d.block_size if dspark_from_anchor else d.block_size - 1
     slots = m.features.check_drafter(d, draft, n_max)

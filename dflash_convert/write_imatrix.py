@@ -9,6 +9,7 @@ Specification: docs/quantize.md, "Importance matrix".
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from .outputs import TemporaryOutput, clear_stale_partials
 from .write import OutTensor, write_gguf
 
 FORMATS = ("gguf", "dat")  # --output-format
+log = logging.getLogger("dflash_convert")
 
 
 @dataclass
@@ -86,7 +88,8 @@ def legacy_bytes(data: ImatrixFile) -> bytes:
 def write_dat_imatrix(out: Path, data: ImatrixFile, *, replace: bool = False) -> int:
     """The legacy ``.dat`` imatrix at ``out`` (atomic); its size in bytes."""
     blob = legacy_bytes(data)
-    clear_stale_partials(out, force=replace)
+    for note in clear_stale_partials(out, force=replace):
+        log.warning("%s", note)
     tmp = TemporaryOutput(out)
     try:
         view = memoryview(blob)
