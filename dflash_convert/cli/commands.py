@@ -203,6 +203,24 @@ COMMANDS: tuple[Command, ...] = (
         _JSON,
         _ALLOW_OTHER_TARGET,
     )),
+    Command("imatrix", handlers.imatrix, "A drafter's importance matrix for llama-quantize --imatrix, from the captured "
+            "sequences (llama-imatrix cannot run a drafter).", (
+        argument("draft", "The drafter GGUF (any type).", metavar="DRAFT.gguf"),
+        option("features", "--features", type=Path, required=True, help="The features file capture wrote (calibration "
+               "prompts, not the ones you measure acceptance on)."),
+        option("out", "-o", "--output", required=True, metavar="PATH", help="The imatrix file to write."),
+        flag("every_anchor", "--every-anchor", help="Draft from every position of each continuation, not only where "
+             "llama-speculative-simple's loop drafts."),
+        option("output_format", "--output-format", default="gguf", choices=("gguf", "dat"), help="gguf (llama-imatrix's "
+               "default) or dat (its legacy format)."),
+        option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} for the shared "
+               "embedding and head (default: the one the features were captured from)."),
+        option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
+        _DEVICE,
+        _FORCE,
+        _ALLOW_OTHER_TARGET,
+        flag("quiet", "-q", "--quiet", help="No progress bar."),
+    )),
     Command("publish", handlers.publish, "Convert once, quantize each type, validate every file against the target; write the files, "
             "their validate reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is "
             "released or uploaded when any file fails.", (
