@@ -100,7 +100,7 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int
     return float(m[-1][0]), int(m[-1][1]) // 1024, r.stderr
 
 
-def our_decode(gguf: Path, n: int, threads: int) -> float:
+def our_decode(gguf: Path, n: int, threads: int, env: dict[str, str]) -> float:
     """Seconds per generated token of GGUFTarget.greedy after the prompt's decode."""
     code = (f"import sys,time; sys.path.insert(0,{str(REPO)!r})\n"
             "from dflash_convert.runtime.libllama import load_libllama\n"
@@ -109,7 +109,7 @@ def our_decode(gguf: Path, n: int, threads: int) -> float:
             f"p=t.tokenize({PROMPT!r}); t.greedy(p, 1); t0=time.perf_counter(); s=t.greedy(p, {n + 1})\n"
             "t1=time.perf_counter(); t.greedy(p, 1); t2=time.perf_counter()\n"
             "print('PERTOKEN', ((t1-t0)-(t2-t1))/(len(s)-len(p)-1))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     m = re.search(r"PERTOKEN ([0-9.e-]+)", r.stdout)
     if r.returncode or not m:
         raise SystemExit(f"our decode failed:\n{r.stderr[-3000:]}")
@@ -134,10 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     n_gen = a.new_tokens + 33  # what capture decodes: -n N verifies N + 1, and a last block of up to 32 more
     speed, cap = [], []
     for name, gguf in ggufs.items():
-        r = subprocess.run([str(bench), "-m", str(gguf), "-p", "0", "-n", str(n_gen), "-t", str(a.threads), "-ngl", "0",
-                            "-r", "2", "-o", "json"], capture_output=True, text=True, check=True)
+        r = subprocess.run(["/usr/bin/time", "-f", "TIME %e %M", str(bench), "-m", str(gguf), "-p", "0", "-n", str(n_gen),
+                            "-t", str(a.threads), "-ngl", "0", "-r", "2", "-o", "json"], capture_output=True, text=True, check=True)
         theirs = 1 / json.loads(r.stdout)[0]["avg_ts"]
-        ours = our_decode(gguf, n_gen, a.threads)
+        # llama.cpp's own peak RSS for the model: what capture's is judged against
+        cap.append((f"llama-bench tg{n_gen} {name} (llama.cpp alone, 2 repetitions)",
+                    *(lambda m: (float(m[-1][0]), int(m[-1][1]) // 1024))(re.findall(r"TIME ([0-9.]+) (\d+)", r.stderr))))
+        ours = our_decode(gguf, n_gen, a.threads, env)
         speed.append((name, ours * 1e3, theirs * 1e3, ours / theirs))
         out = root / f"features-{name}.safetensors"
         t0 = time.time()

@@ -11,7 +11,7 @@ from typing import Any
 
 from ._version import __version__
 from .drafter import Drafter
-from .errors import ConfigError, DFlashError, InputFileError, printable
+from .errors import ConfigError, DFlashError, InputFileError, OptionValueError, printable
 from .files import sha256_file
 from .format.family import DSPARK, VOCAB_ROW_TENSORS, member_of
 from .format.file_names import drafter_file_name
@@ -22,7 +22,17 @@ from .hparams import write_hparams, write_mask_token_id
 from .metadata import Metadata
 from .outputs import Inputs, check_output_path
 from .pipeline import ChunkPipeline
-from .plan import OutType, PlannedTensor, append_file_type, plan_tensors, quantize_planned, resolve_outtype
+from .plan import (
+    OutType,
+    PlannedTensor,
+    QuantizeOptions,
+    append_file_type,
+    apply_kv_overrides,
+    load_importance,
+    plan_tensors,
+    quantize_planned,
+    resolve_outtype,
+)
 from .sources.checkpoint import read_checkpoint
 from .sources.dispatch import read_checkpoint_drafter
 from .sources.hub import DRAFTER, TARGET, ResolvedRepo, resolve_source
@@ -159,8 +169,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
                     target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
                     outtype: str = "auto", tokenizer_pre: str | None = None, keep_embeddings: bool = False,
                     hash_sources: bool = True, metadata: str | os.PathLike | None = None,
-                    cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
-    """Read and check everything, decide every key and tensor type; writes nothing (sources may be repo ids)."""
+                    cache: bool | str | os.PathLike | TokenizerCache = True, imatrix: str | None = None) -> ConversionPlan:
+    """Read and check everything, decide every key and tensor type; writes nothing (sources may be repo ids).
+    ``imatrix``: an importance matrix for the quantizing pass (``--outtype TYPE --imatrix FILE``)."""
     if target_model_dir is None and target_gguf is None:
         raise DFlashError("--target-model-dir (or --target-gguf) is required: a drafter carries its target's tokenizer")
     if outfile is not None and not os.fspath(outfile).strip():
@@ -176,6 +187,9 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     ckpt = read_checkpoint(src)
     first_matrix = next((t.dtype for t in ckpt.tensors if len(t.shape) >= 2), None)
     out_type = resolve_outtype(outtype, first_matrix)
+    if imatrix is not None and not out_type.quantize:
+        raise OptionValueError(f"--imatrix goes with a quantization --outtype (Q4_K_M, IQ4_XS, ...), not {outtype}")
+    importance, imatrix_kv = load_importance(imatrix) if imatrix is not None else (None, ())
     hasher = SourceHasher(ckpt.files) if hash_sources else None
 
     tok_md = Metadata()
@@ -194,6 +208,7 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     inputs.add_directory(src)
     inputs.add_directory(target_model_dir)
     inputs.add_file(target_gguf)
+    inputs.add_file(imatrix)
     inputs.add_files([ckpt.config_path, *ckpt.files])
     if hash_sources and outfile is not None and not os.path.isdir(outfile):
         # an -o that is (or is a link to) an input is refused before the tokenizer work, not after it;
@@ -240,8 +255,10 @@ def plan_conversion(src_dir: str | os.PathLike, target_model_dir: str | os.PathL
     planned = plan_tensors(drafter, out_type.convert_to.matrix_type)
     fallbacks = 0
     if out_type.quantize:
-        planned, fallbacks = quantize_planned(planned, drafter, out_type.file_type, where=ckpt.config_path)
+        options = QuantizeOptions(imatrix=importance, kv_overrides=imatrix_kv)
+        planned, fallbacks = quantize_planned(planned, drafter, out_type.file_type, where=ckpt.config_path, options=options)
         append_file_type(md, file_type)
+        apply_kv_overrides(md, options, drafter.n_layers)  # the quantize.imatrix.* keys, last, as llama-quantize adds them
     if outfile is not None and os.fspath(outfile).endswith(os.sep) and not os.path.isdir(outfile):
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", os.fspath(outfile))
     default = _default_output_for(source, out_type.name, _general_name(md),
@@ -282,11 +299,12 @@ def convert(src_dir: str | os.PathLike, target_model_dir: str | os.PathLike | No
             target_gguf: str | os.PathLike | None = None, outfile: str | os.PathLike | None = None,
             outtype: str = "auto", force: bool = False, dry_run: bool = False,
             tokenizer_pre: str | None = None, keep_embeddings: bool = False, progress: bool = False,
-            metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True) -> ConversionPlan:
+            metadata: str | os.PathLike | None = None, cache: bool | str | os.PathLike | TokenizerCache = True,
+            imatrix: str | None = None) -> ConversionPlan:
     """Convert a DFlash drafter checkpoint to GGUF. Returns the plan; writes nothing if dry_run."""
     plan = plan_conversion(src_dir, target_model_dir, target_gguf=target_gguf, outfile=outfile,
                            outtype=outtype, tokenizer_pre=tokenizer_pre, keep_embeddings=keep_embeddings,
-                           hash_sources=not dry_run, metadata=metadata, cache=cache)
+                           hash_sources=not dry_run, metadata=metadata, cache=cache, imatrix=imatrix)
     if not dry_run:
         write_plan(plan, force=force, progress=progress)
     return plan

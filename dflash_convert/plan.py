@@ -12,9 +12,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .drafter import Drafter, DrafterTensor
-from .encoders import COPY, QUANTIZERS, Encoder, encoder
+from .encoders import COPY, QUANTIZERS, Encoder, encoder, takes_importance
 from .errors import DFlashError, InputFileError, OptionValueError
 from .files import read_regular_bytes
+from .format import imatrix as imatrix_keys
 from .format.file_types import FILE_TYPES, FTYPE_ALIASES, OUTTYPES, QUANT_TYPES, FileType
 from .format.ggml import BLOCK_GEOMETRY, FLOAT_TYPE_NAMES, QUANTIZATION_VERSION, GGMLType, tensor_nbytes
 from .format.keys import SPLIT_PREFIX, VALUE_TYPES, ValueType, key
@@ -35,6 +36,7 @@ from .format.rules import CONVERT_FALLBACK, FIXED, VECTOR, storage_class, storag
 from .format.tensor_patterns import compile_pattern, shown, tensor_glob
 from .format.tensors import LAYER_PREFIX, layer_name, layer_of
 from .metadata import Metadata
+from .sources.imatrix import ImportanceMatrix, c_string, read_imatrix
 
 log = logging.getLogger("dflash_convert")
 
@@ -192,6 +194,26 @@ class QuantizeOptions:
     kv_overrides: tuple[tuple[str, ValueType, object], ...] = ()
     prune_layers: tuple[int, ...] = ()
     allow_requantize: bool = False
+    imatrix: ImportanceMatrix | None = None  # --imatrix, filtered; None also when no entry is left (as llama-quantize)
+
+
+def load_importance(path: str, include: list[str] | None = None, exclude: list[str] | None = None
+                    ) -> tuple[ImportanceMatrix | None, tuple[tuple[str, ValueType, object], ...]]:
+    """--imatrix FILE with --include-weights / --exclude-weights, as prepare_imatrix: (the matrix or None, the
+    quantize.imatrix.* keys llama-quantize adds after the --override-kv items)."""
+    if include and exclude:  # llama-quantize prints its usage for the pair
+        raise OptionValueError("--include-weights and --exclude-weights cannot be used together")
+    m = read_imatrix(path).filtered(include or (), exclude or ())
+    if not m.values:
+        return None, ()
+    m.check_finite()
+    kv: list[tuple[str, ValueType, object]] = [(imatrix_keys.QUANTIZE_FILE, ValueType.STRING, c_string(path))]
+    if m.datasets:
+        kv.append((imatrix_keys.QUANTIZE_DATASET, ValueType.STRING, c_string(m.datasets[0])))
+    kv.append((imatrix_keys.QUANTIZE_ENTRIES, ValueType.UINT32, m.entries_count))
+    if m.chunk_count > 0:
+        kv.append((imatrix_keys.QUANTIZE_CHUNKS, ValueType.UINT32, m.chunk_count))
+    return m, tuple(kv)
 
 
 def remap_layers(names: list[str], prune: list[int]) -> dict[str, str | None]:
@@ -315,9 +337,12 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
                      options: QuantizeOptions | None = None) -> tuple[list[PlannedTensor], int]:
     """Re-plan tensors (as an F32/F16/BF16 file would hold them) for file type ``ftype``: types, order, encoders."""
     options = options or QuantizeOptions()
+    imatrix = options.imatrix
+    imatrix_names = [p.tensor.gguf_name for p in planned]  # remap_imatrix: a renumbered layer's entry is its old name
     if options.prune_layers:
         order = loader_order([p.tensor.gguf_name for p in planned])
         renamed = remap_layers([planned[i].tensor.gguf_name for i in order], list(options.prune_layers))
+        imatrix_names = [p.tensor.gguf_name for p in planned if renamed[p.tensor.gguf_name] is not None]
         planned = [p if renamed[p.tensor.gguf_name] == p.tensor.gguf_name
                    else replace(p, tensor=replace(p.tensor, gguf_name=renamed[p.tensor.gguf_name]))
                    for p in planned if renamed[p.tensor.gguf_name] is not None]
@@ -327,7 +352,8 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
     try:
         _, choices = choose_quant_types(
             tensors, ftype.name, input_types=None if allow_requantize else in_types,
-            n_layer=d.n_layers, n_head=d.n_head, n_head_kv=d.n_head_kv, overrides=options.types)
+            n_layer=d.n_layers, n_head=d.n_head, n_head_kv=d.n_head_kv, overrides=options.types,
+            has_imatrix=imatrix is not None)
     except NoFallback as e:
         raise DFlashError(f"{ftype.name}: {e}", where) from None
     except ValueError as e:
@@ -338,7 +364,7 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
                           "quantize from the F16/BF16 file, or pass --allow-requantize (quality suffers)", where)
     chosen = [GGMLType[t] if t != KEEP else GGMLType[src] for (t, _), src in zip(choices, in_types, strict=True)]
     needy = next(((n, t) for (n, _), t in zip(tensors, chosen, strict=True) if requires_imatrix(n, t, ftype.name)), None)
-    if needy is not None:  # llama-quantize's refusal, before anything is written
+    if needy is not None and imatrix is None:  # llama-quantize's refusal, before anything is written
         raise DFlashError(f"{ftype.name} needs an importance matrix: {needy[0]} would be {needy[1].name}, which "
                           "llama-quantize refuses to write without --imatrix (the result would be garbage)", where)
     # the one per-tensor table (format/rules.py): fixed-type and vector tensors keep their type
@@ -365,6 +391,7 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
             notes[i] = f"--keep-type {pattern}"
 
     out: list[PlannedTensor] = []
+    unported: list[tuple[str, GGMLType]] = []  # refused after every imatrix entry is checked
     for i in loader_order([n for n, _ in tensors]):
         p, new = planned[i], chosen[i]
         # llama-quantize writes ggml_n_dims dimensions: trailing 1s dropped (DSpark's conf_proj {E+R, 1} -> {E+R})
@@ -373,7 +400,20 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
             out.append(p if ne == p.ne else replace(p, ne=ne))
             continue
         first = p.encode
-        step = encoder(p.ggml_type.name, new, row_length=p.ne[0])
+        importance = None if imatrix is None else imatrix.for_tensor(imatrix_names[i], p.ne)
+        if importance is None and imatrix is not None and requires_imatrix(p.tensor.gguf_name, new, ftype.name):
+            raise InputFileError(f"missing importance matrix for tensor {imatrix_names[i]} ({new.name}, a very low-bit "
+                                 f"type): the file has no entry for it (llama-quantize refuses it too)", imatrix.path)
+        if importance is not None and importance.size != p.ne[0]:  # per-expert slices: no 3-D drafter tensor has them
+            raise DFlashError(f"{p.tensor.gguf_name}: an importance matrix per expert is not supported", where)
+        if importance is not None and new in QUANTIZERS and not takes_importance(new):
+            unported.append((p.tensor.gguf_name, new))
+            continue
+        step = encoder(p.ggml_type.name, new, row_length=p.ne[0], importance=importance)
         enc = step if first is COPY else (lambda raw, first=first, step=step: step(first(raw)))
         out.append(PlannedTensor(p.tensor, new, ne, tensor_nbytes(new, ne), enc, notes[i]))
+    if unported:
+        name, t = unported[0]
+        raise DFlashError(f"{name}: the {t.name} quantizer has no importance-matrix path yet; quantize without --imatrix, "
+                          "or exclude the tensor with --exclude-weights", where)
     return out, fallbacks

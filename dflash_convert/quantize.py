@@ -35,6 +35,7 @@ from .plan import (
     PlannedTensor,
     QuantizeOptions,
     apply_kv_overrides,
+    load_importance,
     parse_ftype,
     parse_ggml_type,
     parse_keep_types,
@@ -97,10 +98,12 @@ def quantize_options(*, keep_types: list[str] | None = None, allow_requantize: b
                      tensor_types: list[str] | None = None, tensor_type_file: str | os.PathLike | None = None,
                      output_tensor_type: str | None = None, token_embedding_type: str | None = None,
                      leave_output_tensor: bool = False, pure: bool = False, override_kv: list[str] | None = None,
-                     prune_layers: str | None = None, file_position: int | None = None) -> QuantizeOptions:
+                     prune_layers: str | None = None, file_position: int | None = None, imatrix: str | None = None,
+                     include_weights: list[str] | None = None, exclude_weights: list[str] | None = None) -> QuantizeOptions:
     """llama-quantize's flags (and our --keep-type glob shorthand), parsed; one error line for a bad one.
     llama-quantize collects --tensor-type items and the file's in command-line order: the file's items
-    go after the first ``file_position`` --tensor-type items (default: after all of them)."""
+    go after the first ``file_position`` --tensor-type items (default: after all of them). ``imatrix``: the
+    file as given (its name is recorded as given), read here."""
     patterns = parse_tensor_types(tensor_types or [])
     if tensor_type_file is not None:
         at = len(patterns) if file_position is None else max(0, min(file_position, len(patterns)))
@@ -111,10 +114,13 @@ def quantize_options(*, keep_types: list[str] | None = None, allow_requantize: b
         token_embedding_type=None if token_embedding_type is None
         else parse_ggml_type(token_embedding_type, "--token-embedding-type"),
         leave_output_tensor=leave_output_tensor, pure=pure)
+    if (include_weights or exclude_weights) and imatrix is None:
+        raise OptionValueError("--include-weights and --exclude-weights filter the --imatrix file; give one")
+    matrix, imatrix_kv = load_importance(imatrix, include_weights, exclude_weights) if imatrix is not None else (None, ())
     return QuantizeOptions(types=types, keep_types=tuple(parse_keep_types(keep_types or [])),
-                           kv_overrides=tuple(parse_kv_override(s) for s in (override_kv or [])),
+                           kv_overrides=tuple(parse_kv_override(s) for s in (override_kv or [])) + imatrix_kv,
                            prune_layers=tuple(parse_prune_layers(prune_layers)) if prune_layers is not None else (),
-                           allow_requantize=allow_requantize)
+                           allow_requantize=allow_requantize, imatrix=matrix)
 
 
 SKIP_VALIDATION_FLAG = "--skip-validation"
@@ -126,8 +132,9 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     """Read and decide everything; writes nothing (``options`` replaces ``keep_types`` / ``allow_requantize``)."""
     path = Path(src)
     into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
+    inputs = [path] + ([options.imatrix.path] if options is not None and options.imatrix is not None else [])
     if not into_folder:
-        check_output_path(out, [path], force=True)  # never the input, checked before anything is read
+        check_output_path(out, inputs, force=True)  # never an input, checked before anything is read
     ftype = FILE_TYPES[parse_ftype(qtype)]  # the one row: its name, its general.file_type
     if options is None:
         options = quantize_options(keep_types=keep_types, allow_requantize=allow_requantize)
@@ -136,7 +143,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
     if into_folder:
         dspark = member_of({t.gguf_name for t in d.tensors}) == DSPARK
         out = Path(out) / quantized_file_name(path.name, ftype.name, dspark=dspark)
-        check_output_path(out, [path], force=True)
+        check_output_path(out, inputs, force=True)
     if validate:
         require_valid_input(path, SKIP_VALIDATION_FLAG, parsed=g)  # the file read above, not parsed again
     else:
@@ -170,7 +177,8 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
 
 def write_quantize(plan: QuantizePlan, *, force: bool = False, progress: bool = True, threads: int | None = None) -> Path:
     """Write the planned file, validated before the rename (unless --skip-validation)."""
-    check_output_path(plan.output, [plan.source], force=force)
+    imatrix = plan.options.imatrix
+    check_output_path(plan.output, [plan.source] + ([imatrix.path] if imatrix is not None else []), force=force)
     with ChunkPipeline(workers=threads) as pipeline:
         write_gguf(plan.output, plan.metadata, pipeline.out_tensors(plan.tensors), progress=progress, replace=force,
                    verify=ValidationGate(plan.output) if plan.validated else None)

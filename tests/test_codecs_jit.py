@@ -41,7 +41,7 @@ def test_warm_up_compiles_every_kernel():
     assert warm_up_kernels() > 0
     for k, names in ((jit.kquant_kernels(), ("qkx2_search", "qkx_final_levels", "qx_search", "qx_final_levels", "q3_search",
                                              "q2_finish", "q3_finish")),
-                     (jit.legacy_kernels(), ("legacy_quantize", "legacy_quantize_f16", "widen_f16")),
+                     (jit.legacy_kernels(), ("legacy_quantize", "legacy_quantize_f16", "widen_f16", "legacy_quantize_weighted")),
                      (jit.iq3_kernels(), ("quantize_blocks",))):
         for name in names:
             assert getattr(k, name).signatures, name

@@ -154,7 +154,8 @@ def test_an_unforeseen_exception_is_one_line(tmp_path):
     assert r.returncode == 1 and "Traceback" in r.stderr and "boom" in r.stderr
 
 
-COMMANDS = ("convert", "quantize", "validate", "migrate", "inspect", "check", "capture", "accept", "publish", "version")
+COMMANDS = ("convert", "quantize", "validate", "migrate", "inspect", "check", "capture", "accept", "publish", "version",
+            "imatrix")
 
 
 def test_usage_errors_exit_64_never_2(tmp_path):

@@ -26,9 +26,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("primitives", ("files", "arrays", "metadata", "encoders")),
     ("model", ("drafter", "tensor_source", "target")),
     ("readers", ("sources", "tokenizer")),
-    ("writers", ("write", "write_features", "outputs", "hparams", "pipeline", "plan")),
+    ("writers", ("write", "write_features", "write_imatrix", "outputs", "hparams", "pipeline", "plan")),
     ("engines", ("validate", "runtime", "mix_search")),
-    ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf", "capture", "accept")),
+    ("commands", ("conversion", "quantize", "migrate", "check", "inspect_gguf", "capture", "accept", "imatrix")),
     ("release", ("publish", "release_card", "upload")),  # composes commands (convert, quantize, validate, check), so it sits above them
     ("interface", ("cli", "__init__")),
 )

@@ -208,7 +208,7 @@ def test_prune_layers_rewrites_what_validate_needs(drafters, tmp_path):
 
 def test_tensor_type_errors(drafters, tmp_path):
     for bad, why in [("attn_q", "expected PATTERN=TYPE"), ("=q8_0", "expected PATTERN=TYPE"), ("attn_q=", "expected PATTERN=TYPE"),
-                     ("attn_q=q9_9", "unknown or unsupported tensor type"), ("attn_q=TQ1_0", "unknown or unsupported"),
+                     ("attn_q=q9_9", "unknown or unsupported tensor type"), ("attn_q=Q8_K", "unknown or unsupported"),
                      ("attn_[q=q8_0", "not a regular expression")]:
         with pytest.raises(DFlashError, match=why):
             options_from_flags(["--tensor-type", bad])

@@ -9,7 +9,6 @@ as IQ3_XXS or IQ3_S must be what our quantizer writes from the same values and i
 
 from __future__ import annotations
 
-import struct
 import subprocess
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.quant_types import choose_quant_types, is_quantizable
 from dflash_convert.sources.gguf_drafter import read_drafter
 from fixtures.drafters import make_speculators_drafter
+from fixtures.imatrix_files import write_legacy_imatrix
 from fixtures.targets import make_target_dir
 
 pytestmark = pytest.mark.runtime
@@ -32,16 +32,6 @@ pytestmark = pytest.mark.runtime
 SPEC = dict(layers=5, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64, vocab_size=916, draft_vocab_size=512,
             mask_token_id=4, aux_layer_ids=[1, 3])
 TYPES = ("IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "Q2_K_S")
-
-
-def write_legacy_imatrix(path: Path, entries: dict[str, np.ndarray]) -> None:
-    """llama-imatrix's legacy .dat: n, then per entry (name length, name, ncall, nval, float32 values); ncall 1."""
-    with open(path, "wb") as f:
-        f.write(struct.pack("<i", len(entries)))
-        for name, v in entries.items():
-            raw = name.encode()
-            f.write(struct.pack("<i", len(raw)) + raw + struct.pack("<ii", 1, v.size))
-            f.write(np.ascontiguousarray(v, dtype="<f4").tobytes())
 
 
 @pytest.fixture(scope="module")

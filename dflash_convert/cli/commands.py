@@ -28,7 +28,8 @@ _THREADS = option("threads", "--threads", type=int, minimum=1, help="Encoder thr
 _REPO = "org/name[@revision]"
 # what quantize --min-acceptance chooses itself: none of these go with it
 _PER_TENSOR = ("keep_types", "tensor_types", "tensor_type_file", "output_tensor_type", "token_embedding_type",
-               "leave_output_tensor", "pure", "override_kv", "prune_layers", "allow_requantize", "skip_validation")
+               "leave_output_tensor", "pure", "override_kv", "prune_layers", "allow_requantize", "skip_validation",
+               "imatrix", "include_weights", "exclude_weights")
 
 COMMANDS: tuple[Command, ...] = (
     Command("convert", handlers.convert, "Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF.", (
@@ -51,6 +52,8 @@ COMMANDS: tuple[Command, ...] = (
         flag("no_cache", "--no-cache", help="Neither read nor write the tokenizer cache ($DFLASH_CONVERT_CACHE/"
              "tokenizer, else $XDG_CACHE_HOME/dflash-convert/tokenizer, else ~/.cache/dflash-convert/tokenizer)."),
         flag("quiet", "-q", "--quiet", help="No progress bar, no warnings."),
+        option("imatrix", "--imatrix", metavar="FILE", help="With a quantization --outtype: an importance matrix (GGUF or "
+               "legacy .dat), as quantize --imatrix."),
     )),
     Command("inspect", handlers.inspect, "Show architecture, keys, tensors, and the llama-server line that pairs the drafter.", (
         argument("path", "A GGUF file.", metavar="PATH"),
@@ -75,14 +78,14 @@ COMMANDS: tuple[Command, ...] = (
                help="The mask token id, when the file holds none."),
         _FORCE,
     )),
-    Command("quantize", handlers.quantize, "Quantize a drafter GGUF, bit-identical to llama-quantize (no imatrix); no C build needed.\n\n"
+    Command("quantize", handlers.quantize, "Quantize a drafter GGUF, bit-identical to llama-quantize (with or without --imatrix); no C build needed.\n\n"
             "An input that fails validate is refused, and so is an output that would (--skip-validation: neither is checked).", (
         argument("src", "A dflash drafter GGUF in F32, F16 or BF16.", metavar="SRC"),
         argument("out", "The GGUF to write, or a folder: dflash-<Name>-<TYPE>.gguf in it (the input's name with its type "
                  "tag replaced).", type=str, metavar="OUT"),
         argument("qtype", "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, "
                  "Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_M, TQ1_0, TQ2_0, Q1_0, Q2_0 (IQ3_XXS, IQ3_XS and Q2_K_S "
-                 "need an importance matrix).", type=quant_type, metavar="TYPE"),
+                 "need an importance matrix: --imatrix).", type=quant_type, metavar="TYPE"),
         _THREADS,
         flag("dry_run", "--dry-run", help="Print the per-tensor plan and write nothing."),
         multi("keep_types", "--keep-type", metavar="PATTERN=TYPE", help="Our glob shorthand: quantized tensors matching the "
@@ -99,6 +102,12 @@ COMMANDS: tuple[Command, ...] = (
               help="Set a key in the output (int, float, bool, str), as llama-quantize does."),
         option("prune_layers", "--prune-layers", type=layer_numbers, metavar="L0,L1,...", help="Drop these layers, renumber the rest."),
         flag("allow_requantize", "--allow-requantize", help="Accept an already quantized input (quality suffers)."),
+        option("imatrix", "--imatrix", metavar="FILE", help="An importance matrix (llama-imatrix's GGUF or legacy .dat): the "
+               "weighted quantizers and mix rules llama-quantize --imatrix uses; required by IQ3_XXS, IQ3_XS and Q2_K_S."),
+        multi("include_weights", "--include-weights", metavar="NAME", help="Use only the imatrix entries whose name "
+              "contains NAME (repeatable; not with --exclude-weights)."),
+        multi("exclude_weights", "--exclude-weights", metavar="NAME", help="Drop the imatrix entries whose name contains "
+              "NAME (repeatable)."),
         option("features", "--features", type=Path, help="With --min-acceptance: the features file capture wrote.",
                needs=("min_acceptance",)),
         option("min_acceptance", "--min-acceptance", type=float, metavar="R", help="Raise tensor groups from TYPE's mix until "
@@ -193,6 +202,24 @@ COMMANDS: tuple[Command, ...] = (
                "(F16 KV cache, quantized activations); exact: the graph in float32."),
         _JSON,
         _ALLOW_OTHER_TARGET,
+    )),
+    Command("imatrix", handlers.imatrix, "A drafter's importance matrix for llama-quantize --imatrix, from the captured "
+            "sequences (llama-imatrix cannot run a drafter).", (
+        argument("draft", "The drafter GGUF (any type).", metavar="DRAFT.gguf"),
+        option("features", "--features", type=Path, required=True, help="The features file capture wrote (calibration "
+               "prompts, not the ones you measure acceptance on)."),
+        option("out", "-o", "--output", required=True, metavar="PATH", help="The imatrix file to write."),
+        flag("every_anchor", "--every-anchor", help="Draft from every position of each continuation, not only where "
+             "llama-speculative-simple's loop drafts."),
+        option("output_format", "--output-format", default="gguf", choices=("gguf", "dat"), help="gguf (llama-imatrix's "
+               "default) or dat (its legacy format)."),
+        option("target_model_dir", "--target-model-dir", type=Path, help=f"Target dir or repo id {_REPO} for the shared "
+               "embedding and head (default: the one the features were captured from)."),
+        option("target_gguf", "--target-gguf", type=Path, help="Target GGUF for the shared embedding and head."),
+        _DEVICE,
+        _FORCE,
+        _ALLOW_OTHER_TARGET,
+        flag("quiet", "-q", "--quiet", help="No progress bar."),
     )),
     Command("publish", handlers.publish, "Convert once, quantize each type, validate every file against the target; write the files, "
             "their validate reports, SHA256SUMS and a model card into a new RELEASE_DIR; optionally upload it. Nothing is "

@@ -184,6 +184,16 @@ def accept(drafts: list[Path], features: Path, json_out: bool, **options: Any) -
     return 0
 
 
+def imatrix(draft: Path, features: Path, out: str, quiet: bool, **options: Any) -> int:
+    """imatrix: run the drafter over the captured sequences, write its importance matrix."""
+    from ..imatrix import imatrix as run_imatrix  # imports torch: only this command pays for it
+
+    with command_errors(out):
+        res = run_imatrix(draft, features, out, progress=not quiet, **options)
+    say(res.lines())
+    return 0
+
+
 def publish(src_dir: Path, target_model_dir: Path, out_dir: str, upload: str | None, dry_run: bool, quiet: bool,
             **options: Any) -> int:
     """publish: convert, quantize and validate every type into a release directory (and upload it)."""

@@ -7,6 +7,8 @@ BF16 through float32 and back, which quiets signalling NaNs, so BF16 -> BF16 get
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Callable
 
@@ -87,8 +89,23 @@ def dequantizer(src: str, row_length: int) -> Callable[[np.ndarray], np.ndarray]
     return lambda raw: dequantize(raw.view(np.uint8).reshape(-1, row_bytes), qtype).reshape(-1).astype(np.float32, copy=False)
 
 
-def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encoder:
-    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none."""
+@functools.cache
+def takes_importance(dst: GGMLType) -> bool:
+    """Whether ``QUANTIZERS[dst]`` takes an importance matrix (``quantize(x, importance)``); float types never need one."""
+    return dst in QUANTIZERS and "importance" in inspect.signature(QUANTIZERS[dst]).parameters
+
+
+def encoder(src: str, dst: GGMLType, *, row_length: int | None = None, importance: np.ndarray | None = None) -> Encoder:
+    """The encoder from source element type ``src`` to ggml type ``dst``; ValueError when there is none.
+
+    ``importance`` (float32 [row_length]) goes to the quantizer as ``QUANTIZERS[dst](x, importance)``; chunks
+    are whole rows, so it is tiled row by row. Float destinations ignore it."""
+    if importance is not None and dst in QUANTIZERS:
+        if not takes_importance(dst):
+            raise ValueError(f"the {dst.name} quantizer takes no importance matrix yet")
+        widen_to = _widening(src, row_length)
+        quantize_w = QUANTIZERS[dst]
+        return lambda raw: quantize_w(np.ascontiguousarray(widen_to(raw), dtype=np.float32), importance)
     direct = _DIRECT.get((src, dst))
     if direct is not None:
         return direct
@@ -113,6 +130,15 @@ def encoder(src: str, dst: GGMLType, *, row_length: int | None = None) -> Encode
     raise ValueError(f"no encoder from {src} to {dst.name}")
 
 
+def _widening(src: str, row_length: int | None) -> Callable[[np.ndarray], np.ndarray]:
+    """Source words (float, or quantized blocks with ``row_length``) -> float32; ValueError when there is no way."""
+    if src in FLOAT_WORDS:
+        return lambda raw: widen_to_f32(raw, src)
+    if src in GGMLType.__members__ and BLOCK_GEOMETRY[GGMLType[src]][0] > 1 and row_length:
+        return dequantizer(src, row_length)
+    raise ValueError(f"no encoder from {src}")
+
+
 def can_encode(src: str, dst: GGMLType) -> bool:
     """Whether a tensor of element type ``src`` can be written as ``dst``."""
     try:
@@ -128,8 +154,11 @@ def warm_up_kernels() -> float:
         return 0.0
     t0 = time.perf_counter()
     block = np.zeros(256 * 8, np.float32)
-    for quantize in QUANTIZERS.values():
+    ones = np.ones(256, np.float32)  # one 256-value row: the importance paths are other kernels
+    for t, quantize in QUANTIZERS.items():
         quantize(block)
+        if takes_importance(t):
+            quantize(block, ones)
     words = block.astype(np.float16)  # the kernels that read F16 words themselves
     for name in _LEGACY_FROM_F16:
         encoder("F16", GGMLType[name])(words)
@@ -138,4 +167,4 @@ def warm_up_kernels() -> float:
     return time.perf_counter() - t0
 
 
-__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder", "warm_up_kernels"]
+__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder", "takes_importance", "warm_up_kernels"]

@@ -259,3 +259,180 @@ def f16_bits_of(values, out):
     """``GGML_FP32_TO_FP16`` of float32 ``values`` into uint16 ``out`` (``f32_to_f16_bits``), for the tests."""
     for i in range(values.shape[0]):
         out[i] = np.uint16(f32_to_f16_bits(values[i]))
+
+
+# --- with an importance matrix: quantize_row_q{4,5}_{0,1}_impl (make_qx_quants / make_qkx3_quants, weights
+# qw*sqrt(sigma2 + x*x) with sigma2 the row's mean square), one block at a time as C runs them
+
+_MAGIC = _F32(12582912.0)
+_GROUP_MAX_EPS = _F32(1e-15)
+_TENTH = _F32(0.1)
+_QKX3_RMIN = _F32(-0.9)
+_QKX3_RDELTA = _F32(0.05)
+_QKX3_NSTEP = 36
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _nearest_int(v, fbuf, ibuf):
+    """C's ``nearest_int``: the magic-number trick on the bits, for every float32 (garbage outside +-2**22 included)."""
+    fbuf[0] = v + _MAGIC
+    return np.int64((ibuf[0] & 0x7FFFFF) - 0x400000)
+
+
+@_njit
+def _make_qx_quants(x, o, nmax, w, L, fbuf, ibuf):
+    """make_qx_quants(32, nmax, x + o, L, 1, w): L[i] in [0, 2*nmax), returns the scale."""
+    amax = _ZERO
+    vmax = _ZERO
+    for i in range(32):
+        v = x[o + i]
+        a = -v if v < _ZERO else v
+        if a > amax:
+            amax = a
+            vmax = v
+    if amax < _GROUP_MAX_EPS:
+        for i in range(32):
+            L[i] = 0
+        return _ZERO
+    fn = _F32(nmax)
+    iscale = _F32(-fn) / vmax
+    sumlx = _ZERO
+    suml2 = _ZERO
+    for i in range(32):
+        li = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[o + i], fbuf, ibuf)))
+        L[i] = li + nmax
+        lf = _F32(li)
+        sumlx += w[i] * x[o + i] * lf
+        suml2 += w[i] * lf * lf
+    scale = sumlx / suml2 if suml2 != _ZERO else _ZERO
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(fn + _TENTH * _F32(step)) / vmax
+        sumlx = _ZERO
+        suml2 = _ZERO
+        for i in range(32):
+            lf = _F32(max(-nmax, min(nmax - 1, _nearest_int(iscale * x[o + i], fbuf, ibuf))))
+            sumlx += w[i] * x[o + i] * lf
+            suml2 += w[i] * lf * lf
+        if suml2 > _ZERO and sumlx * sumlx > best * suml2:
+            for i in range(32):
+                L[i] = max(-nmax, min(nmax - 1, _nearest_int(iscale * x[o + i], fbuf, ibuf))) + nmax
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@_njit
+def _make_qkx3_quants(x, o, nmax, w, L, Laux, mins, fbuf, ibuf):
+    """make_qkx3_quants(32, nmax, x + o, w, L, &min, Laux, -0.9f, 0.05f, 36, false): returns the scale; mins[0] is
+    what the block stores as ``m`` (``-the_min``: the fitted minimum)."""
+    mn = x[o]
+    mx = x[o]
+    sum_w = w[0]
+    sum_x = sum_w * x[o]
+    for i in range(1, 32):
+        v = x[o + i]
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+        sum_w += w[i]
+        sum_x += w[i] * v
+    if mn > _ZERO:
+        mn = _ZERO
+    if mx <= mn:
+        for i in range(32):
+            L[i] = 0
+        mins[0] = mn
+        return _ZERO
+    fn = _F32(nmax)
+    iscale = fn / (mx - mn)
+    scale = _ONE / iscale
+    best_mad = _ZERO
+    for i in range(32):
+        li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+        L[i] = li
+        diff = scale * _F32(li) + mn - x[o + i]
+        best_mad += w[i] * (diff * diff)
+    for step in range(_QKX3_NSTEP + 1):
+        iscale = (_QKX3_RMIN + _QKX3_RDELTA * _F32(step) + fn) / (mx - mn)
+        sum_l = _ZERO
+        sum_l2 = _ZERO
+        sum_xl = _ZERO
+        for i in range(32):
+            li = max(0, min(nmax, _nearest_int(iscale * (x[o + i] - mn), fbuf, ibuf)))
+            Laux[i] = li
+            lf = _F32(li)
+            sum_l += w[i] * lf
+            sum_l2 += w[i] * lf * lf
+            sum_xl += w[i] * lf * x[o + i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        if D > _ZERO:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            if this_min > _ZERO:
+                this_min = _ZERO
+                this_scale = sum_xl / sum_l2
+            mad = _ZERO
+            for i in range(32):
+                diff = this_scale * _F32(Laux[i]) + this_min - x[o + i]
+                mad += w[i] * (diff * diff)
+            if mad < best_mad:
+                for i in range(32):
+                    L[i] = Laux[i]
+                best_mad = mad
+                scale = this_scale
+                mn = this_min
+    mins[0] = mn
+    return scale
+
+
+@_njit
+def legacy_quantize_weighted(xr, qw, kind, out):
+    """quantize_q4_0/q4_1/q5_0/q5_1 with importance ``qw`` float32 [n_per_row] over rows ``xr`` [nrows, n_per_row] into ``out`` [nrows*nb, size]."""
+    symmetric = kind == LEGACY_Q4_0 or kind == LEGACY_Q5_0
+    five = kind == LEGACY_Q5_0 or kind == LEGACY_Q5_1
+    nmax = (8 if kind == LEGACY_Q4_0 else 16) if symmetric else (15 if kind == LEGACY_Q4_1 else 31)
+    n_per_row = xr.shape[1]
+    nb = n_per_row // 32
+    fbuf = np.empty(1, np.float32)
+    ibuf = fbuf.view(np.int32)
+    w = np.empty(32, np.float32)
+    L = np.empty(32, np.int64)
+    Laux = np.empty(32, np.int64)
+    mins = np.empty(1, np.float32)
+    fn_row = _F32(n_per_row)
+    qs_at = (2 if symmetric else 4) + (4 if five else 0)
+    for r in range(xr.shape[0]):
+        x = xr[r]
+        sum_x2 = _ZERO
+        for j in range(n_per_row):
+            sum_x2 += x[j] * x[j]
+        sigma2 = sum_x2 / fn_row
+        for ib in range(nb):
+            o = 32 * ib
+            for j in range(32):
+                w[j] = qw[o + j] * np.sqrt(sigma2 + x[o + j] * x[o + j])
+            if symmetric:
+                d = _make_qx_quants(x, o, nmax, w, L, fbuf, ibuf)
+            else:
+                d = _make_qkx3_quants(x, o, nmax, w, L, Laux, mins, fbuf, ibuf)
+            row = out[r * nb + ib]
+            h = f32_to_f16_bits(d)
+            row[0] = np.uint8(h & 0xFF)
+            row[1] = np.uint8(h >> 8)
+            if not symmetric:
+                h = f32_to_f16_bits(mins[0])
+                row[2] = np.uint8(h & 0xFF)
+                row[3] = np.uint8(h >> 8)
+            qh = np.int64(0)
+            for j in range(16):
+                q0 = L[j]
+                q1 = L[j + 16]
+                row[qs_at + j] = np.uint8(((q0 & 0x0F) | ((q1 & 0x0F) << 4)) & 0xFF)
+                qh |= ((q0 >> 4) & 1) << j | ((q1 >> 4) & 1) << (j + 16)
+            if five:
+                for i in range(4):
+                    row[qs_at - 4 + i] = np.uint8((qh >> (8 * i)) & 0xFF)

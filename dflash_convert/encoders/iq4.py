@@ -1,15 +1,17 @@
 """Bit-exact ports of ggml's 4-bit non-linear quantizers: IQ4_NL and IQ4_XS.
 
 llama-quantize without an imatrix runs ``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not the
-``_ref``), so the 15-trial scale search is reproduced. Nothing is refused: inf or NaN take the
-general path. Pure functions. Specification: docs/quantizers.md, "IQ4_NL and IQ4_XS".
+``_ref``), so the 15-trial scale search is reproduced. With an importance matrix (float32
+[row_length], the input whole rows) the same search weighs ``qw*sqrt(sigma2 + x*x)`` instead of
+``x*x``, sigma2 twice the mean square of the 32 (IQ4_NL) or 256 (IQ4_XS) values. Nothing is refused:
+inf or NaN take the general path. Pure functions. Specification: docs/quantizers.md, "IQ4_NL and IQ4_XS".
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .legacy import as_blocks, first_absmax, fp16_bits, reciprocal_or_zero
+from .legacy import as_blocks, as_rows, first_absmax, fp16_bits, reciprocal_or_zero
 
 __all__ = ["KVALUES_IQ4NL", "quantize_iq4_nl", "quantize_iq4_xs"]
 
@@ -150,14 +152,18 @@ def _terms(w: np.ndarray, x: np.ndarray, q: np.ndarray, wq: np.ndarray, p: np.nd
     return p
 
 
-def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
-    """The per-block scale ``d`` of ``quantize_row_iq4_nl_impl``'s search, for the rows of ``xb`` ``[n, 32]``."""
+def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray], weight: np.ndarray | None = None) -> np.ndarray:
+    """The per-block scale ``d`` of ``quantize_row_iq4_nl_impl``'s search, for the rows of ``xb`` ``[n, 32]``
+    (``weight`` [n, 32]: the importance weights; None: ``x*x``)."""
     x, w, al, q, wq, p = s["x"], s["w"], s["al"], s["q"], s["wq"], s["p"]
     sums = s["sums"]  # [16, 2, n]: (sumqx, sumq2) of the first fit, then of each trial
     np.copyto(x, xb.T)
     finite = bool(np.isfinite(x).all())
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        np.multiply(x, x, out=w)
+        if weight is None:
+            np.multiply(x, x, out=w)
+        else:
+            np.copyto(w, weight.T)
         amax, vmax = first_absmax(xb)
         skip = amax < _GROUP_MAX_EPS
         m = np.where(skip, _F32(1), vmax)  # any finite stand-in: skipped blocks get scale 0 below
@@ -227,16 +233,34 @@ def _pack(L: np.ndarray) -> np.ndarray:
     return (L[:16] | (L[16:] << np.uint8(4))).T
 
 
-def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices."""
+def _weights(xb: np.ndarray, qw: np.ndarray | None, b0: int, b1: int, super_block: int) -> np.ndarray | None:
+    """``qw[j] * sqrtf(sigma2 + x*x)`` for blocks [b0, b1) of ``xb`` [n, 32] (whole super-blocks), or None without ``qw``."""
+    if qw is None:
+        return None
+    per = super_block // QK4_NL
+    xs = xb[b0:b1].reshape(-1, super_block)
+    sigma2 = np.zeros(xs.shape[0], _F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for j in range(super_block):  # C's order: one running sum over the super-block
+            sigma2 += xs[:, j] * xs[:, j]
+        sigma2 *= _F32(2.0 / super_block)  # 2.f/super_block_size: a power of two, exact
+        qwb = qw.reshape(-1, QK4_NL)
+        w = qwb[np.arange(b0, b1) % qwb.shape[0]]  # the blocks' positions in their rows
+        return w * np.sqrt(np.repeat(sigma2, per)[:, None] + xb[b0:b1] * xb[b0:b1])
+
+
+def quantize_iq4_nl(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices;
+    ``importance``: float32 [row_length] (the input whole rows) or None."""
     xb = as_blocks(x, QK4_NL)
+    qw = None if importance is None else as_rows(x, importance, QK4_NL)[1]
     nb = xb.shape[0]
     out = np.empty(nb, BLOCK_IQ4_NL)
     scratch = _Scratch(min(_TILE, max(nb, 1)))
     for b0 in range(0, nb, _TILE):
         b1 = min(nb, b0 + _TILE)
         s = scratch.view(b1 - b0)
-        d = _block_scales(xb[b0:b1], s)
+        d = _block_scales(xb[b0:b1], s, _weights(xb, qw, b0, b1, QK4_NL))
         out["d"][b0:b1] = fp16_bits(d)
         with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN here are C's too: _best_index maps them as C does
             al = np.multiply(s["x"], reciprocal_or_zero(d), out=s["al"])
@@ -244,16 +268,17 @@ def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
-    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``."""
+def quantize_iq4_xs(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``; ``importance``: float32 [row_length] (whole rows) or None."""
     xb = as_blocks(x, QK_K).reshape(-1, QK4_NL)
+    qw = None if importance is None else as_rows(x, importance, QK_K)[1]
     nb = xb.shape[0]
     out = np.empty(nb // 8, BLOCK_IQ4_XS)
     scratch = _Scratch(min(_TILE, max(nb, 8)))
     for b0 in range(0, nb, _TILE):
         b1 = min(nb, b0 + _TILE)
         s = scratch.view(b1 - b0)
-        scales = _block_scales(xb[b0:b1], s).reshape(-1, 8)
+        scales = _block_scales(xb[b0:b1], s, _weights(xb, qw, b0, b1, QK_K)).reshape(-1, 8)
         # max_scale: the first block scale of largest magnitude (``abs_d > amax_scale``, from 0)
         amax_s = np.zeros(scales.shape[0], _F32)
         max_s = np.zeros(scales.shape[0], _F32)

@@ -1,9 +1,11 @@
 """Bit-exact ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
-Each function returns the bytes ``quantize_row_q{4,5}_{0,1}_ref`` write (llama-quantize without an
-imatrix). With numba one compiled kernel (``_legacy_kernels``) does the work; the numpy code is the
-fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are reproduced.
-Pure functions. Specification: docs/quantizers.md, "Legacy types".
+Without an importance matrix each function returns the bytes ``quantize_row_q{4,5}_{0,1}_ref``
+write; with one (float32 [row_length], the input whole rows) those of ``quantize_row_*_impl``:
+``make_qx_quants`` (Q4_0/Q5_0) or ``make_qkx3_quants`` (Q4_1/Q5_1) weighted by ``qw*sqrt(sigma2 + x*x)``,
+sigma2 the row's mean square. With numba one compiled kernel (``_legacy_kernels``) does the work; the
+numpy code is the fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are
+reproduced. Pure functions. Specification: docs/quantizers.md, "Legacy types".
 """
 
 from __future__ import annotations
@@ -172,8 +174,10 @@ def as_blocks_f16(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x).view(np.uint16).reshape(-1, QK)
 
 
-def quantize_q4_0(x: np.ndarray) -> np.ndarray:
+def quantize_q4_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*32,)`` -> Q4_0 blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of nibbles."""
+    if importance is not None:
+        return _quantize_weighted(x, importance, "Q4_0")
     fast = _quantize_jit(x, "Q4_0", BLOCK_Q4_0)
     if fast is not None:
         return fast
@@ -185,8 +189,10 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def quantize_q4_1(x: np.ndarray) -> np.ndarray:
+def quantize_q4_1(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*32,)`` -> Q4_1 blocks as bytes ``(n*20,)``: fp16 ``d``, fp16 ``m``, 16 bytes of nibbles."""
+    if importance is not None:
+        return _quantize_weighted(x, importance, "Q4_1")
     fast = _quantize_jit(x, "Q4_1", BLOCK_Q4_1)
     if fast is not None:
         return fast
@@ -202,8 +208,10 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+def quantize_q5_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*32,)`` -> Q5_0 blocks as bytes ``(n*22,)``: fp16 ``d``, 4 bytes of fifth bits, 16 of nibbles."""
+    if importance is not None:
+        return _quantize_weighted(x, importance, "Q5_0")
     fast = _quantize_jit(x, "Q5_0", BLOCK_Q5_0)
     if fast is not None:
         return fast
@@ -216,8 +224,10 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     return out.view(np.uint8)
 
 
-def quantize_q5_1(x: np.ndarray) -> np.ndarray:
+def quantize_q5_1(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*32,)`` -> Q5_1 blocks as bytes ``(n*24,)``: fp16 ``d``, fp16 ``m``, 4 bytes ``qh``, 16 ``qs``."""
+    if importance is not None:
+        return _quantize_weighted(x, importance, "Q5_1")
     fast = _quantize_jit(x, "Q5_1", BLOCK_Q5_1)
     if fast is not None:
         return fast
@@ -243,3 +253,157 @@ def quantize_from_f16(name: str) -> Callable[[np.ndarray], np.ndarray]:
         return fast if fast is not None else widened(x.astype(np.float32))
 
     return encode
+
+
+# --- with an importance matrix (quantize_row_*_impl)
+
+_MAGIC = _F32(12582912.0)
+_GROUP_MAX_EPS = _F32(1e-15)
+_KIND = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3}
+_BLOCK = {"Q4_0": BLOCK_Q4_0, "Q4_1": BLOCK_Q4_1, "Q5_0": BLOCK_Q5_0, "Q5_1": BLOCK_Q5_1}
+
+
+def as_rows(x: np.ndarray, importance: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 rows ``[n, row_length]``, importance float32 ``[row_length]``): whole rows of whole blocks, checked."""
+    qw = np.asarray(importance)
+    xb = as_blocks(x, block)
+    if qw.dtype != _F32 or qw.ndim != 1 or qw.size == 0 or qw.size % block or xb.size % qw.size:
+        raise ValueError(f"importance must be float32 [row_length] (whole {block}-value blocks) dividing the input; "
+                         f"got {qw.dtype} {qw.shape} for {xb.size} values")
+    return xb.reshape(-1, qw.size), np.ascontiguousarray(qw)
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """C's ``nearest_int`` on the bits, for every float32 (as int64)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = (v + _MAGIC).view(np.int32)
+    return ((t & np.int32(0x7FFFFF)) - np.int32(0x400000)).astype(np.int64)
+
+
+def row_sigma2(xr: np.ndarray) -> np.ndarray:
+    """``sum_x2 += x[j]*x[j]`` over each row in order, ``/ n_per_row``: [n] float32."""
+    s = np.zeros(xr.shape[0], _F32)
+    for j in range(xr.shape[1]):
+        s += xr[:, j] * xr[:, j]
+    return s / _F32(xr.shape[1])
+
+
+def _qx_quants(xb: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """make_qx_quants(32, nmax, x, L, 1, w) for every block of ``xb`` [n, 32]: (scale [n], L [n, 32] in [0, 2*nmax))."""
+    amax, vmax = first_absmax(xb)
+    fn = _F32(nmax)
+    n = xb.shape[0]
+
+    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        li = np.clip(_nearest_int(iscale[:, None] * xb), -nmax, nmax - 1)
+        lf = li.astype(_F32)
+        sumlx, suml2 = np.zeros(n, _F32), np.zeros(n, _F32)
+        for i in range(32):
+            sumlx += w[:, i] * xb[:, i] * lf[:, i]
+            suml2 += w[:, i] * lf[:, i] * lf[:, i]
+        return li + nmax, sumlx, suml2
+
+    L, sumlx, suml2 = fit(_F32(-fn) / vmax)
+    scale = np.where(suml2 != 0, sumlx / suml2, _F32(0)).astype(_F32)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        Ln, sumlx, suml2 = fit(-(fn + _F32(0.1) * _F32(step)) / vmax)
+        upd = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L[upd] = Ln[upd]
+        scale[upd] = sumlx[upd] / suml2[upd]
+        best[upd] = scale[upd] * sumlx[upd]
+    zero = amax < _GROUP_MAX_EPS
+    scale[zero] = 0
+    L[zero] = 0
+    return scale, L
+
+
+def _qkx3_quants(xb: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx3_quants(32, nmax, x, w, L, &min, Laux, -0.9f, 0.05f, 36, false) per block: (scale, m, L).
+
+    ``m`` is what the block stores: ``-the_min``, i.e. the fitted minimum itself."""
+    n = xb.shape[0]
+    mn, mx = xb[:, 0].copy(), xb[:, 0].copy()
+    sum_w = w[:, 0].copy()
+    sum_x = sum_w * xb[:, 0]
+    for i in range(1, 32):
+        v = xb[:, i]
+        m = v < mn
+        mn[m] = v[m]
+        m = v > mx
+        mx[m] = v[m]
+        sum_w += w[:, i]
+        sum_x += w[:, i] * v
+    mn[mn > 0] = 0
+    flat = mx <= mn  # C returns early (a NaN never does: C goes on with it)
+    fn = _F32(nmax)
+    iscale = fn / (mx - mn)
+    scale = _F32(1) / iscale
+    L = np.clip(_nearest_int(iscale[:, None] * (xb - mn[:, None])), 0, nmax)
+    best_mad = np.zeros(n, _F32)
+    for i in range(32):
+        diff = scale * L[:, i].astype(_F32) + mn - xb[:, i]
+        best_mad += w[:, i] * (diff * diff)
+    for step in range(37):
+        iscale = (_F32(-0.9) + _F32(0.05) * _F32(step) + fn) / (mx - mn)  # mn: the best fit's so far, as in C
+        laux = np.clip(_nearest_int(iscale[:, None] * (xb - mn[:, None])), 0, nmax)
+        lf = laux.astype(_F32)
+        sum_l, sum_l2, sum_xl = np.zeros(n, _F32), np.zeros(n, _F32), np.zeros(n, _F32)
+        for i in range(32):
+            sum_l += w[:, i] * lf[:, i]
+            sum_l2 += w[:, i] * lf[:, i] * lf[:, i]
+            sum_xl += w[:, i] * lf[:, i] * xb[:, i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ok = D > 0
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+        pos = this_min > 0
+        this_min[pos] = 0
+        this_scale[pos] = sum_xl[pos] / sum_l2[pos]
+        mad = np.zeros(n, _F32)
+        for i in range(32):
+            diff = this_scale * lf[:, i] + this_min - xb[:, i]
+            mad += w[:, i] * (diff * diff)
+        upd = ok & (mad < best_mad) & ~flat
+        L[upd] = laux[upd]
+        best_mad[upd] = mad[upd]
+        scale[upd] = this_scale[upd]
+        mn[upd] = this_min[upd]
+    scale[flat] = 0
+    L[flat] = 0
+    return scale, mn, L
+
+
+def _quantize_weighted(x: np.ndarray, importance: np.ndarray, name: str) -> np.ndarray:
+    """quantize_q{4,5}_{0,1} with importance: the numba kernel, else the numpy path (the same bytes)."""
+    xr, qw = as_rows(x, importance, QK)
+    block = _BLOCK[name]
+    k = jit.legacy_kernels()
+    if k is not None:
+        out = np.empty((xr.size // QK, block.itemsize), np.uint8)
+        k.legacy_quantize_weighted(np.ascontiguousarray(xr), qw, _KIND[name], out)
+        return out.reshape(-1)
+    return weighted_numpy(xr, qw, name)
+
+
+def weighted_numpy(xr: np.ndarray, qw: np.ndarray, name: str) -> np.ndarray:
+    """The numpy path of the importance quantizers (no numba): rows ``xr`` [n, row_length], ``qw`` [row_length]."""
+    with np.errstate(all="ignore"):  # C's float semantics: inf and NaN are part of the arithmetic
+        sigma2 = row_sigma2(xr)
+        xb = xr.reshape(-1, QK)
+        w = np.tile(qw, xr.shape[0]).reshape(-1, QK) * np.sqrt(np.repeat(sigma2, xr.shape[1] // QK)[:, None] + xb * xb)
+        five = name.startswith("Q5")
+        out = np.empty(xb.shape[0], _BLOCK[name])
+        if name.endswith("_0"):
+            d, L = _qx_quants(xb, w, 8 if name == "Q4_0" else 16)
+        else:
+            d, m, L = _qkx3_quants(xb, w, 15 if name == "Q4_1" else 31)
+            out["m"] = fp16_bits(m)
+    out["d"] = fp16_bits(d)
+    q = L.astype(np.uint8)
+    if five:
+        out["qh"] = _fifth_bits(q)
+    out["qs"] = _pack_nibbles(q)
+    return out.view(np.uint8)

@@ -10,10 +10,11 @@ _SIGN = np.uint32(0x80000000)
 _BELOW_HALF_BITS = np.float32(np.nextafter(np.float32(0.5), np.float32(0))).view(np.uint32)
 
 
-def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+def quantize_q8_0(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 (n*32,) -> Q8_0 blocks as bytes (n*34,): per 32 values an f16 scale and 32 int8.
 
-    Same arithmetic as ggml's quantize_row_q8_0_ref: d = amax/127, q = roundf(x * (1/d)).
+    Same arithmetic as ggml's quantize_row_q8_0_ref: d = amax/127, q = roundf(x * (1/d)); ``importance``
+    is ignored, as ggml's quantize_q8_0 ignores it.
     """
     b = x.reshape(-1, 32)
     a = np.abs(b)

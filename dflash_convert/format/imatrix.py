@@ -27,3 +27,6 @@ MAX_FILE_CHARS = 127
 
 # llama-imatrix only collects a MUL_MAT whose input has at least this many rows
 MIN_ROWS = 16
+
+# llama-quantize ignores an entry of another length for these (tensor_name_match_token_embd): no imatrix then
+LENGTH_MISMATCH_IGNORED: tuple[str, ...] = ("token_embd.weight", "per_layer_token_embd.weight")

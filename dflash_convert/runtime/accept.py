@@ -36,6 +36,7 @@ from .forward import (
     rope_spec,
     scatter_d2t,
 )
+from .observe import observe
 from .reference import ReferenceModel, reference_forward
 from .weights import DrafterWeights
 
@@ -163,14 +164,17 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
         attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
                 + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
         x = layer_tail(d, lw, x, attn, False, cpu_matmul, convs)
+    states = rms_norm(x, eps, w.output_norm)
+    observe(w.head, states)  # the graph projects every slot of the block (the driver reads 1..n_max)
+    if w.dflash2 is not None:
+        observe(w.dflash2, states)  # the selector's hidden projection, over every slot as well
     if w.markov is not None:  # DSpark: every slot through the head, then the Markov chain (runtime.dspark)
-        states = rms_norm(x, eps, w.output_norm)
         read = cpu_matmul_input(states, w.head.source.dtype) if cpu_matmul else states
         logits = scatter_d2t(w.head.project(read), w.d2t, d.vocab_size).reshape(A, B, -1)
         chain = markov_chain(w.markov, logits, states.reshape(A, B, -1), ids[:, 0], w.d2t,
                              cpu_matmul_input if cpu_matmul else None)
         return chain.logits[:, :n_max], chain.tokens[:, :n_max]
-    normed = rms_norm(x, eps, w.output_norm).reshape(A, B, -1)[:, 1:n_max + 1]
+    normed = states.reshape(A, B, -1)[:, 1:n_max + 1]
     hidden = normed.reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)

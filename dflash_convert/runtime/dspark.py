@@ -23,6 +23,7 @@ from ..format.family import (
     MARKOV_W2_HF,
     MARKOV_W2_SCALE,
 )
+from .observe import observe
 
 # (activations, weight type) -> the activations as the CPU backend rounds them before that matmul
 RoundInput = Callable[[torch.Tensor, str], torch.Tensor]
@@ -98,6 +99,7 @@ def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, a
         if given is not None and j > 0:
             prev = given[:, j - 1]
         row = head.w1[prev]  # [A, R]
+        observe(head.w2, row)
         r = row if round_input is None else round_input(row, head.w2_type)
         bias = r @ head.w2.T
         if head.w2_scale is not None:
@@ -110,6 +112,7 @@ def markov_chain(head: MarkovHead, logits: torch.Tensor, hidden: torch.Tensor, a
         cols.append(col)
         if head.conf_w is not None:
             feat = torch.cat([z[:, i], row], dim=-1)
+            observe(head.conf_w, feat)
             if round_input is not None:
                 feat = round_input(feat, head.conf_type)
             c = feat @ head.conf_w

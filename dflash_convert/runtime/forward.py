@@ -20,6 +20,7 @@ from ..errors import DFlashError
 from ..format.rules import ROPE_SECTIONS
 from .dflash2 import LayerConvs, Selection
 from .dspark import markov_chain
+from .observe import observe
 from .weights import DrafterWeights, LayerWeights
 
 DEFAULT_ROPE_BASE = 10000.0  # llama_model_base::load_hparams when rope.freq_base is absent
@@ -246,6 +247,7 @@ def cpu_matmul_input(x: torch.Tensor, weight_type: str) -> torch.Tensor:
 
 def _mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, wtype: str | None = None) -> torch.Tensor:
     """build_lora_mm: x @ w.T, times the optional per-tensor scale; ``wtype`` set: round x as ggml's CPU does."""
+    observe(w, x)  # the F32 input, before the CPU backend's rounding (what llama-imatrix reads)
     if wtype is not None:
         x = cpu_matmul_input(x, wtype)
     y = x @ w.T
