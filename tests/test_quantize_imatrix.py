@@ -3,9 +3,7 @@
 The held-out shapes of test_quantize.py (a 256-aligned drafter with its own output head, and a 96-wide
 one where every block fallback applies), an imatrix per drafter in both formats (GGUF with raw
 sums, fractional and zero counts and an entry no tensor uses; legacy .dat with ncall 3, a chunk count
-and a dataset), every file type. A type whose mix has tensors the K-quant quantizers write is skipped
-until their importance paths land (branch kquant-imatrix); ``test_bytes_with_k_quant_tensors_excluded``
-covers those mixes now, with the K-quant tensors' entries dropped by --exclude-weights on both sides.
+and a dataset), every file type, K-quant tensors with their entries included.
 """
 
 from __future__ import annotations
@@ -19,14 +17,12 @@ from conftest import run_cli
 from gguf_compare import parity_differences
 
 from dflash_convert import convert
-from dflash_convert.encoders import QUANTIZERS, takes_importance
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.file_types import QUANT_TYPES
 from dflash_convert.format.ggml import GGMLType
-from dflash_convert.format.quant_types import choose_quant_types, is_quantizable, requires_imatrix
+from dflash_convert.format.quant_types import is_quantizable, requires_imatrix
 from dflash_convert.quantize import quantize, quantize_options
 from dflash_convert.sources.gguf import read_gguf
-from dflash_convert.sources.gguf_drafter import read_drafter
 from fixtures.drafters import make_speculators_drafter, make_zlab_drafter
 from fixtures.imatrix_files import write_gguf_imatrix, write_legacy_imatrix
 from fixtures.targets import make_target_dir
@@ -36,7 +32,6 @@ pytestmark = pytest.mark.runtime
 BIG = dict(layers=5, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64, vocab_size=916, draft_vocab_size=512,
            mask_token_id=4, aux_layer_ids=[1, 3])
 SMALL = dict(layers=3, hidden=96, ffn=160, heads=3, kv_heads=1, head_dim=32, target_layer_ids=[0, 2])
-KQUANT_SKIP = "importance path on branch kquant-imatrix"
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +72,6 @@ def assert_same_file(ours: Path, theirs: Path, what: str) -> None:
         pytest.fail(f"{what}: files differ:\n" + "\n".join(parity_differences(ours, theirs)))
 
 
-def without_importance_path(src: Path, qtype: str) -> list[str]:
-    """The tensors whose type for ``qtype`` with an imatrix has no importance path here yet (the K-quants)."""
-    g = read_gguf(src)
-    d = read_drafter(src)
-    tensors = [(t.name, t.ne) for t in g.tensors]
-    _, choices = choose_quant_types(tensors, qtype, input_types=[t.ggml_type.name for t in g.tensors], n_layer=d.n_layers,
-                                    n_head=d.n_head, n_head_kv=d.n_head_kv, has_imatrix=True)
-    return [n for (n, _), (t, _), src_t in zip(tensors, choices, [t.ggml_type.name for t in g.tensors], strict=True)
-            if t != src_t and t in GGMLType.__members__ and GGMLType[t] in QUANTIZERS and not takes_importance(GGMLType[t])]
-
-
 def run_both(drafters: dict[str, Path], tmp_path: Path, which: str, qtype: str, fmt: str, *flags: str) -> None:
     src, imatrix = drafters[which], drafters[f"{which}-{fmt}"]
     theirs, ours = tmp_path / "llama-quantize.gguf", tmp_path / "ours.gguf"
@@ -100,8 +84,6 @@ def run_both(drafters: dict[str, Path], tmp_path: Path, which: str, qtype: str, 
         quantize(src, ours, qtype, options=quantize_options(imatrix=str(imatrix), include_weights=include,
                                                             exclude_weights=exclude, prune_layers=prune))
     except DFlashError as e:
-        if "no importance-matrix path yet" in str(e):
-            pytest.skip(KQUANT_SKIP)
         if "no encoder from" in str(e):  # IQ3_XXS gives attn_q/attn_k IQ2_S, a type issue 30 item 3 adds
             pytest.skip(f"not written here yet: {e.message}")
         refusal = str(e)
@@ -126,24 +108,13 @@ def test_bytes_with_a_gguf_imatrix(drafters, tmp_path, which, qtype):
 @pytest.mark.parametrize("which,qtype", [("big", "Q4_1"), ("big", "IQ3_S"), ("big", "IQ4_XS"), ("small", "Q5_0"),
                                          ("small", "IQ4_NL"), ("small", "Q2_K_S"), ("big", "Q5_K_M")])
 def test_bytes_with_a_legacy_imatrix(drafters, tmp_path, which, qtype):
-    """The .dat form (values divided by ncall, the trailer's chunk count and dataset recorded); K-quant entries dropped until they take one."""
-    excluded = without_importance_path(drafters[which], qtype)
-    run_both(drafters, tmp_path, which, qtype, "dat", *[a for n in excluded for a in ("--exclude-weights", n)])
+    """The .dat form (values divided by ncall, the trailer's chunk count and dataset recorded)."""
+    run_both(drafters, tmp_path, which, qtype, "dat")
 
 
 def test_bytes_with_pruned_layers(drafters, tmp_path):
     """--prune-layers: a renumbered layer takes its old name's entry (remap_imatrix)."""
     run_both(drafters, tmp_path, "small", "IQ4_NL", "gguf", "--prune-layers", "1")
-
-
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_M", "Q8_0", "Q4_K_M"])
-@pytest.mark.parametrize("which", ["big", "small"])
-def test_bytes_with_k_quant_tensors_excluded(drafters, tmp_path, which, qtype):
-    """Until the K-quants take an importance matrix: their tensors' entries dropped on both sides, every other path compared."""
-    names = without_importance_path(drafters[which], qtype)
-    if not names:
-        pytest.skip("no K-quant tensor in this mix: test_bytes_with_a_gguf_imatrix compares it")
-    run_both(drafters, tmp_path, which, qtype, "gguf", *[a for n in names for a in ("--exclude-weights", n)])
 
 
 def test_include_weights_and_the_keys(drafters, tmp_path):
