@@ -46,6 +46,8 @@ def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     3 included, as ggml computes them), by (distance, index): ggml's qsort order, a total order.
     """
     points, nwant, _, _, _ = _TYPES[name]
+    if name == "IQ1_M":
+        return tables("IQ1_S")  # the same grid and neighbour count
     pts = np.array(points, np.int64)
     levels = (pts[:, None] >> (2 * np.arange(8))) & 3
     grid = (2 * levels + 1).astype(_F32)
@@ -57,12 +59,13 @@ def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     for c0 in range(0, off.size, _CHUNK):
         u = off[c0:c0 + _CHUNK]
         pos = (2 * ((u[:, None] >> (2 * np.arange(8))) & 3) + 1).astype(_F32)
-        # exact: every term is a small integer
-        d2 = np.rint(g2[None, :] + (pos * pos).sum(axis=1)[:, None] - 2 * pos @ grid.T).astype(np.int64)
-        present = np.zeros((u.size, int(d2.max()) + 2), bool)
-        present[np.arange(u.size)[:, None], d2] = True
-        # the nwant-th smallest distinct distance of each row
-        cut = np.argmax(np.cumsum(present, axis=1) >= nwant, axis=1)
+        # exact in float32: every term is a small integer
+        d2 = pos @ (-2 * grid.T)
+        d2 += g2[None, :]
+        d2 += (pos * pos).sum(axis=1)[:, None]
+        cut = d2.min(axis=1)
+        for _ in range(nwant - 1):  # the nwant-th smallest distinct distance of each row
+            cut = np.where(d2 > cut[:, None], d2, np.inf).min(axis=1)
         rows, cols = np.nonzero(d2 <= cut[:, None])
         order = np.lexsort((cols, d2[rows, cols], rows))
         rows, cols = rows[order], cols[order]
