@@ -15,6 +15,7 @@ import numpy as np
 from ..format.ggml import BLOCK_GEOMETRY, GGMLType
 from . import jit
 from .floats import FLOAT_WORDS, bf16_to_f16, f16_to_bf16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
+from .iq2 import IMPORTANCE_REQUIRED, quantize_iq1_m, quantize_iq1_s, quantize_iq2_s, quantize_iq2_xs, quantize_iq2_xxs
 from .iq3 import quantize_iq3_s, quantize_iq3_xxs
 from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
@@ -52,6 +53,11 @@ QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.IQ3_S: quantize_iq3_s,
     GGMLType.Q1_0: quantize_q1_0,
     GGMLType.Q2_0: quantize_q2_0,
+    GGMLType.IQ2_XXS: quantize_iq2_xxs,
+    GGMLType.IQ2_XS: quantize_iq2_xs,
+    GGMLType.IQ2_S: quantize_iq2_s,
+    GGMLType.IQ1_S: quantize_iq1_s,
+    GGMLType.IQ1_M: quantize_iq1_m,
 }
 
 # float destination -> float32 chunk -> words
@@ -128,8 +134,11 @@ def warm_up_kernels() -> float:
         return 0.0
     t0 = time.perf_counter()
     block = np.zeros(256 * 8, np.float32)
-    for quantize in QUANTIZERS.values():
-        quantize(block)
+    for t, quantize in QUANTIZERS.items():
+        if t.name in IMPORTANCE_REQUIRED:
+            quantize(block, np.ones(256, np.float32))
+        else:
+            quantize(block)
     words = block.astype(np.float16)  # the kernels that read F16 words themselves
     for name in _LEGACY_FROM_F16:
         encoder("F16", GGMLType[name])(words)

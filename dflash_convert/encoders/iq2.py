@@ -19,7 +19,7 @@ from ..format.iq2_grids import IQ1S_POINTS, IQ2S_POINTS, IQ2XS_POINTS, IQ2XXS_PO
 from . import _iq2_kernels, jit
 from .legacy import as_blocks, fp16_bits
 
-__all__ = ["quantize_iq1_m", "quantize_iq1_s", "quantize_iq2_s", "quantize_iq2_xs", "quantize_iq2_xxs"]
+__all__ = ["IMPORTANCE_REQUIRED", "quantize_iq1_m", "quantize_iq1_s", "quantize_iq2_s", "quantize_iq2_xs", "quantize_iq2_xxs"]
 
 QK_K = 256
 _F32 = np.float32
@@ -35,6 +35,9 @@ _TYPES: dict[str, tuple[tuple[int, ...], int, int, int, bool]] = {
     "IQ1_S": (IQ1S_POINTS, 3, -1, 50, True),
     "IQ1_M": (IQ1S_POINTS, 3, -2, 56, False),
 }
+
+# the types ggml asserts on without quantization weights (ggml.c's ggml_quantize_requires_imatrix)
+IMPORTANCE_REQUIRED: frozenset[str] = frozenset(name for name, t in _TYPES.items() if t[4])
 
 
 @functools.cache
