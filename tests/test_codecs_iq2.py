@@ -113,6 +113,30 @@ def test_bit_identical_with_ggml_without_importance(name: str, case: str, quanti
     assert_same_bytes(f"{name} on {case}", quantize(rows.reshape(-1)).tobytes(), ggml_quantize(type_id, rows), block_bytes)
 
 
+@pytest.mark.runtime
+@pytest.mark.parametrize("name", list(TYPES))
+def test_our_decoder_matches_ggml(name: str) -> None:
+    """runtime/dequant.py against ggml's own to_float, on our blocks and on random bytes (any code, any finite fp16 d)."""
+    import torch
+
+    from dflash_convert.format.ggml import GGMLType
+    from dflash_convert.runtime.dequant import dequantize as ours
+    from fixtures.ggml_oracle import ggml_dequantize
+
+    type_id, quantize, block_bytes, _ = TYPES[name]
+    rng = np.random.default_rng(4)
+    rows = cases()["normal_mixed_subblock_scales"][:1, :2048]
+    blocks = [quantize(rows.reshape(-1), _importance(rows.shape[1], 3)), rng.integers(0, 256, block_bytes * 64, dtype=np.uint8)]
+    finite = blocks[1].reshape(-1, block_bytes)
+    if name == "IQ1_M":  # d's bits 8-11 are byte 53's top nibble: clearing bit 10 keeps the exponent below all-ones
+        finite[:, 53] &= 0xBF
+    else:
+        finite[:, 1] &= 0x7B  # exponent bits below all-ones: a finite fp16 d
+    for q in blocks:
+        got = ours(torch.from_numpy(q.copy()), GGMLType[name], (q.size // block_bytes * 256,)).numpy()
+        assert np.array_equal(got.view(np.uint32), ggml_dequantize(type_id, q).view(np.uint32))
+
+
 # --------------------------------------------------------------------------------------------
 # fast tier
 # --------------------------------------------------------------------------------------------
