@@ -21,7 +21,8 @@ from dflash_convert import convert
 from dflash_convert.encoders import QUANTIZERS
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.ggml import GGMLType
-from dflash_convert.format.quant_types import choose_quant_types, is_quantizable
+from dflash_convert.format.quant_types import TypeOverrides, choose_quant_types, is_quantizable
+from dflash_convert.plan import QuantizeOptions
 from dflash_convert.quantize import quantize
 from dflash_convert.sources.gguf_drafter import read_drafter
 from fixtures.drafters import make_speculators_drafter
@@ -86,4 +87,18 @@ def test_refused_without_an_imatrix_as_llama_quantize_refuses(iq2_drafter, tmp_p
     assert r.returncode != 0 and "requires an importance matrix" in r.stdout + r.stderr
     with pytest.raises(DFlashError, match=f"{qtype} needs an importance matrix"):
         quantize(f16, tmp_path / "ours.gguf", qtype)
+    assert not (tmp_path / "ours.gguf").exists()
+
+
+def test_an_exempt_tensor_in_a_type_ggml_cannot_write_bare_is_refused(iq2_drafter, tmp_path):
+    """token_embd is exempt from llama-quantize's refusal, so --token-embedding-type IQ2_XXS makes it abort in ggml; we refuse."""
+    from fixtures.upstream import llama_tool
+
+    f16, _, _ = iq2_drafter
+    r = subprocess.run([str(llama_tool("llama-quantize")), "--token-embedding-type", "iq2_xxs", str(f16), str(tmp_path / "t.gguf"),
+                        "Q4_K_M", "2"], capture_output=True, text=True)
+    assert r.returncode != 0 and "GGML_ASSERT(imatrix != NULL)" in r.stdout + r.stderr
+    with pytest.raises(DFlashError, match="token_embd.weight would be IQ2_XXS, which ggml cannot quantize without an importance"):
+        quantize(f16, tmp_path / "ours.gguf", "Q4_K_M",
+                 options=QuantizeOptions(types=TypeOverrides(token_embedding_type=GGMLType.IQ2_XXS)))
     assert not (tmp_path / "ours.gguf").exists()

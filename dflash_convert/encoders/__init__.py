@@ -147,4 +147,4 @@ def warm_up_kernels() -> float:
     return time.perf_counter() - t0
 
 
-__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder", "warm_up_kernels"]
+__all__ = ["COPY", "IMPORTANCE_REQUIRED", "QUANTIZERS", "Encoder", "can_encode", "encoder", "warm_up_kernels"]

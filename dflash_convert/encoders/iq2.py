@@ -128,12 +128,12 @@ def _quantize(name: str, x: np.ndarray, importance: np.ndarray | None) -> np.nda
     return out.reshape(-1)
 
 
-def quantize_iq2_xxs(x: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+def quantize_iq2_xxs(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*256,)`` (whole rows) -> IQ2_XXS blocks ``(n*66,)``; ``importance``: float32 [row_length], required."""
     return _quantize("IQ2_XXS", x, importance)
 
 
-def quantize_iq2_xs(x: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+def quantize_iq2_xs(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*256,)`` (whole rows) -> IQ2_XS blocks ``(n*74,)``; ``importance``: float32 [row_length], required."""
     return _quantize("IQ2_XS", x, importance)
 
@@ -143,7 +143,7 @@ def quantize_iq2_s(x: np.ndarray, importance: np.ndarray | None = None) -> np.nd
     return _quantize("IQ2_S", x, importance)
 
 
-def quantize_iq1_s(x: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+def quantize_iq1_s(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """float32 ``(n*256,)`` (whole rows) -> IQ1_S blocks ``(n*50,)``; ``importance``: float32 [row_length], required."""
     return _quantize("IQ1_S", x, importance)
 
