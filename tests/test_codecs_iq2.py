@@ -183,13 +183,12 @@ def test_input_contract(name: str) -> None:
     assert np.array_equal(x, before)  # and the input is left alone
 
 
-def test_iq2_tables_are_ggmls() -> None:
-    """The grids are ggml-quants.c's and ggml-common.h's (levels -> bytes); the neighbour lists as iq2xs_init_impl builds them."""
+@pytest.mark.parity
+def test_iq2_grids_are_ggmls() -> None:
+    """The grids are ggml-quants.c's kgrid tables, and ggml-common.h's decoder grids are their levels mapped to bytes."""
     from fixtures.upstream import llama_cpp_dir
 
     src = llama_cpp_dir() / "ggml" / "src"
-    if not src.is_dir():
-        pytest.skip("the vendored llama.cpp source is not cached")
     header, quants = (src / "ggml-common.h").read_text(), (src / "ggml-quants.c").read_text()
     for name, table, points, values in (
             ("iq2xxs_grid", "kgrid_2bit_256", iq2_grids.IQ2XXS_POINTS, iq2_grids.IQ2_VALUES),
@@ -201,6 +200,10 @@ def test_iq2_tables_are_ggmls() -> None:
         assert words == [sum((values[(p >> 2 * i) & 3] & 255) << 8 * i for i in range(8)) for p in points], name
         m = re.search(table + r"\[[^\]]+\]\s*=\s*\{(.*?)\};", quants, re.S)
         assert tuple(int(v) for v in re.findall(r"\d+", m.group(1))) == points, table
+
+
+def test_iq2_neighbour_lists_are_iq2xs_init_impls() -> None:
+    """kmap finds every grid point; each off-grid code lists the points at its nwant nearest distances, by (distance, index)."""
     for name, n_points, nwant in (("IQ2_XXS", 256, 2), ("IQ2_XS", 512, 2), ("IQ2_S", 1024, 1), ("IQ1_S", 2048, 3)):
         grid, levels, kmap, neigh = iq2.tables(name)
         assert grid.shape == (n_points, 8) and (kmap >= 0).sum() == n_points
