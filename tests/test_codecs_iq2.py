@@ -204,6 +204,9 @@ def test_iq2_grids_are_ggmls() -> None:
 
 def test_iq2_neighbour_lists_are_iq2xs_init_impls() -> None:
     """kmap finds every grid point; each off-grid code lists the points at its nwant nearest distances, by (distance, index)."""
+    from dflash_convert.encoders import _iq2_kernels
+
+    assert [iq2._TYPES[n][2] for n in ("IQ2_XXS", "IQ2_XS", "IQ2_S")] == [_iq2_kernels.XXS, _iq2_kernels.XS, _iq2_kernels.S]
     for name, n_points, nwant in (("IQ2_XXS", 256, 2), ("IQ2_XS", 512, 2), ("IQ2_S", 1024, 1), ("IQ1_S", 2048, 3)):
         grid, levels, kmap, neigh = iq2.tables(name)
         assert grid.shape == (n_points, 8) and (kmap >= 0).sum() == n_points

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from ..format.iq2_grids import IQ1S_POINTS, IQ2S_POINTS, IQ2XS_POINTS, IQ2XXS_POINTS
-from . import _iq2_kernels, jit
+from . import jit
 from .legacy import as_blocks, fp16_bits
 
 __all__ = ["IMPORTANCE_REQUIRED", "quantize_iq1_m", "quantize_iq1_s", "quantize_iq2_s", "quantize_iq2_xs", "quantize_iq2_xxs"]
@@ -26,14 +26,14 @@ _F32 = np.float32
 _KMAP_SIZE = 43692  # every 8-level code with levels 0-2, as ggml sizes kmap (codes up to 0xAAAA)
 _CHUNK = 4096  # codes per neighbour-distance tile: [4096, 2048] float32 stays at 32 MiB
 
-# type -> (grid points, distinct distances whose points are listed as neighbours, kernel kind, block bytes,
-# importance required)
+# type -> (grid points, distinct distances whose points are listed as neighbours, iq2_blocks' kind (_iq2_kernels.XXS,
+# XS, S; -1: iq1_blocks), block bytes, importance required)
 _TYPES: dict[str, tuple[tuple[int, ...], int, int, int, bool]] = {
-    "IQ2_XXS": (IQ2XXS_POINTS, 2, _iq2_kernels.XXS, 66, True),
-    "IQ2_XS": (IQ2XS_POINTS, 2, _iq2_kernels.XS, 74, True),
-    "IQ2_S": (IQ2S_POINTS, 1, _iq2_kernels.S, 82, False),
+    "IQ2_XXS": (IQ2XXS_POINTS, 2, 0, 66, True),
+    "IQ2_XS": (IQ2XS_POINTS, 2, 1, 74, True),
+    "IQ2_S": (IQ2S_POINTS, 1, 2, 82, False),
     "IQ1_S": (IQ1S_POINTS, 3, -1, 50, True),
-    "IQ1_M": (IQ1S_POINTS, 3, -2, 56, False),
+    "IQ1_M": (IQ1S_POINTS, 3, -1, 56, False),
 }
 
 # the types ggml asserts on without quantization weights (ggml.c's ggml_quantize_requires_imatrix)
@@ -109,7 +109,10 @@ def _quantize(name: str, x: np.ndarray, importance: np.ndarray | None) -> np.nda
     if xb.shape[0] == 0:
         return out.reshape(-1)
     d = np.zeros(xb.shape[0], _F32)
-    k = jit.iq2_kernels() or _iq2_kernels
+    k = jit.iq2_kernels()
+    if k is None:
+        # lazy: the kernel source imports numba's register_jitable when it can; commands that never quantize skip it
+        from . import _iq2_kernels as k
     grid, levels, kmap, neigh = tables(name)
     with np.errstate(all="ignore"):  # C's float semantics: overflow to inf is part of the arithmetic
         if kind >= 0:
