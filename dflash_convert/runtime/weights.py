@@ -98,6 +98,33 @@ class _Decoded:
         raise AssertionError("decoded values are never read back as raw words")
 
 
+# storage types a weight matrix keeps as a torch dtype under ``load_weights(stored=True)``
+STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+class FileMatrix:
+    """A quantized weight matrix left in its file: decoded at each matmul, never kept (``load_weights(stored=True)``)."""
+
+    def __init__(self, source: TensorSource, device: torch.device) -> None:
+        self.source, self.device = source, device
+
+    @property
+    def shape(self) -> torch.Size:
+        """The matrix's shape."""
+        return torch.Size(self.source.shape)
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        """Every value, decoded now in ``dtype``."""
+        return source_values(self.source, self.device, dtype)
+
+
+def matmul_values(w: torch.Tensor | FileMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """A weight as a matmul in ``dtype`` reads it: stored-precision values widened (exactly), a FileMatrix decoded."""
+    if isinstance(w, FileMatrix):
+        return w.values(dtype)
+    return w if w.dtype == dtype else w.to(dtype)
+
+
 class LazyMatrix:
     """A [rows, cols] matrix (an embedding or an output head) decoded only as far as it is used."""
 
@@ -175,7 +202,7 @@ class DrafterWeights:
 
     device: torch.device
     dtype: torch.dtype
-    fc: torch.Tensor  # [E, T*E]
+    fc: torch.Tensor | FileMatrix  # [E, T*E]
     fc_scale: torch.Tensor | None
     fc_type: str  # storage type of fc (the CPU matmul rounds its input to match)
     enc_norm: torch.Tensor
@@ -226,8 +253,11 @@ def _reject_other_members(d: Drafter) -> None:
 
 
 def load_weights(d: Drafter, target: Target | None = None, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> DrafterWeights:
-    """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks."""
+                 dtype: torch.dtype = torch.float32, stored: bool = False) -> DrafterWeights:
+    """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks.
+
+    ``stored``: the layers' and fc's matrices stay F32/F16/BF16 as stored, or in the file when quantized (FileMatrix),
+    and are widened or decoded at each matmul: the file's size in memory, the same values."""
     _reject_other_members(d)
     device = torch.device(device)
     by = {t.gguf_name: t for t in d.tensors}
@@ -240,6 +270,15 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
         v = decoded[name] = source_values(t.source, device, dtype)
         return v
 
+    def matrix(name: str) -> torch.Tensor | FileMatrix | None:
+        t = by.get(name)
+        if not stored or t is None or len(t.shape) < 2:
+            return get(name)
+        if t.dtype not in STORED_DTYPES:
+            return FileMatrix(t.source, device)
+        v = decoded[name] = source_values(t.source, device, STORED_DTYPES[t.dtype])
+        return v
+
     def need(name: str) -> torch.Tensor:
         v = get(name)
         if v is None:
@@ -248,7 +287,7 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
 
     layers = []
     for i in range(d.n_layers):
-        vals = {role: get(layer_name(i, suffix)) for role, suffix in LAYER_ROLES.items()}
+        vals = {role: (matrix if role in SCALED_ROLES else get)(layer_name(i, suffix)) for role, suffix in LAYER_ROLES.items()}
         missing = [layer_name(i, LAYER_ROLES[r]) for r in REQUIRED_ROLES if vals[r] is None]
         if missing:
             raise InputFileError(f"tensor {missing[0]} is missing", d.source)
@@ -295,8 +334,9 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
     dflash2 = None
     if member_of(set(by)) == DFLASH2:
         dflash2 = load_dflash2(d, get, lambda name: by[name].dtype)
+    fc = matrix(FC_TENSOR) if FC_TENSOR in by else need(FC_TENSOR)
     return DrafterWeights(
-        device=device, dtype=dtype, dflash2=dflash2, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
+        device=device, dtype=dtype, dflash2=dflash2, fc=fc, fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
         enc_norm=need(ENC_NORM_TENSOR), output_norm=need(OUTPUT_NORM_TENSOR), layers=layers,
         embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR),
         attention_scale=d.attention_scale if d.attention_scale else None,
@@ -309,5 +349,5 @@ def describe_weights(w: DrafterWeights) -> dict[str, str]:
     return {"embedding": w.embed_from, "head": w.head_from, "device": str(w.device), "dtype": str(w.dtype).split(".")[-1]}
 
 
-__all__ = ["DrafterWeights", "LayerWeights", "LazyMatrix", "describe_weights", "load_weights", "source_values",
-           "target_weights"]
+__all__ = ["DrafterWeights", "FileMatrix", "LayerWeights", "LazyMatrix", "describe_weights", "load_weights", "matmul_values",
+           "source_values", "target_weights"]
