@@ -92,13 +92,12 @@ class ReferenceModel:
 # storage types a replaced embedding row can be rounded to exactly
 ROW_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
-KEEP_ELEMENTS = 1 << 20  # a tensor this small (norms, d2t, sinks) is kept even when the reference is not resident
 
 
 class CheckpointTensors(Mapping[str, torch.Tensor]):
     """A checkpoint's tensors by HF name (``model.`` stripped), read with safetensors' own reader: floats in
-    ``dtype``, integers int64. ``resident``: each read once and kept; else a tensor over KEEP_ELEMENTS is read
-    again at each use, so one at a time is in memory (check's bound)."""
+    ``dtype``, integers int64. ``resident``: each read once and kept; else only vectors (norms, d2t, sinks) are
+    kept and a matrix is read again at each use, so one at a time is in memory (check's bound)."""
 
     def __init__(self, files: list[Path], device: torch.device, dtype: torch.dtype, resident: bool) -> None:
         from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
@@ -113,7 +112,7 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     key, part = strip_model_prefix(name), f.get_slice(name)
                     self.where[key], self.shapes[key], self.stored[key] = (str(path), name), tuple(part.get_shape()), part.get_dtype()
-                    if resident or math.prod(self.shapes[key]) <= KEEP_ELEMENTS:
+                    if resident or len(self.shapes[key]) < 2:
                         self.kept[key] = self._convert(f.get_tensor(name))
                     else:
                         self.kept.pop(key, None)
@@ -147,7 +146,8 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
         """An embedding or head: kept values, or rows read through safetensors as they are used."""
         if key in self.kept or self.stored[key] not in ROW_DTYPES:
             return LazyMatrix.of(self[key], what)
-        return LazyMatrix(_SafetensorsRows(*self.where[key], self.shapes[key], self.stored[key]), self.device, self.dtype, what)
+        return LazyMatrix(_SafetensorsRows(*self.where[key], self.shapes[key], self.stored[key]), self.device, self.dtype, what,
+                          keep=False)
 
 
 class _SafetensorsRows:
@@ -207,7 +207,7 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
             if tgt is None:
                 raise DFlashError(f"the checkpoint has no {what}: pass the target (directory with safetensors, or GGUF)",
                                   ckpt.dir)
-            tgt_w = target_weights(tgt, device, dtype)
+            tgt_w = target_weights(tgt, device, dtype, keep=resident)
         return tgt_w
 
 

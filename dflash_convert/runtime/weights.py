@@ -128,10 +128,12 @@ def matmul_values(w: torch.Tensor | FileMatrix, dtype: torch.dtype) -> torch.Ten
 class LazyMatrix:
     """A [rows, cols] matrix (an embedding or an output head) decoded only as far as it is used."""
 
-    def __init__(self, source: TensorSource, device: torch.device | str, dtype: torch.dtype, what: str) -> None:
+    def __init__(self, source: TensorSource, device: torch.device | str, dtype: torch.dtype, what: str,
+                 keep: bool = True) -> None:
         if len(source.shape) != 2:
             raise InputFileError(f"{what} has shape {list(source.shape)}, expected 2 dimensions")
         self.source, self.device, self.dtype, self.what = source, torch.device(device), dtype, what
+        self.keep = keep  # False: never decoded whole, the head always streamed in row chunks (check's memory)
         self._full: torch.Tensor | None = None
 
     @classmethod
@@ -166,7 +168,7 @@ class LazyMatrix:
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x @ M.T: all of M at once when it fits HEAD_CACHE_BYTES, else streamed in row chunks."""
         n, cols = self.shape
-        if self._full is not None or n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES:
+        if self._full is not None or (self.keep and n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES):
             return x @ self.full().T
         parts = [x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
                  for a in range(0, n, HEAD_CHUNK_ROWS)]
@@ -221,15 +223,15 @@ class DrafterWeights:
     decoded: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
-def target_weights(t: Target, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> tuple[LazyMatrix, LazyMatrix]:
+def target_weights(t: Target, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   keep: bool = True) -> tuple[LazyMatrix, LazyMatrix]:
     """(embedding, head) of a target GGUF or target directory; without a head of its own, the embedding twice."""
     w = target_tensors(t) or {}
     if "embed" not in w:
         raise InputFileError("has no token embedding to read (a target directory needs its safetensors)", t.source)
-    embed = LazyMatrix(w["embed"], device, dtype, "target token embedding")
+    embed = LazyMatrix(w["embed"], device, dtype, "target token embedding", keep)
     if "head" in w:
-        return embed, LazyMatrix(w["head"], device, dtype, "target output head")
+        return embed, LazyMatrix(w["head"], device, dtype, "target output head", keep)
     if not t.ties_embeddings:
         raise InputFileError("has no output head and does not tie it to the embedding", t.source)
     return embed, embed
@@ -257,7 +259,8 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
     """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks.
 
     ``stored``: the layers' and fc's matrices stay F32/F16/BF16 as stored, or in the file when quantized (FileMatrix),
-    and are widened or decoded at each matmul: the file's size in memory, the same values."""
+    and are widened or decoded at each matmul, and the embedding and head are never decoded whole (the head is
+    streamed in row chunks): the file's size in memory, the same values."""
     _reject_other_members(d)
     device = torch.device(device)
     by = {t.gguf_name: t for t in d.tensors}
@@ -303,16 +306,16 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
             if target is None:
                 raise DFlashError("the drafter has no token embedding or no output head of its own: pass the target "
                                   "(its GGUF or its directory with safetensors) to run it", d.source)
-            tgt = target_weights(target, device, dtype)
+            tgt = target_weights(target, device, dtype, keep=not stored)
         return tgt
 
     emb_t, out_t = by.get(EMBEDDING_TENSOR), by.get(OUTPUT_TENSOR)
     if emb_t is not None:
-        embed, embed_from = LazyMatrix(emb_t.source, device, dtype, "drafter token embedding"), "drafter"
+        embed, embed_from = LazyMatrix(emb_t.source, device, dtype, "drafter token embedding", not stored), "drafter"
     else:
         embed, embed_from = from_target()[0], "target"
     if out_t is not None:
-        head, head_from = LazyMatrix(out_t.source, device, dtype, "drafter output head"), "drafter"
+        head, head_from = LazyMatrix(out_t.source, device, dtype, "drafter output head", not stored), "drafter"
     elif emb_t is not None:
         head, head_from = embed, "drafter (tied to token_embd)"
     else:
