@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
@@ -100,8 +101,6 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
     kept and a matrix is read again at each use, so one at a time is in memory (check's bound)."""
 
     def __init__(self, files: list[Path], device: torch.device, dtype: torch.dtype, resident: bool) -> None:
-        from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
-
         self.device, self.dtype = device, dtype
         self.where: dict[str, tuple[str, str]] = {}  # name -> (file, name in the file)
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -123,8 +122,6 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
     def __getitem__(self, key: str) -> torch.Tensor:
         if key in self.kept:
             return self.kept[key]
-        from safetensors import safe_open
-
         path, name = self.where[key]
         with safe_open(path, framework="pt", device="cpu") as f:
             return self._convert(f.get_tensor(name))
@@ -157,8 +154,6 @@ class _SafetensorsRows:
         self.path, self.name, self.shape, self.dtype = path, name, shape, dtype
 
     def rows(self, a: int, b: int, fds: object = None) -> np.ndarray:
-        from safetensors import safe_open
-
         with safe_open(self.path, framework="pt", device="cpu") as f:
             return f.get_slice(self.name)[a:b].contiguous().reshape(-1).view(torch.uint8).numpy()
 
