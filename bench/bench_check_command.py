@@ -48,7 +48,7 @@ def _run(tree: Path, args: list[str]) -> dict[str, Any]:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
         wall, rss_kb = tf.read().split()[-2:]
-    if r.returncode != 0:
+    if r.returncode not in (0, 1):  # 1: a FAIL verdict, still a report (the synthetic Q4_K_M file fails its KL gate)
         raise SystemExit(f"check in {tree} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
     report = json.loads(r.stdout)
     return {"wall_s": float(wall), "rss_mb": int(rss_kb) / 1024, "report": report}
