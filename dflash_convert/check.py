@@ -252,12 +252,13 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     from .runtime.weights import load_weights
 
     dev = resolve_device(device)
-    model = load_reference(src.checkpoint, target, drafter=src.written, device=dev)
+    # memory: the checkpoint's matrices read at each use, the file's kept as stored (docs/check.md, "Memory")
+    model = load_reference(src.checkpoint, target, drafter=src.written, device=dev, resident=False)
     if model.drafter.hidden_size != d.hidden_size or len(model.drafter.target_layers) != len(d.target_layers):
         raise InputFileError(f"the checkpoint's drafter (hidden {model.drafter.hidden_size}, {len(model.drafter.target_layers)} "
                              f"taps) is not this file's (hidden {d.hidden_size}, {len(d.target_layers)} taps)", src.checkpoint_dir)
     feats, ref_feats, ids, pos, streams = draft_inputs(d, model, features, captured, target, context, seed, dev)
-    weights = load_weights(d, target, device=dev)
+    weights = load_weights(d, target, device=dev, stored=True)
     got = run_gguf(d, weights, feats, ids, pos)
     # the trained semantics too where they can differ from llama.cpp's (else it is the same forward):
     # both from one pass over the output head
@@ -272,7 +273,7 @@ def check(draft_gguf: str | Path, checkpoint_dir: str | Path, *, target_model_di
     failures += [f"hyper-parameter differs from the checkpoint's: {x}" for x in hparam_differences(d, model.drafter)]
     failures += [f"tensor differs: {x}" for x in tensor_differences(
         d, src.written, dev, file_values=decoded_by_name(weights.decoded),
-        checkpoint_values=decoded_from_checkpoint(model.tensors, src.checkpoint.files))]
+        checkpoint_values=decoded_from_checkpoint(model.tensors.kept, src.checkpoint.files))]
     # what the runner computes is moot for a file llama.cpp refuses or cannot run: validate's verdict counts
     summary = failure_summary(validate(draft_gguf, parsed=src.parsed))
     if summary is not None:

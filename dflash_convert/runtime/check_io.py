@@ -133,7 +133,7 @@ def run_other_gguf(path: str | Path, target: Target | None, device: torch.device
                    pos: torch.Tensor, streams: torch.Tensor | None = None) -> tuple[Drafter, ForwardResult]:
     """Run another GGUF on the same draft (with captured streams, it taps its own layers)."""
     d = read_drafter(path)
-    w = load_weights(d, target, device=device)
+    w = load_weights(d, target, device=device, stored=True)
     return d, run_gguf(d, w, feats if streams is None else gather_features(d, streams), ids, pos)
 
 

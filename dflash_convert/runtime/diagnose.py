@@ -142,6 +142,8 @@ def _chunks(t: DrafterTensor, full: torch.Tensor | None, device: torch.device, s
         v = full if full is not None else source_values(t.source, device, torch.float32)
         yield v.to(device, torch.float32).reshape(-1)
         return
+    if full is None and len(t.shape) > 2:  # source rows are ggml rows: a 3-D tensor (DFlash2's conv base, small) is read whole
+        full = source_values(t.source, device, torch.float32)
     for a in range(0, n, step):
         b = min(n, a + step)
         part = full[a:b] if full is not None else source_values(t.source, device, torch.float32, rows=(a, b))

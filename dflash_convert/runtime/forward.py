@@ -21,7 +21,7 @@ from ..format.rules import ROPE_SECTIONS
 from .dflash2 import LayerConvs, Selection
 from .dspark import markov_chain
 from .observe import observe
-from .weights import DrafterWeights, LayerWeights
+from .weights import DrafterWeights, LayerWeights, matmul_values
 
 DEFAULT_ROPE_BASE = 10000.0  # llama_model_base::load_hparams when rope.freq_base is absent
 YARN_BETA_FAST = 32.0  # llama_hparams defaults (the dflash loader reads no yarn_* keys)
@@ -251,7 +251,7 @@ def _mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, wtype: str
     observe(w, x)  # the F32 input, before the CPU backend's rounding (what llama-imatrix reads)
     if wtype is not None:
         x = cpu_matmul_input(x, wtype)
-    y = x @ w.T
+    y = x @ matmul_values(w, x.dtype).T  # a stored-precision or in-file weight (check's) widened for this product only
     return y if scale is None else y * scale
 
 

@@ -9,13 +9,17 @@ malformed ``mask_embedding.pt``. Specification: docs/runtime.md, "The reference"
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
 
 from ..drafter import Drafter
 from ..errors import DFlashError, InputFileError
@@ -51,7 +55,7 @@ class ReferenceModel:
     drafter: Drafter  # hyper-parameters as the converter reads them (tensors unused here)
     config: dict[str, Any]  # the flat config (text_config merged, speculators' layer config merged)
     dialect: str  # "z-lab" or "speculators"
-    tensors: dict[str, torch.Tensor]  # HF name without "model." -> values in ``dtype``
+    tensors: CheckpointTensors  # HF name without "model." -> values in ``dtype``
     embed: LazyMatrix
     head: LazyMatrix
     d2t_ids: torch.Tensor | None  # absolute target ids (i + offset)
@@ -86,25 +90,73 @@ class ReferenceModel:
         return x
 
 
-def _read_safetensors(files: list[Path], device: torch.device,
-                      dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.dtype]]:
-    """Every tensor by its HF name (``model.`` stripped), floats in ``dtype``, integers int64; and each stored dtype."""
-    from safetensors import safe_open  # safetensors' own reader, so the reference shares no reading code with convert
-
-    out: dict[str, torch.Tensor] = {}
-    stored: dict[str, torch.dtype] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                t = f.get_tensor(name)
-                stored[strip_model_prefix(name)] = t.dtype
-                t = t.to(dtype) if t.is_floating_point() else t.to(torch.int64)
-                out[strip_model_prefix(name)] = t.to(device)
-    return out, stored
-
-
 # storage types a replaced embedding row can be rounded to exactly
 ROW_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+
+class CheckpointTensors(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors by HF name (``model.`` stripped), read with safetensors' own reader: floats in
+    ``dtype``, integers int64. ``resident``: each read once and kept; else only vectors (norms, d2t, sinks) are
+    kept and a matrix is read again at each use, so one at a time is in memory (check's bound)."""
+
+    def __init__(self, files: list[Path], device: torch.device, dtype: torch.dtype, resident: bool) -> None:
+        self.device, self.dtype = device, dtype
+        self.where: dict[str, tuple[str, str]] = {}  # name -> (file, name in the file)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.stored: dict[str, str] = {}  # name -> safetensors dtype name (BF16, F32, ...)
+        self.kept: dict[str, torch.Tensor] = {}
+        for path in files:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    key, part = strip_model_prefix(name), f.get_slice(name)
+                    self.where[key], self.shapes[key], self.stored[key] = (str(path), name), tuple(part.get_shape()), part.get_dtype()
+                    if resident or len(self.shapes[key]) < 2:
+                        self.kept[key] = self._convert(f.get_tensor(name))
+                    else:
+                        self.kept.pop(key, None)
+
+    def _convert(self, t: torch.Tensor) -> torch.Tensor:
+        return (t.to(self.dtype) if t.is_floating_point() else t.to(torch.int64)).to(self.device)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self.kept:
+            return self.kept[key]
+        path, name = self.where[key]
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return self._convert(f.get_tensor(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def renamed(self, rename: Callable[[str], str]) -> CheckpointTensors:
+        """The same tensors under ``rename``d names."""
+        out = copy.copy(self)
+        out.where, out.shapes, out.stored, out.kept = ({rename(k): v for k, v in m.items()}
+                                                      for m in (self.where, self.shapes, self.stored, self.kept))
+        return out
+
+    def matrix(self, key: str, what: str) -> LazyMatrix:
+        """An embedding or head: kept values, or rows read through safetensors as they are used."""
+        if key in self.kept or self.stored[key] not in ROW_DTYPES:
+            return LazyMatrix.of(self[key], what)
+        return LazyMatrix(_SafetensorsRows(*self.where[key], self.shapes[key], self.stored[key]), self.device, self.dtype, what,
+                          keep=False)
+
+
+class _SafetensorsRows:
+    """Rows of one checkpoint matrix as raw words, through safetensors' reader: a lazy embedding's or head's source."""
+
+    def __init__(self, path: str, name: str, shape: tuple[int, ...], dtype: str) -> None:
+        self.path, self.name, self.shape, self.dtype = path, name, shape, dtype
+
+    def rows(self, a: int, b: int, fds: object = None) -> np.ndarray:
+        with safe_open(self.path, framework="pt", device="cpu") as f:
+            return f.get_slice(self.name)[a:b].contiguous().reshape(-1).view(torch.uint8).numpy()
+
 
 
 def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, device: torch.device,
@@ -124,8 +176,8 @@ def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, devic
 
 
 def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: Drafter | None = None,
-                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64) -> ReferenceModel:
-    """A read checkpoint's weights, by their HF names, for the reference forward."""
+                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float64, resident: bool = True) -> ReferenceModel:
+    """A read checkpoint's weights, by their HF names, for the reference forward (``resident``: see CheckpointTensors)."""
     device = torch.device(device)
     tgt = target
     d = drafter if drafter is not None else checkpoint_reader(ckpt).read(ckpt, target)
@@ -139,7 +191,7 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
         cfg = {**layer_cfg, **{k: v for k, v in ckpt.config.items() if k != "transformer_layer_config"}}
     else:
         cfg = merged_text_config(ckpt.config)
-    tensors, stored = _read_safetensors(ckpt.files, device, dtype)
+    tensors = CheckpointTensors(ckpt.files, device, dtype, resident)
 
     notes: list[str] = []
     tgt_w: tuple[LazyMatrix, LazyMatrix] | None = None
@@ -150,21 +202,19 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
             if tgt is None:
                 raise DFlashError(f"the checkpoint has no {what}: pass the target (directory with safetensors, or GGUF)",
                                   ckpt.dir)
-            tgt_w = target_weights(tgt, device, dtype)
+            tgt_w = target_weights(tgt, device, dtype, keep=resident)
         return tgt_w
 
-    def matrix(name: str, what: str) -> LazyMatrix:
-        return LazyMatrix.of(tensors[name], what)
 
     has_embed = EMBED_HF in tensors and ConfigView(cfg, ckpt.config_path).get("has_embed_tokens") is not False
-    embed = matrix(EMBED_HF, "checkpoint embed_tokens") if has_embed else from_target("embed_tokens")[0]
-    table_dtype = stored[EMBED_HF] if has_embed else ROW_DTYPES.get(embed.source.dtype)
-    if HEAD_HF in tensors and member == DSPARK and not has_embed and tensors[HEAD_HF].shape[0] == d.vocab_size:
+    embed = tensors.matrix(EMBED_HF, "checkpoint embed_tokens") if has_embed else from_target("embed_tokens")[0]
+    table_dtype = ROW_DTYPES.get(tensors.stored[EMBED_HF] if has_embed else embed.source.dtype)
+    if HEAD_HF in tensors and member == DSPARK and not has_embed and tensors.shapes[HEAD_HF][0] == d.vocab_size:
         # a full-vocabulary DSpark lm_head is the target's (upstream's converter drops it and shares the target's)
         head = from_target("lm_head")[1]
         notes.append("the DSpark checkpoint's full-vocabulary lm_head is not used: llama.cpp shares the target's head")
     elif HEAD_HF in tensors:
-        head = matrix(HEAD_HF, "checkpoint lm_head")
+        head = tensors.matrix(HEAD_HF, "checkpoint lm_head")
     else:
         head = from_target("lm_head")[1]
         if has_embed:
@@ -179,8 +229,8 @@ def load_reference(ckpt: Checkpoint, target: Target | None = None, *, drafter: D
         notes.append(f"the mask row is not rounded to the target embedding's {embed.source.dtype} blocks")
     gemma4 = any(a in GEMMA4_DSPARK_ARCHITECTURES for a in ConfigView(ckpt.config, ckpt.config_path).get("architectures", []))
     if gemma4:  # the confidence head's Gemma-4 spelling is the same tensor
-        tensors = {k.replace("confidence_proj.", "confidence_head.proj.", 1) if k.startswith("confidence_proj.") else k: v
-                   for k, v in tensors.items()}
+        tensors = tensors.renamed(lambda k: k.replace("confidence_proj.", "confidence_head.proj.", 1)
+                                  if k.startswith("confidence_proj.") else k)
     dflash2 = load_checkpoint_dflash2(tensors, d, ckpt.dir) if member == DFLASH2 else None
     return ReferenceModel(d, cfg, SPECULATORS_LAYOUT if speculators else d.origin.format, tensors, embed, head, d2t_ids,
                           mask_row, device, dtype, notes, member=member, gemma4=gemma4, dflash2=dflash2)
@@ -450,5 +500,5 @@ def _finish_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) 
     return logits
 
 
-__all__ = ["SEMANTICS", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_forward",
+__all__ = ["SEMANTICS", "CheckpointTensors", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_forward",
            "reference_forwards", "semantics_differ"]

@@ -98,13 +98,42 @@ class _Decoded:
         raise AssertionError("decoded values are never read back as raw words")
 
 
+# storage types a weight matrix keeps as a torch dtype under ``load_weights(stored=True)``
+STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+class FileMatrix:
+    """A quantized weight matrix left in its file: decoded at each matmul, never kept (``load_weights(stored=True)``)."""
+
+    def __init__(self, source: TensorSource, device: torch.device) -> None:
+        self.source, self.device = source, device
+
+    @property
+    def shape(self) -> torch.Size:
+        """The matrix's shape."""
+        return torch.Size(self.source.shape)
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        """Every value, decoded now in ``dtype``."""
+        return source_values(self.source, self.device, dtype)
+
+
+def matmul_values(w: torch.Tensor | FileMatrix, dtype: torch.dtype) -> torch.Tensor:
+    """A weight as a matmul in ``dtype`` reads it: stored-precision values widened (exactly), a FileMatrix decoded."""
+    if isinstance(w, FileMatrix):
+        return w.values(dtype)
+    return w if w.dtype == dtype else w.to(dtype)
+
+
 class LazyMatrix:
     """A [rows, cols] matrix (an embedding or an output head) decoded only as far as it is used."""
 
-    def __init__(self, source: TensorSource, device: torch.device | str, dtype: torch.dtype, what: str) -> None:
+    def __init__(self, source: TensorSource, device: torch.device | str, dtype: torch.dtype, what: str,
+                 keep: bool = True) -> None:
         if len(source.shape) != 2:
             raise InputFileError(f"{what} has shape {list(source.shape)}, expected 2 dimensions")
         self.source, self.device, self.dtype, self.what = source, torch.device(device), dtype, what
+        self.keep = keep  # False: never decoded whole, the head always streamed in row chunks (check's memory)
         self._full: torch.Tensor | None = None
 
     @classmethod
@@ -139,7 +168,7 @@ class LazyMatrix:
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x @ M.T: all of M at once when it fits HEAD_CACHE_BYTES, else streamed in row chunks."""
         n, cols = self.shape
-        if self._full is not None or n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES:
+        if self._full is not None or (self.keep and n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES):
             return x @ self.full().T
         parts = [x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
                  for a in range(0, n, HEAD_CHUNK_ROWS)]
@@ -175,7 +204,7 @@ class DrafterWeights:
 
     device: torch.device
     dtype: torch.dtype
-    fc: torch.Tensor  # [E, T*E]
+    fc: torch.Tensor | FileMatrix  # [E, T*E]
     fc_scale: torch.Tensor | None
     fc_type: str  # storage type of fc (the CPU matmul rounds its input to match)
     enc_norm: torch.Tensor
@@ -194,15 +223,15 @@ class DrafterWeights:
     decoded: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
 
-def target_weights(t: Target, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> tuple[LazyMatrix, LazyMatrix]:
+def target_weights(t: Target, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   keep: bool = True) -> tuple[LazyMatrix, LazyMatrix]:
     """(embedding, head) of a target GGUF or target directory; without a head of its own, the embedding twice."""
     w = target_tensors(t) or {}
     if "embed" not in w:
         raise InputFileError("has no token embedding to read (a target directory needs its safetensors)", t.source)
-    embed = LazyMatrix(w["embed"], device, dtype, "target token embedding")
+    embed = LazyMatrix(w["embed"], device, dtype, "target token embedding", keep)
     if "head" in w:
-        return embed, LazyMatrix(w["head"], device, dtype, "target output head")
+        return embed, LazyMatrix(w["head"], device, dtype, "target output head", keep)
     if not t.ties_embeddings:
         raise InputFileError("has no output head and does not tie it to the embedding", t.source)
     return embed, embed
@@ -226,8 +255,12 @@ def _reject_other_members(d: Drafter) -> None:
 
 
 def load_weights(d: Drafter, target: Target | None = None, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> DrafterWeights:
-    """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks."""
+                 dtype: torch.dtype = torch.float32, stored: bool = False) -> DrafterWeights:
+    """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks.
+
+    ``stored``: the layers' and fc's matrices stay F32/F16/BF16 as stored, or in the file when quantized (FileMatrix),
+    and are widened or decoded at each matmul, and the embedding and head are never decoded whole (the head is
+    streamed in row chunks): the file's size in memory, the same values."""
     _reject_other_members(d)
     device = torch.device(device)
     by = {t.gguf_name: t for t in d.tensors}
@@ -240,6 +273,15 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
         v = decoded[name] = source_values(t.source, device, dtype)
         return v
 
+    def matrix(name: str) -> torch.Tensor | FileMatrix | None:
+        t = by.get(name)
+        if not stored or t is None or len(t.shape) < 2:
+            return get(name)
+        if t.dtype not in STORED_DTYPES:
+            return FileMatrix(t.source, device)
+        v = decoded[name] = source_values(t.source, device, STORED_DTYPES[t.dtype])
+        return v
+
     def need(name: str) -> torch.Tensor:
         v = get(name)
         if v is None:
@@ -248,7 +290,7 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
 
     layers = []
     for i in range(d.n_layers):
-        vals = {role: get(layer_name(i, suffix)) for role, suffix in LAYER_ROLES.items()}
+        vals = {role: (matrix if role in SCALED_ROLES else get)(layer_name(i, suffix)) for role, suffix in LAYER_ROLES.items()}
         missing = [layer_name(i, LAYER_ROLES[r]) for r in REQUIRED_ROLES if vals[r] is None]
         if missing:
             raise InputFileError(f"tensor {missing[0]} is missing", d.source)
@@ -264,16 +306,16 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
             if target is None:
                 raise DFlashError("the drafter has no token embedding or no output head of its own: pass the target "
                                   "(its GGUF or its directory with safetensors) to run it", d.source)
-            tgt = target_weights(target, device, dtype)
+            tgt = target_weights(target, device, dtype, keep=not stored)
         return tgt
 
     emb_t, out_t = by.get(EMBEDDING_TENSOR), by.get(OUTPUT_TENSOR)
     if emb_t is not None:
-        embed, embed_from = LazyMatrix(emb_t.source, device, dtype, "drafter token embedding"), "drafter"
+        embed, embed_from = LazyMatrix(emb_t.source, device, dtype, "drafter token embedding", not stored), "drafter"
     else:
         embed, embed_from = from_target()[0], "target"
     if out_t is not None:
-        head, head_from = LazyMatrix(out_t.source, device, dtype, "drafter output head"), "drafter"
+        head, head_from = LazyMatrix(out_t.source, device, dtype, "drafter output head", not stored), "drafter"
     elif emb_t is not None:
         head, head_from = embed, "drafter (tied to token_embd)"
     else:
@@ -295,8 +337,9 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
     dflash2 = None
     if member_of(set(by)) == DFLASH2:
         dflash2 = load_dflash2(d, get, lambda name: by[name].dtype)
+    fc = matrix(FC_TENSOR) if FC_TENSOR in by else need(FC_TENSOR)
     return DrafterWeights(
-        device=device, dtype=dtype, dflash2=dflash2, fc=need(FC_TENSOR), fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
+        device=device, dtype=dtype, dflash2=dflash2, fc=fc, fc_scale=get(scale_name(FC_TENSOR)), fc_type=by[FC_TENSOR].dtype,
         enc_norm=need(ENC_NORM_TENSOR), output_norm=need(OUTPUT_NORM_TENSOR), layers=layers,
         embed=embed, head=head, d2t=d2t, rope_freqs=get(ROPE_FREQS_TENSOR),
         attention_scale=d.attention_scale if d.attention_scale else None,
@@ -309,5 +352,5 @@ def describe_weights(w: DrafterWeights) -> dict[str, str]:
     return {"embedding": w.embed_from, "head": w.head_from, "device": str(w.device), "dtype": str(w.dtype).split(".")[-1]}
 
 
-__all__ = ["DrafterWeights", "LayerWeights", "LazyMatrix", "describe_weights", "load_weights", "source_values",
-           "target_weights"]
+__all__ = ["DrafterWeights", "FileMatrix", "LayerWeights", "LazyMatrix", "describe_weights", "load_weights", "matmul_values",
+           "source_values", "target_weights"]
