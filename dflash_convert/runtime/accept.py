@@ -19,6 +19,7 @@ from ..drafter import Drafter
 from ..errors import DFlashError
 from ..sources.features import FeaturesFile
 from .counts import LoopCount
+from .cpu_linear import onednn_matmuls
 from .dspark import markov_chain
 from .forward import (
     _kv,
@@ -36,12 +37,14 @@ from .forward import (
     rope_spec,
     scatter_d2t,
 )
+from .head import head_argmax
 from .reference import ReferenceModel, reference_forward
 from .weights import DrafterWeights
 
 DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
 
 
+@onednn_matmuls()  # float32 products through oneDNN: faster here, float32 all the same
 @torch.no_grad()
 def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_matmul: bool = False,
                layers: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
@@ -63,6 +66,7 @@ def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_mat
     return out
 
 
+@onednn_matmuls()  # float32 products through oneDNN: faster here, float32 all the same
 @torch.no_grad()
 def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens: torch.Tensor, anchors: list[int],
                   n_max: int, *, batch: int = DEFAULT_BATCH, keep_logits: bool = False,
@@ -91,7 +95,7 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     for at in range(0, len(anchors), batch):
         part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
         logits, drafted = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max,
-                                  cpu_matmul, kv_cache_dtype)
+                                  cpu_matmul, kv_cache_dtype, keep_logits)
         out.append(drafted.cpu())
         if keep_logits:
             kept.append(logits.cpu())
@@ -103,8 +107,8 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
 
 def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
             causal: bool, spec, mrope: bool, kq_scale: float, n_max: int, cpu_matmul: bool,
-            cache_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [A, n_max, V] the tokens are chosen from, drafted tokens [A, n_max]) of blocks from ``anchors``."""
+            cache_dtype: torch.dtype | None, need_logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(scores [A, n_max, V] the tokens are chosen from, or None, drafted tokens [A, n_max]) of blocks from ``anchors``."""
     dev, dt = w.device, w.dtype
     A, B = anchors.shape[0], d.block_size
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
@@ -174,6 +178,10 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
     hidden = normed.reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)
+    if w.dflash2 is None and not need_logits:  # only the argmax: a bf16 screen, float32 where it decides
+        best = head_argmax(w.head, hidden, w.d2t)
+        if best is not None:
+            return None, (best if w.d2t is None else w.d2t.to(best.device)[best]).reshape(A, n_max)
     raw = w.head.project(hidden)
     if w.dflash2 is None:
         logits = scatter_d2t(raw, w.d2t, d.vocab_size).reshape(A, n_max, -1)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ..drafter import Drafter
 from ..errors import DFlashError
 from ..format.rules import ROPE_SECTIONS
+from .cpu_linear import linear
 from .dflash2 import LayerConvs, Selection
 from .dspark import markov_chain
 from .weights import DrafterWeights, LayerWeights
@@ -248,7 +249,7 @@ def _mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, wtype: str
     """build_lora_mm: x @ w.T, times the optional per-tensor scale; ``wtype`` set: round x as ggml's CPU does."""
     if wtype is not None:
         x = cpu_matmul_input(x, wtype)
-    y = x @ w.T
+    y = linear(x, w)
     return y if scale is None else y * scale
 
 
