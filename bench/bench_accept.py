@@ -118,6 +118,9 @@ def worker(args: argparse.Namespace) -> int:
     from dflash_convert.sources.target import read_target
 
     torch.set_num_threads(args.threads)
+    if args.no_onednn:  # this tree with the layers' float32 matmuls left to MKL: the screen's share alone
+        from dflash_convert.runtime import cpu_linear
+        cpu_linear._usable = lambda x, w: False
     d = read_drafter(Path(args.gguf))
     t0 = time.perf_counter()
     w = ws.load_weights(d, read_target(Path(args.target)))
@@ -165,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--before", help="a directory holding an older dflash_convert package to time first")
+    ap.add_argument("--no-onednn-row", action="store_true", help="also time this tree with oneDNN off")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-onednn", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--code", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
@@ -178,14 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     from _common import full_size
 
     setup = full_size(["F16"])
-    trees = ([("before (" + args.before + ")", args.before)] if args.before else []) + [("this tree", "")]
+    trees = ([("before (" + args.before + ")", args.before, False)] if args.before else []) + [("this tree", "", False)]
+    if args.no_onednn_row:
+        trees.append(("this tree, layers on MKL (no oneDNN)", "", True))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, code in trees:
+        for name, code, no_onednn in trees:
             out = Path(tmp) / f"{len(results)}.json"
             cmd = [sys.executable, __file__, "--worker", "--gguf", str(setup.ggufs["F16"]), "--target", str(setup.target),
                    "--json", str(out), "--context", str(args.context), "--anchors", str(args.anchors),
-                   "--batch", str(args.batch), "--threads", str(args.threads)] + (["--code", code] if code else [])
+                   "--batch", str(args.batch), "--threads", str(args.threads)] + (["--code", code] if code else []) \
+                + (["--no-onednn"] if no_onednn else [])
             env = dict(os.environ, PYTHONPATH=code or str(REPO))
             subprocess.run(cmd, check=True, env=env)
             results.append((name, json.loads(out.read_text())))

@@ -3,7 +3,8 @@
 The same float32 arithmetic (exact products, float32 sums) in another summation order, so results
 move at float32 rounding. ``runtime.accept`` turns it on for its drafts (``onednn_matmuls``); every
 other caller keeps ``x @ w.T``. It falls back to that for anything but 2-D float32 CPU tensors, a
-torch without oneDNN, or a float32 matmul precision other than the default. Spec: docs/acceptance.md.
+weight under MIN_WEIGHT_ELEMENTS, a torch without oneDNN, or a float32 matmul precision other than
+the default. Spec: docs/acceptance.md, "Speed".
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from contextvars import ContextVar
 import torch
 
 _ON: ContextVar[bool] = ContextVar("onednn_float32", default=False)
+MIN_WEIGHT_ELEMENTS = 1 << 22  # smaller matrices: oneDNN's per-call cost outweighs its speed (a 256-wide drafter runs slower)
 
 
 @contextmanager
@@ -29,7 +31,8 @@ def onednn_matmuls() -> Iterator[None]:
 
 def _usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     """oneDNN's float32 path applies: 2-D CPU float32, oneDNN built in, no reduced-precision float32 mode."""
-    return (x.dim() == 2 and w.dim() == 2 and x.dtype == w.dtype == torch.float32 and x.device.type == w.device.type == "cpu"
+    return (x.dim() == 2 and w.dim() == 2 and w.numel() >= MIN_WEIGHT_ELEMENTS and x.dtype == w.dtype == torch.float32
+            and x.device.type == w.device.type == "cpu"
             and torch.backends.mkldnn.is_available() and torch.get_float32_matmul_precision() == "highest"
             and torch.backends.mkldnn.matmul.fp32_precision in ("none", "ieee"))
 
