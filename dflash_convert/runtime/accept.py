@@ -36,6 +36,7 @@ from .forward import (
     rope_spec,
     scatter_d2t,
 )
+from .head import head_argmax
 from .observe import observe
 from .reference import ReferenceModel, reference_forward
 from .weights import DrafterWeights
@@ -92,7 +93,7 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     for at in range(0, len(anchors), batch):
         part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
         logits, drafted = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max,
-                                  cpu_matmul, kv_cache_dtype)
+                                  cpu_matmul, kv_cache_dtype, keep_logits)
         out.append(drafted.cpu())
         if keep_logits:
             kept.append(logits.cpu())
@@ -104,8 +105,8 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
 
 def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
             causal: bool, spec, mrope: bool, kq_scale: float, n_max: int, cpu_matmul: bool,
-            cache_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores [A, n_max, V] the tokens are chosen from, drafted tokens [A, n_max]) of blocks from ``anchors``."""
+            cache_dtype: torch.dtype | None, need_logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(scores [A, n_max, V] the tokens are chosen from, or None, drafted tokens [A, n_max]) of blocks from ``anchors``."""
     dev, dt = w.device, w.dtype
     A, B = anchors.shape[0], d.block_size
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
@@ -178,6 +179,10 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
     hidden = normed.reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)
+    if w.dflash2 is None and not need_logits:  # only the argmax: a bf16 screen, float32 where it decides
+        best = head_argmax(w.head, hidden, w.d2t)
+        if best is not None:
+            return None, (best if w.d2t is None else w.d2t.to(best.device)[best]).reshape(A, n_max)
     raw = w.head.project(hidden)
     if w.dflash2 is None:
         logits = scatter_d2t(raw, w.d2t, d.vocab_size).reshape(A, n_max, -1)

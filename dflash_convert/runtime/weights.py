@@ -154,6 +154,12 @@ class LazyMatrix:
             self._full = source_values(self.source, self.device, self.dtype)
         return self._full
 
+    def row_range(self, a: int, b: int) -> torch.Tensor:
+        """Rows [a, b), from the kept values when there are, else decoded from the file."""
+        if self._full is not None or self.shape[0] * self.shape[1] * self.dtype.itemsize <= HEAD_CACHE_BYTES:
+            return self.full()[a:b]
+        return source_values(self.source, self.device, self.dtype, rows=(a, b))
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (any shape of int64), read from the file one distinct row at a time."""
         if self._full is not None:
