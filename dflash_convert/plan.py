@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .drafter import Drafter, DrafterTensor
-from .encoders import COPY, QUANTIZERS, Encoder, encoder, takes_importance
+from .encoders import COPY, IMPORTANCE_REQUIRED, QUANTIZERS, Encoder, encoder, takes_importance
 from .errors import DFlashError, InputFileError, OptionValueError
 from .files import read_regular_bytes
 from .format import imatrix as imatrix_keys
@@ -367,6 +367,11 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
     if needy is not None and imatrix is None:  # llama-quantize's refusal, before anything is written
         raise DFlashError(f"{ftype.name} needs an importance matrix: {needy[0]} would be {needy[1].name}, which "
                           "llama-quantize refuses to write without --imatrix (the result would be garbage)", where)
+    bare = next(((n, t) for i, ((n, ne), t) in enumerate(zip(tensors, chosen, strict=True)) if t.name in IMPORTANCE_REQUIRED
+                 and (imatrix is None or imatrix.for_tensor(imatrix_names[i], ne) is None)), None)
+    if bare is not None:  # token_embd/output without an entry, exempt from that refusal: ggml asserts on them (llama-quantize aborts)
+        raise DFlashError(f"{bare[0]} would be {bare[1].name}, which ggml cannot quantize without an importance matrix "
+                          "(llama-quantize aborts on it); choose another type for it", where)
     # the one per-tensor table (format/rules.py): fixed-type and vector tensors keep their type
     for i, (name, ne) in enumerate(tensors):
         if storage_class(name, tuple(reversed(ne))) in (FIXED, VECTOR) and chosen[i].name != in_types[i]:

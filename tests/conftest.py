@@ -95,6 +95,7 @@ def quantizer_backend(request, monkeypatch) -> str:
         monkeypatch.setattr(jit, "kquant_kernels", lambda: None)
         monkeypatch.setattr(jit, "legacy_kernels", lambda: None)
         monkeypatch.setattr(jit, "iq3_kernels", lambda: None)
+        monkeypatch.setattr(jit, "iq2_kernels", lambda: None)
     return request.param
 
 

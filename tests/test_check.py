@@ -260,6 +260,7 @@ def test_precision_class_is_the_loosest_type():
     assert precision_class(_DrafterStub(None, "F16")) == ("F16", "F16")
     assert precision_class(_DrafterStub(36, "TQ1_0", "Q4_K")) == ("TQ1_0", "Q1")  # 1-2 bits: the loosest class
     assert precision_class(_DrafterStub(None, "IQ3_S")) == ("IQ3_S", "Q3_K")
+    assert precision_class(_DrafterStub(29, "IQ2_S", "Q4_K", "IQ3_S")) == ("IQ2_M", "Q1")  # IQ2/IQ1: class Q1 too
     with pytest.raises(InputFileError, match="no check thresholds"):
         precision_class(_DrafterStub(None, "MXFP4"))
     assert list(THRESHOLDS)[0] == "F32" and all(0 < t.top1_min <= 1.0 for t in THRESHOLDS.values())

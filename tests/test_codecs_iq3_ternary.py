@@ -174,6 +174,7 @@ def test_importance_changes_the_result_and_is_checked(name: str) -> None:
             quantize(x, bad)
 
 
+@pytest.mark.parity  # reads the vendored source: the sdist
 def test_iq3_tables_are_ggmls() -> None:
     """The grids are ggml-common.h's (levels -> values) and ggml-quants.c's; the neighbour lists as iq3xs_init_impl builds them."""
     from fixtures.upstream import llama_cpp_dir

@@ -37,6 +37,10 @@ FP16_OFFSETS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.TQ2_0: (64,),
     GGMLType.IQ3_XXS: (0,),
     GGMLType.IQ3_S: (0,),
+    GGMLType.IQ2_XXS: (0,),
+    GGMLType.IQ2_XS: (0,),
+    GGMLType.IQ2_S: (0,),
+    GGMLType.IQ1_S: (0,),
 }
 BLOCK_TYPES = tuple(FP16_OFFSETS)
 QUANTIZABLE = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)  # gguf-py can quantize these
@@ -229,7 +233,7 @@ def test_bad_raw() -> None:
         dequantize(torch.zeros(2, 18, dtype=torch.uint8), GGMLType.Q4_0, (64,))
 
 
-@pytest.mark.parametrize("type_id, name", [(int(GGMLType.IQ2_XXS), "IQ2_XXS"), (int(GGMLType.Q8_K), "Q8_K"), (4, r"id 4 \(Q4_2, removed"), (999, "id 999")])
+@pytest.mark.parametrize("type_id, name", [(int(GGMLType.MXFP4), "MXFP4"), (int(GGMLType.Q8_K), "Q8_K"), (4, r"id 4 \(Q4_2, removed"), (999, "id 999")])
 def test_unsupported_type(type_id: int, name: str) -> None:
     with pytest.raises(ValueError, match=f"cannot dequantize ggml type {name}"):
         dequantize(torch.zeros(66, dtype=torch.uint8), type_id, (256,))

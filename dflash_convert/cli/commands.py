@@ -83,8 +83,8 @@ COMMANDS: tuple[Command, ...] = (
         argument("out", "The GGUF to write, or a folder: dflash-<Name>-<TYPE>.gguf in it (the input's name with its type "
                  "tag replaced).", type=str, metavar="OUT"),
         argument("qtype", "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, "
-                 "Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_M, TQ1_0, TQ2_0, Q1_0, Q2_0 (IQ3_XXS, IQ3_XS and Q2_K_S "
-                 "need an importance matrix: --imatrix).", type=quant_type, metavar="TYPE"),
+                 "Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_M, TQ1_0, TQ2_0, Q1_0, Q2_0 (IQ3_XXS, IQ3_XS, Q2_K_S, "
+                 "IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ1_S and IQ1_M need an importance matrix: --imatrix).", type=quant_type, metavar="TYPE"),
         _THREADS,
         flag("dry_run", "--dry-run", help="Print the per-tensor plan and write nothing."),
         multi("keep_types", "--keep-type", metavar="PATTERN=TYPE", help="Our glob shorthand: quantized tensors matching the "

@@ -17,6 +17,7 @@ import numpy as np
 from ..format.ggml import BLOCK_GEOMETRY, GGMLType
 from . import jit
 from .floats import FLOAT_WORDS, bf16_to_f16, f16_to_bf16, f32_to_bf16, quiet_bf16_nans, to_f16, widen_to_f32
+from .iq2 import IMPORTANCE_REQUIRED, quantize_iq1_m, quantize_iq1_s, quantize_iq2_s, quantize_iq2_xs, quantize_iq2_xxs
 from .iq3 import quantize_iq3_s, quantize_iq3_xxs
 from .iq4 import quantize_iq4_nl, quantize_iq4_xs
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
@@ -54,6 +55,11 @@ QUANTIZERS: dict[GGMLType, Callable[[np.ndarray], np.ndarray]] = {
     GGMLType.IQ3_S: quantize_iq3_s,
     GGMLType.Q1_0: quantize_q1_0,
     GGMLType.Q2_0: quantize_q2_0,
+    GGMLType.IQ2_XXS: quantize_iq2_xxs,
+    GGMLType.IQ2_XS: quantize_iq2_xs,
+    GGMLType.IQ2_S: quantize_iq2_s,
+    GGMLType.IQ1_S: quantize_iq1_s,
+    GGMLType.IQ1_M: quantize_iq1_m,
 }
 
 # float destination -> float32 chunk -> words
@@ -156,7 +162,8 @@ def warm_up_kernels() -> float:
     block = np.zeros(256 * 8, np.float32)
     ones = np.ones(256, np.float32)  # one 256-value row: the importance paths are other kernels
     for t, quantize in QUANTIZERS.items():
-        quantize(block)
+        if t.name not in IMPORTANCE_REQUIRED:
+            quantize(block)
         if takes_importance(t):
             quantize(block, ones)
     words = block.astype(np.float16)  # the kernels that read F16 words themselves
@@ -167,4 +174,5 @@ def warm_up_kernels() -> float:
     return time.perf_counter() - t0
 
 
-__all__ = ["COPY", "QUANTIZERS", "Encoder", "can_encode", "encoder", "takes_importance", "warm_up_kernels"]
+__all__ = ["COPY", "IMPORTANCE_REQUIRED", "QUANTIZERS", "Encoder", "can_encode", "encoder", "takes_importance",
+           "warm_up_kernels"]

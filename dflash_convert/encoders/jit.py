@@ -73,3 +73,16 @@ def iq3_kernels() -> ModuleType | None:
 def jit_available() -> bool:
     """Whether the numba kernels are used."""
     return kquant_kernels() is not None
+
+
+@functools.cache
+def iq2_kernels() -> ModuleType | None:
+    """The IQ2/IQ1 search kernels compiled (``_iq2_jit``), or None as for ``kquant_kernels``."""
+    if not jit_available():
+        return None
+    try:
+        # lazy, as _kquant_kernels above: it imports numba
+        from . import _iq2_jit
+    except Exception:  # as above: numba can fail in ways other than ImportError
+        return None
+    return _iq2_jit

@@ -65,6 +65,7 @@ _TYPE_CLASS: dict[GGMLType, str] = {
     GGMLType.Q3_K: "Q3_K", GGMLType.Q2_K: "Q2_K",
     GGMLType.IQ3_XXS: "Q3_K", GGMLType.IQ3_S: "Q3_K", GGMLType.TQ1_0: "Q1", GGMLType.TQ2_0: "Q1",
     GGMLType.Q1_0: "Q1", GGMLType.Q2_0: "Q1",
+    GGMLType.IQ2_XXS: "Q1", GGMLType.IQ2_XS: "Q1", GGMLType.IQ2_S: "Q1", GGMLType.IQ1_S: "Q1", GGMLType.IQ1_M: "Q1",
 }
 # ggml type name or file type name -> precision class (a file type is judged as its matrix type)
 PRECISION_CLASS: dict[str, str] = {t.name: c for t, c in _TYPE_CLASS.items()} | {

@@ -57,6 +57,12 @@ FILE_TYPES: dict[str, FileType] = {ft.name: ft for ft in (
     FileType("Q2_K_S", 21, GGMLType.Q2_K),
     FileType("Q1_0", 40, GGMLType.Q1_0),
     FileType("Q2_0", 41, GGMLType.Q2_0),
+    FileType("IQ2_XXS", 19, GGMLType.IQ2_XXS),
+    FileType("IQ2_XS", 20, GGMLType.IQ2_XS),
+    FileType("IQ2_S", 28, GGMLType.IQ2_XS),  # llama.cpp's IQ2_S file is IQ2_XS by default; IQ2_M is the IQ2_S one
+    FileType("IQ2_M", 29, GGMLType.IQ2_S),
+    FileType("IQ1_S", 24, GGMLType.IQ1_S),
+    FileType("IQ1_M", 31, GGMLType.IQ1_M),
 )}
 
 # quantize.cpp's aliases: the bare K names mean the _M mix

@@ -137,10 +137,49 @@ MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
         "ffn_down": (("i<n/8", GGMLType.Q4_K),),
         "attn_output": (("always", GGMLType.Q4_K),),
     },
+    # the IQ2/IQ1 branch: one rule set, Q2_K or (IQ2_S, IQ2_M) IQ3_S where the others get more bits
+    "IQ2_XXS": {
+        "token_embd": (("always", GGMLType.Q2_K),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q2_K)),
+        "ffn_down": (("i<n/8", GGMLType.Q2_K),),
+    },
+    "IQ2_XS": {
+        "token_embd": (("always", GGMLType.Q2_K),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q2_K)),
+        "ffn_down": (("i<n/8", GGMLType.Q2_K),),
+    },
+    "IQ2_S": {
+        "token_embd": (("always", GGMLType.IQ3_S),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.IQ3_S)),
+        "ffn_down": (("i<n/8", GGMLType.IQ3_S),),
+        "attn_output": (("always", GGMLType.IQ3_S),),
+    },
+    "IQ2_M": {
+        "token_embd": (("always", GGMLType.IQ3_S),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.IQ3_S)),
+        "ffn_down": (("i<n/8", GGMLType.IQ3_S),),
+        "attn_output": (("always", GGMLType.IQ3_S),),
+    },
+    "IQ1_S": {
+        "token_embd": (("always", GGMLType.Q2_K),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q2_K)),
+        "ffn_down": (("i<n/8", GGMLType.Q2_K),),
+        "attn_output": (("always", GGMLType.IQ2_XXS),),
+    },
+    "IQ1_M": {
+        "token_embd": (("always", GGMLType.Q2_K),),
+        "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q2_K)),
+        "ffn_down": (("i<n/8", GGMLType.Q2_K),),
+        "attn_output": (("always", GGMLType.IQ2_XXS),),
+    },
 }
 
 # file types whose output head (and a tied token_embd) gets another type than OUTPUT_TYPE
-OUTPUT_TYPE_BY_FTYPE: dict[str, GGMLType] = {"IQ3_XXS": GGMLType.Q5_K}
+OUTPUT_TYPE_BY_FTYPE: dict[str, GGMLType] = {
+    "IQ3_XXS": GGMLType.Q5_K,
+    "IQ2_XXS": GGMLType.Q5_K, "IQ2_XS": GGMLType.Q5_K, "IQ2_S": GGMLType.Q5_K, "IQ2_M": GGMLType.Q5_K,
+    "IQ1_S": GGMLType.Q5_K, "IQ1_M": GGMLType.Q5_K,
+}
 
 # tensor_requires_imatrix: llama-quantize refuses to write these types without an importance matrix
 # (Q2_K only in a Q2_K_S file); the token embedding and the output head never need one

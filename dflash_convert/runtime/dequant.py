@@ -17,6 +17,7 @@ from functools import lru_cache
 import torch
 
 from ..format.ggml import BLOCK_GEOMETRY, REMOVED_TYPES, GGMLType, tensor_nbytes
+from ..format.iq2_grids import IQ1S_POINTS, IQ1S_VALUES, IQ2_VALUES, IQ2S_POINTS, IQ2XS_POINTS, IQ2XXS_POINTS
 from ..format.iq3_grids import IQ3S_POINTS, IQ3S_VALUES, IQ3XXS_POINTS, IQ3XXS_VALUES
 
 # Block structs (ggml-common.h): field name and byte size, in memory order. Fields named d, dmin
@@ -40,6 +41,11 @@ BLOCK_FIELDS: dict[GGMLType, tuple[tuple[str, int], ...]] = {
     GGMLType.IQ3_S: (("d", 2), ("qs", 64), ("qh", 8), ("signs", 32), ("scales", 4)),
     GGMLType.Q1_0: (("d", 2), ("qs", 16)),
     GGMLType.Q2_0: (("d", 2), ("qs", 16)),
+    GGMLType.IQ2_XXS: (("d", 2), ("qs", 64)),
+    GGMLType.IQ2_XS: (("d", 2), ("qs", 64), ("scales", 8)),
+    GGMLType.IQ2_S: (("d", 2), ("qs", 32), ("signs", 32), ("qh", 8), ("scales", 8)),
+    GGMLType.IQ1_S: (("d", 2), ("qs", 32), ("qh", 16)),
+    GGMLType.IQ1_M: (("qs", 32), ("qh", 16), ("scales", 8)),
 }
 
 # Types stored one value per element: reinterpret the bytes, then cast to the requested dtype.
@@ -307,6 +313,102 @@ def _q2_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(q.view(torch.int8).sub_(1)).mul_(_half(f["d"]))
 
 
+@lru_cache(maxsize=16)
+def _grid8(points: tuple[int, ...], values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """An IQ2/IQ1 grid as float32 [points, 8] on one device: point k's value i is values[level i of point k]."""
+    return torch.tensor([[float(values[(p >> 2 * i) & 3]) for i in range(8)] for p in points], dtype=torch.float32, device=device)
+
+
+def _signed_grid8(codes: torch.Tensor, grid: torch.Tensor, signs: torch.Tensor, db: torch.Tensor, out: torch.Tensor) -> None:
+    """out[value] = (db[sub-block] * grid[codes][value]) * (1 or -1 by the sign bit), for groups of 8 and db [n, 8 or 16]."""
+    n = out.shape[0]
+    torch.index_select(grid, 0, codes.reshape(-1).to(torch.int32), out=out.view(-1, 8))
+    out.view(n, db.shape[1], -1).mul_(db.unsqueeze(-1))
+    out.mul_(signs.reshape(n, 256).to(torch.float32).mul_(-2).add_(1))
+
+
+def _parity_signs(groups: torch.Tensor) -> torch.Tensor:
+    """7-bit sign groups -> their 8 sign bits (the 8th makes the count of negatives even: ggml's ksigns_iq2xs), [..., 8]."""
+    parity = groups.clone()
+    for s in (4, 2, 1):
+        parity ^= parity >> s
+    full = groups | ((parity & 1) << 7)
+    return torch.stack([(full >> j) & 1 for j in range(8)], dim=-1)
+
+
+def _nibble_scales(scales: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """IQ2_XS/IQ2_S: 4-bit scales (low nibble first) of the 16 sub-blocks of 16 -> ``d * (0.5 + s) * 0.25``."""
+    n = scales.shape[0]
+    sc = _spread(scales, _NIBBLE_SHIFTS, 0x0F, _u8(scales, n, 8, 2), dim=-1).view(n, 16)
+    return d * (0.5 + sc.float()) * 0.25
+
+
+def _iq2_xxs(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """8 sub-blocks of 32: four grid bytes, then a uint32 of four 7-bit sign groups and a 4-bit scale."""
+    f, n = _fields(blocks, GGMLType.IQ2_XXS), blocks.shape[0]
+    q = f["qs"].reshape(n, 8, 8)
+    b = q[..., 4:].to(torch.int64)
+    aux = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    db = _half(f["d"]) * (0.5 + (aux >> 28).float()) * 0.25
+    signs = _parity_signs(torch.stack([(aux >> (7 * k)) & 127 for k in range(4)], dim=-1))
+    _signed_grid8(q[..., :4], _grid8(IQ2XXS_POINTS, IQ2_VALUES, blocks.device), signs, db, out)
+
+
+def _iq2_xs(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """32 uint16 words: a 9-bit grid point and a 7-bit sign group each; 16 4-bit scales."""
+    f, n = _fields(blocks, GGMLType.IQ2_XS), blocks.shape[0]
+    w = f["qs"].reshape(n, 32, 2).to(torch.int64)
+    w = w[..., 0] | (w[..., 1] << 8)
+    db = _nibble_scales(f["scales"], _half(f["d"]))
+    _signed_grid8(w & 511, _grid8(IQ2XS_POINTS, IQ2_VALUES, blocks.device), _parity_signs(w >> 9), db, out)
+
+
+def _iq2_s(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """32 grid points of 10 bits (a byte of qs, two bits of qh), a full sign byte each; 16 4-bit scales."""
+    f, n = _fields(blocks, GGMLType.IQ2_S), blocks.shape[0]
+    high = _spread(f["qh"], _CRUMB_SHIFTS, 0x03, _u8(blocks, n, 8, 4), dim=-1).view(n, 32)
+    codes = f["qs"].to(torch.int32) | (high.to(torch.int32) << 8)
+    signs = _spread(f["signs"], _BIT_SHIFTS, 0x01, _u8(blocks, n, 32, 8), dim=-1)
+    db = _nibble_scales(f["scales"], _half(f["d"]))
+    _signed_grid8(codes, _grid8(IQ2S_POINTS, IQ2_VALUES, blocks.device), signs, db, out)
+
+
+def _iq1_values(codes: torch.Tensor, delta: torch.Tensor, dl: torch.Tensor, out: torch.Tensor) -> None:
+    """out[value] = dl[sub-block] * (grid[codes][value] + delta[group]): ggml's order (the sum first)."""
+    n = out.shape[0]
+    grid = _grid8(IQ1S_POINTS, IQ1S_VALUES, out.device)
+    torch.index_select(grid, 0, codes.reshape(-1).to(torch.int32), out=out.view(-1, 8))
+    out.view(n, 32, 8).add_(delta.unsqueeze(-1))
+    out.view(n, dl.shape[1], -1).mul_(dl.unsqueeze(-1))
+
+
+def _iq1_s(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """8 sub-blocks of 32: four 11-bit grid points (qs bytes, 3 bits each of a uint16 qh), a 3-bit scale and the delta's sign."""
+    f, n = _fields(blocks, GGMLType.IQ1_S), blocks.shape[0]
+    h = f["qh"].reshape(n, 8, 2).to(torch.int64)
+    h = h[..., 0] | (h[..., 1] << 8)
+    codes = f["qs"].reshape(n, 8, 4).to(torch.int64) | (torch.stack([(h >> (3 * k)) & 7 for k in range(4)], dim=-1) << 8)
+    dl = _half(f["d"]) * (2 * ((h >> 12) & 7) + 1).float()
+    delta = torch.where((h & 0x8000) != 0, -0.125, 0.125).to(torch.float32).repeat_interleave(4, dim=1)
+    _iq1_values(codes, delta, dl, out)
+
+
+def _iq1_m(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """16 sub-blocks of 16: 3-bit scales in four uint16 words whose top nibbles hold the fp16 d; 11-bit grid points, a delta sign per 8."""
+    f, n = _fields(blocks, GGMLType.IQ1_M), blocks.shape[0]
+    w = f["scales"].reshape(n, 4, 2).to(torch.int64)
+    sc = w[..., 0] | (w[..., 1] << 8)
+    bits = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0xF0) | ((sc[:, 2] >> 4) & 0xF00) | (sc[:, 3] & 0xF000)
+    d = bits.to(torch.int16).view(torch.float16).float().unsqueeze(1)
+    s3 = torch.stack([(sc >> (3 * k)) & 7 for k in range(4)], dim=-1).reshape(n, 16)
+    dl = d * (2 * s3 + 1).float()
+    qh = f["qh"].to(torch.int64)
+    per = torch.stack([qh & 15, qh >> 4], dim=-1).reshape(n, 32)  # each group's 3 code bits and delta bit
+    codes = f["qs"].to(torch.int64) | ((per & 7) << 8)
+    delta = torch.where((per & 8) != 0, -0.125, 0.125).to(torch.float32)
+    _iq1_values(codes, delta, dl, out)
+
+
 _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.Q4_0: _q4_0,
     GGMLType.Q4_1: _q4_1,
@@ -326,6 +428,11 @@ _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.IQ3_S: _iq3_s,
     GGMLType.Q1_0: _q1_0,
     GGMLType.Q2_0: _q2_0,
+    GGMLType.IQ2_XXS: _iq2_xxs,
+    GGMLType.IQ2_XS: _iq2_xs,
+    GGMLType.IQ2_S: _iq2_s,
+    GGMLType.IQ1_S: _iq1_s,
+    GGMLType.IQ1_M: _iq1_m,
 }
 
 # Values per kernel call: the code buffers stay below glibc's mmap threshold, so they are recycled

@@ -206,6 +206,7 @@ VEC_DOT_TYPE: dict[str, str] = {
     "Q4_1": "Q8_1", "Q5_1": "Q8_1",
     "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "IQ4_XS": "Q8_K",
     "TQ1_0": "Q8_K", "TQ2_0": "Q8_K", "IQ3_XXS": "Q8_K", "IQ3_S": "Q8_K", "Q1_0": "Q8_0", "Q2_0": "Q8_0",
+    "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K", "IQ2_S": "Q8_K", "IQ1_S": "Q8_K", "IQ1_M": "Q8_K",
 }
 Q8_BLOCK, Q8_K_BLOCK = 32, 256
 
