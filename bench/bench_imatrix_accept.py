@@ -123,6 +123,7 @@ def main() -> int:
                       f"without imatrix {say(plain_best)}; with imatrix {say(im_best)}.",
                       f"Not measured (not writable at this commit): {', '.join(skipped) or 'none'}. "
                       f"Sweep {sweep_s:.0f} s.", ""]
+            args.out.write_text("\n".join(lines) + "\n")  # each drafter's table as soon as it is done
     lines.append(f"Total {time.perf_counter() - started:.0f} s on this machine (2 shared cores).")
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
