@@ -17,11 +17,19 @@ import numpy as np
 import torch
 
 from .drafter import Drafter
-from .encoders import encoder
+from .encoders import QUANTIZERS, encoder, takes_importance
 from .errors import DFlashError
 from .format.file_types import FILE_TYPES
 from .format.ggml import FLOAT_TYPE_NAMES, GGMLType, tensor_nbytes
-from .format.quant_types import GLOBAL_GROUPS, LAYER_GROUPS, TypeOverrides, not_quantized_reason, raised_type
+from .format.quant_types import (
+    GLOBAL_GROUPS,
+    LAYER_GROUPS,
+    RAISE_LADDER,
+    TypeOverrides,
+    not_quantized_reason,
+    raise_ladder,
+    raised_type,
+)
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
 from .plan import PlannedTensor, QuantizeOptions, parse_ftype, plan_tensor, quantize_planned
@@ -30,6 +38,7 @@ from .runtime.dequant import dequantize
 from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
 from .sources.features import FeaturesFile
 from .sources.gguf_drafter import read_drafter
+from .sources.imatrix import ImportanceMatrix
 from .target import Target
 from .tensor_source import n_rows
 
@@ -42,10 +51,11 @@ Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized 
 # --- the mix llama-quantize would write, and the flags that reproduce a mix
 
 
-def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], ...] = ()) -> list[PlannedTensor]:
-    """llama-quantize's plan for ``ftype`` with these --tensor-type items (our quantize's own rules)."""
+def mix_plan(d: Drafter, ftype: str, tensor_types: tuple[tuple[str, GGMLType], ...] = (),
+             imatrix: ImportanceMatrix | None = None) -> list[PlannedTensor]:
+    """llama-quantize's plan for ``ftype`` with these --tensor-type items (and --imatrix: its mix rules)."""
     source = [plan_tensor(t, GGMLType[t.dtype], copy=True) for t in d.tensors]
-    options = QuantizeOptions(types=TypeOverrides(tensor_types=tensor_types))
+    options = QuantizeOptions(types=TypeOverrides(tensor_types=tensor_types), imatrix=imatrix)
     planned, _ = quantize_planned(source, d, FILE_TYPES[parse_ftype(ftype)], where=Path(str(d.source)), options=options)
     return planned
 
@@ -60,12 +70,12 @@ def total_bytes(planned: list[PlannedTensor]) -> int:
     return sum(p.nbytes for p in planned)
 
 
-def recipe(d: Drafter, ftype: str, desired: Types) -> list[tuple[str, GGMLType]]:
+def recipe(d: Drafter, ftype: str, desired: Types, imatrix: ImportanceMatrix | None = None) -> list[tuple[str, GGMLType]]:
     """--tensor-type items under which llama-quantize's ``ftype`` mix gives every tensor its ``desired`` type (iterated: a pin moves the counters)."""
     pinned: Types = {}
     for _ in range(len(desired) + 1):
         items = _pin_items(pinned)
-        got = {p.tensor.gguf_name: p.ggml_type for p in mix_plan(d, ftype, tuple(items))}
+        got = {p.tensor.gguf_name: p.ggml_type for p in mix_plan(d, ftype, tuple(items), imatrix)}
         off = [n for n, t in desired.items() if got[n] != t]
         if not off:
             return items
@@ -107,13 +117,13 @@ class MixEvaluator:
     """Acceptance of any type assignment of one unquantized drafter file, without writing files."""
 
     def __init__(self, d: Drafter, target: Target | None, feats: FeaturesFile, n_max: int, *,
-                 device: torch.device | str = "cpu", like_cpu: bool = True) -> None:
+                 device: torch.device | str = "cpu", like_cpu: bool = True, imatrix: ImportanceMatrix | None = None) -> None:
         for t in d.tensors:
             if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in FLOAT_TYPE_NAMES:
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
         self.slots = feats.check_drafter(d, d.source, n_max)
-        self.d, self.feats, self.n_max, self.like_cpu = d, feats, n_max, like_cpu
+        self.d, self.feats, self.n_max, self.like_cpu, self.imatrix = d, feats, n_max, like_cpu, imatrix
         base = load_weights(d, target, device=device)
         base.decoded.clear()
         self.by = {t.gguf_name: t for t in d.tensors}
@@ -147,11 +157,23 @@ class MixEvaluator:
             enc = self._encoded.get(key)
             if enc is None:
                 raw = src.source.rows(0, n_rows(tuple(src.shape)))
-                enc = self._encoded[key] = np.ascontiguousarray(encoder(src.dtype, t)(raw)).view(np.uint8).reshape(-1)
+                enc = self._encoded[key] = np.ascontiguousarray(self._encoder(name, t)(raw)).view(np.uint8).reshape(-1)
                 self.quantized += 1
             v = dequantize(torch.from_numpy(enc.copy()).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
         self._values[key] = v
         return v
+
+    def _encoder(self, name: str, t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
+        """``name``'s encoder to ``t``, with its importance as quantize --imatrix passes it (plan.quantize_planned)."""
+        ne = tuple(reversed(self.by[name].shape))
+        importance = None if self.imatrix is None or not takes_importance(t) else self.imatrix.for_tensor(name, ne)
+        return encoder(self.by[name].dtype, t, row_length=ne[0], importance=importance)
+
+    def ladder(self, name: str) -> tuple[GGMLType, ...]:
+        """The types ``name`` is raised through: with an imatrix entry for it, the imatrix-only types too."""
+        if self.imatrix is None or self.imatrix.for_tensor(name, tuple(reversed(self.by[name].shape))) is None:
+            return RAISE_LADDER
+        return raise_ladder(QUANTIZERS)
 
     def retain(self, *states: Types) -> None:
         """Forget decoded values and contexts no state in ``states`` uses (the quantized bytes stay)."""
@@ -283,11 +305,12 @@ def tensor_groups(d: Drafter, names: set[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def raise_group(state: Types, names: list[str], ncols: dict[str, int]) -> Types | None:
-    """``state`` with each tensor of the group at its next candidate type; None when all are at the top."""
+def raise_group(state: Types, names: list[str], ncols: dict[str, int],
+                ladders: dict[str, tuple[GGMLType, ...]] | None = None) -> Types | None:
+    """``state`` with each tensor of the group at its next candidate type (on its ladder); None when all are at the top."""
     new, changed = dict(state), False
     for n in names:
-        up = raised_type(state[n], ncols[n])
+        up = raised_type(state[n], ncols[n], (ladders or {}).get(n, RAISE_LADDER))
         if up is not None:
             new[n], changed = up, True
     return new if changed else None
@@ -342,8 +365,9 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
     say = log or (lambda line: None)
     d = ev.d
     cal, held = split(len(ev.feats.sequences))
-    planned = mix_plan(d, ftype)
+    planned = mix_plan(d, ftype, imatrix=ev.imatrix)
     state = quantized_types(planned, d)
+    ladders = {n: ev.ladder(n) for n in state}
     ne = {p.tensor.gguf_name: p.ne for p in planned}
     ncols = {n: ne[n][0] for n in state}
     fixed_bytes = sum(p.nbytes for p in planned if p.tensor.gguf_name not in state)
@@ -364,7 +388,7 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
     reached = current.accept >= goal
     while not reached and (max_steps is None or len(steps) < max_steps):
         here = ev.expected_length(state, cal)
-        options = [(label, s) for label, names in groups if (s := raise_group(state, names, ncols)) is not None]
+        options = [(label, s) for label, names in groups if (s := raise_group(state, names, ncols, ladders)) is not None]
         if not options:
             break
         scored = []
@@ -380,7 +404,7 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
         say(f"  step {len(steps)}: raise {label}: {nbytes_of(state)} tensor bytes, calibration expected length "
             f"{steps[-1].calibration:.3f}, held-out accept {current.accept:.4f}")
         reached = current.accept >= goal
-    items = recipe(d, ftype, state)
+    items = recipe(d, ftype, state, ev.imatrix)
     return SearchResult(ftype, min_acceptance, baseline, plain, current, total_bytes(planned), nbytes_of(state),
                         fixed_bytes + sum(tensor_nbytes(t, ne[n]) for n, t in base_types.items()), state, items, reached,
                         cal, held, steps, ev.evaluations, ev.quantized, time.perf_counter() - started, ev.n_max)

@@ -16,7 +16,7 @@ import shlex
 import struct
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from .format.file_names import quantized_file_name
 from .format.file_types import FILE_TYPES, QUANT_TYPES
 from .format.ggml import GGMLType, tensor_nbytes
 from .format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE, key
-from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides
+from .format.quant_types import DEFAULT_SWEEP_TYPES, FTYPES, RAISE_LADDER, TypeOverrides, requires_imatrix
 from .metadata import Metadata
 from .outputs import TemporaryOutput, check_output_path
 from .pipeline import ChunkPipeline
@@ -208,9 +208,18 @@ class SweepRow:
     file_bytes: int
     tensor_bytes: int
     bits_per_weight: float  # 8 * tensor bytes / tensor elements
-    loop: LoopCount  # the live loop's count on every captured sequence
+    loop: LoopCount | None  # the live loop's count on every captured sequence; None: the type needs an imatrix
     pareto: bool = False  # no other row is as small and accepts as much, one of them strictly
     baseline: bool = False  # the input file itself
+    with_imatrix: SweepRow | None = None  # sweep --imatrix: the same type quantized with the imatrix
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row's sizes and counts as ``sweep --json`` prints them (counts null where the type needs an imatrix)."""
+        lp = self.loop
+        return {"type": self.file_type, "file_bytes": self.file_bytes, "tensor_bytes": self.tensor_bytes,
+                "bits_per_weight": self.bits_per_weight, "n_drafted": lp and lp.n_drafted, "n_accept": lp and lp.n_accept,
+                "accept": lp and lp.accept, "mean_accepted_per_step": lp and lp.mean_accepted, "pareto": self.pareto,
+                "input": self.baseline, "needs_imatrix": lp is None}
 
 
 @dataclass
@@ -223,6 +232,7 @@ class SweepReport:
     sequences: int
     numerics: str
     rows: list[SweepRow] = field(default_factory=list)
+    imatrix: str | None = None  # sweep --imatrix: the file, as given
 
     def to_json(self) -> str:
         """The sweep as ``sweep --json`` prints it."""
@@ -230,50 +240,90 @@ class SweepReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The sweep as the JSON object of ``sweep --json``."""
+        rows = [r.as_dict() | ({"imatrix": r.with_imatrix and r.with_imatrix.as_dict()} if self.imatrix else {})
+                for r in self.rows]
         return {"schema": SWEEP_SCHEMA, "source": str(self.source), "features": self.features, "n_max": self.n_max,
                 "new_tokens": self.new_tokens, "sequences": self.sequences, "numerics": self.numerics,
-                "rows": [{"type": r.file_type, "file_bytes": r.file_bytes, "tensor_bytes": r.tensor_bytes,
-                          "bits_per_weight": r.bits_per_weight, "n_drafted": r.loop.n_drafted,
-                          "n_accept": r.loop.n_accept, "accept": r.loop.accept,
-                          "mean_accepted_per_step": r.loop.mean_accepted, "pareto": r.pareto,
-                          "input": r.baseline} for r in self.rows]}
+                "imatrix": self.imatrix, "rows": rows}
 
     def render_text(self) -> str:
         """The sweep as a text table, the Pareto front marked with ``*``."""
+        head = f"  {'type':<8} {'file bytes':>12} {'tensor bytes':>13} {'bpw':>6} {'accept':>14} {'per step':>9}  pareto"
         lines = [f"sweep: {self.source} on {self.sequences} sequences of {self.features}, llama-speculative-simple's "
-                 f"greedy loop with --spec-draft-n-max {self.n_max} -n {self.new_tokens} ({self.numerics} numerics)",
-                 f"  {'type':<8} {'file bytes':>12} {'tensor bytes':>13} {'bpw':>6} {'accept':>8} {'per step':>9}  pareto"]
+                 f"greedy loop with --spec-draft-n-max {self.n_max} -n {self.new_tokens} ({self.numerics} numerics)"
+                 + (f"; with imatrix {self.imatrix}" if self.imatrix else ""),
+                 head + (f"  | imatrix: {'tensor bytes':>13} {'accept':>8} {'per step':>9}  pareto" if self.imatrix else "")]
         for r in self.rows:
-            mark = "*" if r.pareto else ""
-            lines.append(f"  {r.file_type + (' (in)' if r.baseline else ''):<8} {r.file_bytes:>12} {r.tensor_bytes:>13} "
-                         f"{r.bits_per_weight:>6.2f} {r.loop.accept * 100:>7.2f}% {r.loop.mean_accepted:>9.2f}  {mark}")
+            lp = r.loop
+            got = f"{lp.accept * 100:>13.2f}% {lp.mean_accepted:>9.2f}" if lp else f"{'needs imatrix':>14} {'':>9}"
+            line = (f"  {r.file_type + (' (in)' if r.baseline else ''):<8} {r.file_bytes:>12} {r.tensor_bytes:>13} "
+                    f"{r.bits_per_weight:>6.2f} {got}  {'*' if r.pareto else '':<6}")
+            w = r.with_imatrix
+            if w is not None and w.loop is not None:
+                line += (f"  | {'':>8} {w.tensor_bytes:>13} {w.loop.accept * 100:>7.2f}% {w.loop.mean_accepted:>9.2f}  "
+                         f"{'*' if w.pareto else ''}")
+            lines.append(line.rstrip())
         lines.append("  accept = n_accept / n_drafted; per step = drafted tokens accepted per verification; "
-                     "* = on the Pareto front (nothing smaller accepts as much)")
+                     "* = on the Pareto front (nothing smaller accepts as much)"
+                     + ("; each column's front among its own files and the input" if self.imatrix else ""))
         return "\n".join(lines)
 
 
 SWEEP_SCHEMA = "dflash-convert/sweep/v1"
 
 
+def pareto_rows(rows: list[SweepRow]) -> list[SweepRow]:
+    """The measured rows no other row dominates (as small or smaller and accepting as much or more, one strictly)."""
+    rows = [r for r in rows if r.loop is not None]
+    return [r for r in rows if not any(o is not r and o.tensor_bytes <= r.tensor_bytes and o.loop.accept >= r.loop.accept
+                                       and (o.tensor_bytes < r.tensor_bytes or o.loop.accept > r.loop.accept) for o in rows)]
+
+
 def mark_pareto(rows: list[SweepRow]) -> None:
-    """Mark the rows no other row dominates (as small or smaller and accepting as much or more, one strictly)."""
+    """Mark the rows on the Pareto front."""
+    front = pareto_rows(rows)
     for r in rows:
-        r.pareto = not any(o is not r and o.tensor_bytes <= r.tensor_bytes and o.loop.accept >= r.loop.accept
-                           and (o.tensor_bytes < r.tensor_bytes or o.loop.accept > r.loop.accept) for o in rows)
+        r.pareto = any(r is f for f in front)
+
+
+def imatrix_curve(report: SweepReport) -> list[SweepRow]:
+    """sweep --imatrix's second column with the input: the files quantized with the imatrix."""
+    return [r for r in report.rows if r.baseline] + [r.with_imatrix for r in report.rows if r.with_imatrix is not None]
+
+
+def mark_pareto_both(report: SweepReport) -> None:
+    """Each column's front: the plain files with the input, the imatrix files with the input (the input marked by the first)."""
+    mark_pareto(report.rows)
+    front = pareto_rows(imatrix_curve(report))
+    for r in report.rows:
+        if r.with_imatrix is not None:
+            r.with_imatrix.pareto = any(r.with_imatrix is f for f in front)
+
+
+def needs_imatrix(plan: QuantizePlan) -> bool:
+    """Whether llama-quantize refuses this plan's file without an imatrix (a tensor of a type that requires one)."""
+    return any(requires_imatrix(p.tensor.gguf_name, p.ggml_type, plan.ftype) for p in plan.tensors)
 
 
 def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] | tuple[str, ...] = DEFAULT_SWEEP_TYPES, *,
           target_model_dir: str | os.PathLike | None = None, target_gguf: str | os.PathLike | None = None,
           device: str = "auto", numerics: str = "cpu", threads: int | None = None,
-          log: Callable[[str], None] | None = None, allow_other_target: bool = False) -> SweepReport:
-    """Quantize ``src`` to each type (temporary files), measure each file's and the input's acceptance; Pareto front marked."""
+          log: Callable[[str], None] | None = None, allow_other_target: bool = False,
+          imatrix: str | None = None) -> SweepReport:
+    """Quantize ``src`` to each type (temporary files), measure each file's and the input's acceptance; Pareto front marked.
+    ``imatrix``: each type also quantized with it (a type that requires one only so)."""
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
+    with_im = quantize_options(imatrix=imatrix) if imatrix is not None else None  # read, its refusals, before measuring
     m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
                          allow_other_target=allow_other_target)
     feats, target, like_cpu = m.features, m.target, m.like_cpu
-    d = plan_quantize(src, Path(tempfile.gettempdir()) / "sweep.gguf", ftypes[0]).drafter  # reads and checks the input
+    tmp_out = Path(tempfile.gettempdir()) / "sweep.gguf"
+    d = plan_quantize(src, tmp_out, ftypes[0], options=with_im).drafter  # reads and checks the input
+    if with_im is not None:  # every type planned with it first: an entry that does not fit is refused before measuring
+        for ftype in ftypes:
+            plan_quantize(src, tmp_out, ftype, options=with_im)
     n_max = d.block_size - 1
     feats.check_drafter(d, src, n_max)
     # torch, only for the commands that run a drafter, once every input is read
@@ -282,7 +332,8 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
 
     dev = resolve_device(device)
     say = log or (lambda line: None)
-    report = SweepReport(Path(src), str(features), n_max, feats.new_tokens, len(feats.sequences), numerics)
+    report = SweepReport(Path(src), str(features), n_max, feats.new_tokens, len(feats.sequences), numerics,
+                         imatrix=None if imatrix is None else str(imatrix))
     elements = sum(math.prod(t.shape) for t in d.tensors)
     loop = file_acceptance(src, target, feats, n_max, device=dev, like_cpu=like_cpu)
     in_bytes = sum(tensor_nbytes(GGMLType[t.dtype], tuple(reversed(t.shape)) or (1,)) for t in d.tensors)
@@ -290,16 +341,28 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
                                 loop, baseline=True))
     say(f"  {report.rows[-1].file_type} (input): accept {loop.accept:.4f}")
     with tempfile.TemporaryDirectory(prefix="dflash-convert-sweep-") as tmp:
-        for ftype in ftypes:
+        def measured(ftype: str, options: QuantizeOptions | None) -> SweepRow:
             out = Path(tmp) / f"{ftype}.gguf"
-            plan = plan_quantize(src, out, ftype)
+            plan = plan_quantize(src, out, ftype, options=options)
             write_quantize(plan, progress=False, threads=threads)
             loop = file_acceptance(out, target, feats, n_max, device=dev, like_cpu=like_cpu)
-            report.rows.append(SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements,
-                                        loop))
+            row = SweepRow(ftype, out.stat().st_size, plan.total_bytes, 8 * plan.total_bytes / elements, loop)
             out.unlink()
-            say(f"  {ftype}: {plan.total_bytes} tensor bytes, accept {loop.accept:.4f}")
-    mark_pareto(report.rows)
+            say(f"  {ftype}{' with imatrix' if options is not None else ''}: {plan.total_bytes} tensor bytes, "
+                f"accept {loop.accept:.4f}")
+            return row
+
+        for ftype in ftypes:
+            if with_im is None:
+                report.rows.append(measured(ftype, None))
+                continue
+            w = measured(ftype, with_im)
+            needy = needs_imatrix(plan_quantize(src, Path(tmp) / "plan.gguf", ftype, options=with_im))
+            # llama-quantize refuses it without: the imatrix file's sizes, no count ("needs imatrix")
+            row = replace(w, loop=None) if needy else measured(ftype, None)
+            row.with_imatrix = w
+            report.rows.append(row)
+    mark_pareto_both(report) if with_im is not None else mark_pareto(report.rows)
     return report
 
 
@@ -322,15 +385,20 @@ def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = Fal
 
     path = check_output_path(out, [report.source, Path(report.features)], force=force)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    xs = [r.tensor_bytes / 2**20 for r in report.rows]
-    ys = [r.loop.accept * 100 for r in report.rows]
-    ax.scatter(xs, ys, c=["tab:red" if r.pareto else "tab:gray" for r in report.rows], zorder=3)
-    for x, y, r in zip(xs, ys, report.rows, strict=True):
-        ax.annotate(r.file_type + (" (in)" if r.baseline else ""), (x, y), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)
-    front = sorted((x, y) for x, y, r in zip(xs, ys, report.rows, strict=True) if r.pareto)
-    if front:
-        ax.plot([x for x, _ in front], [y for _, y in front], color="tab:red", lw=1, zorder=2, label="Pareto front")
+    curves = [("Pareto front", "tab:red", [r for r in report.rows if r.loop is not None])]
+    if report.imatrix:  # two curves: each column's front (the input on both)
+        curves = [("without imatrix", "tab:red", curves[0][2]), ("with imatrix", "tab:blue", imatrix_curve(report))]
+    for label, color, rows in curves:
+        front = pareto_rows(rows)
+        ax.scatter([r.tensor_bytes / 2**20 for r in rows], [r.loop.accept * 100 for r in rows],
+                   c=[color if any(r is f for f in front) else "tab:gray" for r in rows], zorder=3, s=16)
+        for r in rows:
+            ax.annotate(r.file_type + (" (in)" if r.baseline else ""), (r.tensor_bytes / 2**20, r.loop.accept * 100),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+        front.sort(key=lambda r: r.tensor_bytes)
+        if front:
+            ax.plot([r.tensor_bytes / 2**20 for r in front], [r.loop.accept * 100 for r in front], color=color, lw=1,
+                    zorder=2, label=label)
     ax.set_xlabel("tensor MiB")
     ax.set_ylabel("accepted drafted tokens (%)")
     ax.set_title(f"{report.source.name}: acceptance against size ({report.sequences} sequences)", fontsize=9)
@@ -369,10 +437,11 @@ class ChosenQuantize:
     search: Any  # mix_search.SearchResult
     tensor_types: list[str]  # the recipe, PATTERN=type each
     overrides: list[str]  # the --override-kv items recording it
+    imatrix_args: list[str] = field(default_factory=list)  # --imatrix FILE and its weight filters, as given
 
     def llama_quantize_args(self) -> list[str]:
         """llama-quantize's arguments that write this very file."""
-        args: list[str] = []
+        args: list[str] = list(self.imatrix_args)
         for item in self.tensor_types:
             args += ["--tensor-type", item]
         for item in self.overrides:
@@ -402,11 +471,16 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                             target_gguf: str | os.PathLike | None = None, device: str = "auto", numerics: str = "cpu",
                             force: bool = False, dry_run: bool = False, progress: bool = False, threads: int | None = None,
                             max_steps: int | None = None, log: Callable[[str], None] | None = None,
-                            allow_other_target: bool = False) -> ChosenQuantize:
-    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the held-out acceptance; refused when none does."""
+                            allow_other_target: bool = False, imatrix: str | None = None,
+                            include_weights: list[str] | None = None,
+                            exclude_weights: list[str] | None = None) -> ChosenQuantize:
+    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the held-out acceptance; refused when none does.
+    ``imatrix``: every quantization made with it, and the ladder takes the types that need one."""
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
-    plain = plan_quantize(src, out, qtype)  # the input and the output path checked before any measuring
+    weights = {"imatrix": imatrix, "include_weights": include_weights, "exclude_weights": exclude_weights}
+    with_im = quantize_options(**weights)  # read once; its refusals (and an entry that fits no tensor) come first
+    plain = plan_quantize(src, out, qtype, options=with_im)  # the input and the output path checked before any measuring
     check_output_path(plain.output, [src, features], force=force)
     m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
                          allow_other_target=allow_other_target)
@@ -416,7 +490,8 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
     from .mix_search import MixEvaluator, search_mix
     from .runtime.device import resolve_device
 
-    ev = MixEvaluator(d, m.target, m.features, d.block_size - 1, device=resolve_device(device), like_cpu=m.like_cpu)
+    ev = MixEvaluator(d, m.target, m.features, d.block_size - 1, device=resolve_device(device), like_cpu=m.like_cpu,
+                      imatrix=with_im.imatrix)
     res = search_mix(ev, plain.ftype, min_acceptance, max_steps=max_steps, log=log)
     res.n_max = d.block_size - 1
     if not res.reached:
@@ -427,13 +502,17 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                           f"({res.relative:.4f}); nothing written", src)
     items = [f"{p}={t.name.lower()}" for p, t in res.recipe]
     overrides = chosen_overrides(res)
-    plan = plan_quantize(src, plain.output, qtype, options=quantize_options(tensor_types=items, override_kv=overrides))
+    plan = plan_quantize(src, plain.output, qtype,
+                         options=quantize_options(tensor_types=items, override_kv=overrides, **weights))
     got = {p.tensor.gguf_name: p.ggml_type for p in plan.tensors}
     if any(got[n] != t for n, t in res.types.items()):  # the recipe reproduces the search's types, or nothing is written
         raise AssertionError("the recipe does not reproduce the chosen types")
     if not dry_run:
         write_quantize(plan, force=force, progress=progress, threads=threads)
-    return ChosenQuantize(plan, res, items, overrides)
+    im_args = [] if imatrix is None else ["--imatrix", str(imatrix)]
+    im_args += [a for w in include_weights or () for a in ("--include-weights", w)]
+    im_args += [a for w in exclude_weights or () for a in ("--exclude-weights", w)]
+    return ChosenQuantize(plan, res, items, overrides, im_args)
 
 
 __all__ = ["DEFAULT_SWEEP_TYPES", "FTYPES", "QUANT_TYPES", "ChosenQuantize", "QuantizePlan", "SweepReport", "SweepRow",

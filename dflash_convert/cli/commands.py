@@ -28,8 +28,7 @@ _THREADS = option("threads", "--threads", type=int, minimum=1, help="Encoder thr
 _REPO = "org/name[@revision]"
 # what quantize --min-acceptance chooses itself: none of these go with it
 _PER_TENSOR = ("keep_types", "tensor_types", "tensor_type_file", "output_tensor_type", "token_embedding_type",
-               "leave_output_tensor", "pure", "override_kv", "prune_layers", "allow_requantize", "skip_validation",
-               "imatrix", "include_weights", "exclude_weights")
+               "leave_output_tensor", "pure", "override_kv", "prune_layers", "allow_requantize", "skip_validation")
 
 COMMANDS: tuple[Command, ...] = (
     Command("convert", handlers.convert, "Convert a DFlash drafter (z-lab or speculators format) to llama.cpp's dflash GGUF.", (
@@ -137,6 +136,8 @@ COMMANDS: tuple[Command, ...] = (
                help="cpu: round as llama.cpp's CPU backend; exact: float32."),
         flag("json_out", "--json", help="Print the table as JSON."),
         option("plot", "--plot", type=Path, metavar="FILE.png", help="Draw acceptance against size (needs matplotlib)."),
+        option("imatrix", "--imatrix", metavar="FILE", help="Also measure each type quantized with this importance matrix "
+               "(a second column and curve; the types that need one only there)."),
         _THREADS,
         flag("force", "--force", help="Replace an existing plot file."),
         _ALLOW_OTHER_TARGET,

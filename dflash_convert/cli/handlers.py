@@ -103,7 +103,9 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
     """quantize: plan the mix (printed with --dry-run), write it; with --min-acceptance, choose it by acceptance."""
     quiet_logs(quiet)
     if min_acceptance is not None:
-        return quantize_for_acceptance(src, out, qtype, features, min_acceptance, threads, dry_run, force, quiet, target)
+        weights = {k: per_tensor.get(k) for k in ("imatrix", "include_weights", "exclude_weights")}
+        return quantize_for_acceptance(src, out, qtype, features, min_acceptance, threads, dry_run, force, quiet,
+                                       target | weights)
     from ..quantize import plan_quantize, quantize_options, write_quantize  # the encoders, gguf-py: only when quantizing
 
     with command_errors(out):

@@ -9,7 +9,7 @@ refuses an unknown type name (``resolve_ftype``) and nothing else. Specification
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from .file_types import FILE_TYPES, FTYPE_ALIASES
@@ -464,9 +464,15 @@ def fitting_type(ncols: int, t: GGMLType) -> GGMLType:
     return _fallback(ncols, t)[0]
 
 
-def raised_type(current: GGMLType, ncols: int) -> GGMLType | None:
-    """The first RAISE_LADDER type above ``current`` with more bits per weight after the block fallback; None at the top."""
-    for t in RAISE_LADDER:
+def raise_ladder(writable: Collection[GGMLType] = ()) -> tuple[GGMLType, ...]:
+    """RAISE_LADDER with, by bits per weight, the ``writable`` types only an imatrix makes usable (IMATRIX_REQUIRED in any file type)."""
+    extra = [t for t, only_in in IMATRIX_REQUIRED.items() if only_in is None and t in writable and t not in RAISE_LADDER]
+    return tuple(sorted((*RAISE_LADDER, *extra), key=bits_per_weight))
+
+
+def raised_type(current: GGMLType, ncols: int, ladder: Sequence[GGMLType] = RAISE_LADDER) -> GGMLType | None:
+    """The first ``ladder`` type above ``current`` with more bits per weight after the block fallback; None at the top."""
+    for t in ladder:
         fit = fitting_type(ncols, t)
         if bits_per_weight(fit) > bits_per_weight(current):
             return fit
