@@ -13,7 +13,8 @@ The cost bound the search keeps: each (tensor, type) is quantized once (its byte
 decoded values only for the current mix); each sequence's context K/V is computed once per layer
 and per types of fc and that layer's K/V projections; only the live loop's anchors are drafted.
 
-    python bench/bench_search.py [--which trained,full-size] [--steps 1] [--new-tokens 8]
+    python bench/bench_search.py [--which trained,full-size] [--steps 1] [--new-tokens 8] [--sequences 2]
+                                 [--device cpu|cuda] [--results bench/results-search.md]
 """
 
 from __future__ import annotations
@@ -95,10 +96,11 @@ def full_size(args: argparse.Namespace, tmp: Path) -> dict:
     inputs = full_size_inputs(["F16"])
     target_dir = inputs.target
     d = read_drafter(inputs.ggufs["F16"])
-    feats = read_features(synthetic_features(tmp / "features.safetensors", d, 2, args.context, args.new_tokens))
+    feats = read_features(synthetic_features(tmp / "features.safetensors", d, args.sequences, args.context,
+                                             args.new_tokens))
     target = read_target(target_dir)
     t0 = time.perf_counter()
-    ev = MixEvaluator(d, target, feats, d.block_size - 1)
+    ev = MixEvaluator(d, target, feats, d.block_size - 1, device=args.device)
     init_s = time.perf_counter() - t0
     state = quantized_types(mix_plan(d, args.start), d)
     t0 = time.perf_counter()
@@ -123,7 +125,7 @@ def full_size(args: argparse.Namespace, tmp: Path) -> dict:
                 ev.expected_length(candidate, [0])
                 ev.retain(state)
     step_s = (time.perf_counter() - t0) / args.steps
-    return {"layers": d.n_layers, "hidden": d.hidden_size, "sequences": 2, "new_tokens": args.new_tokens,
+    return {"layers": d.n_layers, "hidden": d.hidden_size, "sequences": args.sequences, "new_tokens": args.new_tokens,
             "context": args.context, "start": args.start, "load_s": init_s, "start_mix_s": start_s,
             "measurement_s": measure_s, "steps": args.steps, "groups": len(groups), "step_s": step_s,
             "step_measurements": ev.evaluations - before[0], "step_quantized": ev.quantized - before[1],
@@ -139,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--new-tokens-trained", type=int, default=64)
+    ap.add_argument("--sequences", type=int, default=2, help="full-size: synthetic sequences (the search needs 2)")
+    ap.add_argument("--device", default="cpu", help="full-size: where the search's drafts run (cpu or cuda)")
+    ap.add_argument("--results", type=Path, default=REPO / "bench" / "results-search.md")
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     out: dict = {}
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if "full-size" in out:
         f = out["full-size"]
         lines += ["## Full-size synthetic drafter (Qwen3.6-27B shapes, F16, 3.3 GB)", "",
-                  f"{f['layers']} layers, hidden {f['hidden']}; synthetic features: 2 sequences of {f['context']} context "
+                  f"{f['layers']} layers, hidden {f['hidden']}; synthetic features: {f['sequences']} sequences of {f['context']} context "
                   f"+ {f['new_tokens']} new tokens (a random drafter accepts nothing: {f['drafted_per_measurement']} "
                   "drafts per measurement).", "",
                   "| what | seconds |", "|---|---|",
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"quantized) | {f['step_s']:.1f} |", "",
                   "A random drafter accepts nothing, so the search itself would stop at once (0 >= 0.98 x 0); the step "
                   "is timed as the search runs it. A search of S steps costs about start + S x step."]
-    (REPO / "bench" / "results-search.md").write_text("\n".join(lines))
+    args.results.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -1,0 +1,155 @@
+"""Benchmark: a whole ``sweep`` and a two-step ``quantize --min-acceptance`` search at full size (issue 33).
+
+Inputs: bench/_common.py's full-size synthetic drafter (Qwen3.6-27B drafter shapes) as its F16 GGUF, its
+full-size BF16 target embedding and head, and synthetic features (bench_search's ``synthetic_features``:
+``--sequences`` of ``--context`` prompt + ``--new-tokens`` positions). Each command runs as a child under
+GNU time -v (wall, peak RSS): ``dflash-convert sweep F16.gguf --features F --types ... --json`` (the F16
+input row and each type), then ``bench_search.py --which full-size --steps 2`` from Q2_K, reported as
+start + 2 x step (a random drafter accepts nothing, so the CLI's search would stop at once).
+Cost: accepting nothing, each sequence visits one live-loop anchor per new token, 24 x 64 = 1536 anchors
+per type; at the 1.0-1.5 anchors/s of ``accept`` here (bench/results-accept.md) a 9-type sweep takes
+9 x 1536 / 1.5 s = 2.6 h (3.8 h at 1.0). Goal: under 60 min, peak RSS under 12 GB. Writes bench/results-sweep.md.
+
+    python bench/bench_sweep.py [--sequences 24] [--new-tokens 64] [--context 64] [--types Q8_0,...]
+                                [--device cpu|cuda] [--results PATH] [--skip-search]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from _common import full_size  # noqa: E402
+from bench_search import synthetic_features  # noqa: E402
+
+from dflash_convert.format.quant_types import DEFAULT_SWEEP_TYPES  # noqa: E402
+from dflash_convert.sources.gguf_drafter import read_drafter  # noqa: E402
+
+GNU_TIME = "/usr/bin/time"
+GOAL_S, GOAL_RSS_MB = 3600, 12 * 1024  # issue 33: under an hour, peak RSS under 12 GB
+SEARCH_STEPS = 2
+# without GNU time (a bare GPU machine): the same wait4 from a small process, so the command is not billed this
+# process's high-water mark (Linux keeps it across exec); written as GNU time -v writes it
+RUSAGE = ("import os, subprocess, sys\np = subprocess.Popen(sys.argv[2:])\n_, st, ru = os.wait4(p.pid, 0)\n"
+          "open(sys.argv[1], 'w').write(f'Maximum resident set size (kbytes): {ru.ru_maxrss}\\n')\n"
+          "sys.exit(os.waitstatus_to_exitcode(st))")
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run ``cmd`` as a child: wall s, peak RSS MB (GNU time -v) and its stdout; its stderr passes through."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+        wrap = [GNU_TIME, "-v", "-o", tf.name] if os.access(GNU_TIME, os.X_OK) else [sys.executable, "-c", RUSAGE, tf.name]
+        print("$", shlex.join(cmd), flush=True)
+        t0 = time.perf_counter()
+        r = subprocess.run(wrap + cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        wall = time.perf_counter() - t0
+        rss_kb = [int(x.rsplit(":", 1)[1]) for x in tf.read().splitlines() if "Maximum resident set size" in x]
+    if r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}")
+    print(f"  {wall:.1f} s, peak RSS {rss_kb[0] / 1024:.0f} MB", flush=True)
+    return {"cmd": cmd, "wall_s": wall, "rss_mb": rss_kb[0] / 1024, "stdout": r.stdout}
+
+
+def _machine(device: str) -> str:
+    cpu = f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), {platform.platform()}"
+    if device != "cuda" or not shutil.which("nvidia-smi"):  # no torch.cuda here: its context would sit in the GPU peak
+        return cpu
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return f"{gpu.stdout.strip() or 'CUDA'}; {cpu}"
+
+
+def _goal(wall_s: float, rss_mb: float) -> str:
+    ok = wall_s < GOAL_S and rss_mb < GOAL_RSS_MB
+    return f"goal under {GOAL_S // 60} min, peak RSS under {GOAL_RSS_MB // 1024} GB: **{'met' if ok else 'not met'}**"
+
+
+def _command(run: dict[str, Any]) -> str:
+    words = [Path(a).name for a in run["cmd"][1:]]  # paths as their names
+    return "`" + shlex.join(["dflash-convert", *words[2:]] if words[0] == "-m" else ["python", *words]) + "`"
+
+
+def report(args: argparse.Namespace, sweep: dict[str, Any], search: dict[str, Any] | None) -> str:
+    """bench/results-sweep.md: settings, the sweep's table, its and the search's wall time and peak RSS."""
+    rep = sweep["report"]
+    lines = ["# `sweep` and `quantize --min-acceptance` on the full-size drafter", "",
+             f"Machine: {_machine(args.device)}; device {args.device}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
+             f"Drafter: the full-size synthetic Qwen3.6-27B drafter as F16 (random weights), full-size BF16 target embedding "
+             f"and head (248320 x 5120). Features: {rep['sequences']} synthetic sequences of {args.context} prompt + "
+             f"{rep['new_tokens']} new tokens, n_max {rep['n_max']}, {rep['numerics']} numerics. A random drafter accepts "
+             f"nothing: one live-loop anchor per new token, {rep['sequences'] * rep['new_tokens']} per type.", "",
+             f"## sweep: {len(rep['rows'])} rows", "", _command(sweep), "",
+             "| type | file bytes | bits/weight | accept | drafted | accepted |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rep["rows"]:
+        acc = "needs imatrix" if r["accept"] is None else f"{r['accept']:.4f}"
+        lines.append(f"| {r['type']}{' (input)' if r['input'] else ''} | {r['file_bytes']:,} | {r['bits_per_weight']:.2f} | "
+                     f"{acc} | {r['n_drafted']} | {r['n_accept']} |")
+    lines += ["", f"Wall **{sweep['wall_s'] / 60:.1f} min** ({sweep['wall_s']:.0f} s), peak RSS **{sweep['rss_mb']:.0f} MB**; "
+              + _goal(sweep["wall_s"], sweep["rss_mb"]) + "."]
+    if search is not None:
+        s = search["report"]
+        est = s["load_s"] + s["start_mix_s"] + SEARCH_STEPS * s["step_s"]
+        lines += ["", f"## quantize --min-acceptance 0.98 from {s['start']}: {SEARCH_STEPS} search steps", "", _command(search), "",
+                  "| what | seconds |", "|---|---:|",
+                  f"| read the F16 file, load the target head | {s['load_s']:.1f} |",
+                  f"| quantize + decode the {s['start']} mix, first measurement (start) | {s['start_mix_s']:.1f} |",
+                  f"| one search step ({s['groups']} groups, {s['step_measurements'] // s['steps']} measurements) | {s['step_s']:.1f} |",
+                  f"| **load + start + {SEARCH_STEPS} x step** | **{est:.1f}** |", "",
+                  f"The process: wall {search['wall_s']:.0f} s (also one extra timed measurement, "
+                  f"{s['measurement_s']:.1f} s), peak RSS **{search['rss_mb']:.0f} MB**; " + _goal(est, search["rss_mb"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sequences", type=int, default=24)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--types", default=",".join(DEFAULT_SWEEP_TYPES), help="quantized types (the F16 input is a row too)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--results", type=Path, default=REPO / "bench" / "results-sweep.md")
+    ap.add_argument("--skip-search", action="store_true")
+    args = ap.parse_args(argv)
+
+    setup = full_size(["F16"])
+    f16 = setup.ggufs["F16"]
+    # the CLI's torch uses every core; bench_search's defaults to 1 thread
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "BENCH_THREADS": os.environ.get("BENCH_THREADS", str(os.cpu_count()))}
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        feats = synthetic_features(Path(tmp) / "features.safetensors", read_drafter(f16), args.sequences, args.context,
+                                   args.new_tokens)
+        sweep = timed([sys.executable, "-m", "dflash_convert.cli", "sweep", str(f16), "--features", str(feats),
+                       "--target-model-dir", str(setup.target), "--allow-other-target", "--types", args.types,
+                       "--device", args.device, "--json"], env)
+        sweep["report"] = json.loads(sweep.pop("stdout"))
+        args.results.write_text(report(args, sweep, None))  # the sweep's table now, should the search be cut short
+        search = None
+        if not args.skip_search:
+            search = timed([sys.executable, str(REPO / "bench" / "bench_search.py"), "--which", "full-size",
+                            "--steps", str(SEARCH_STEPS), "--sequences", str(args.sequences), "--new-tokens",
+                            str(args.new_tokens), "--context", str(args.context), "--device", args.device,
+                            "--results", str(Path(tmp) / "results-search.md")], env)
+            line = next(x for x in search.pop("stdout").splitlines() if x.startswith("full-size "))
+            search["report"] = json.loads(line.split(" ", 1)[1])
+    text = report(args, sweep, search)
+    args.results.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
