@@ -17,9 +17,10 @@ child process of the same run, one after the other, and reports:
   ``fc``, K and V amortised over the anchors), in float32 and with the head in bf16, timed in the
   same process right after the drafts, as anchors per second.
 
-Both trees must draft the same tokens (checked). Writes bench/results-accept.md.
+Both trees must draft the same tokens (checked). Writes bench/results-accept.md (``--device cuda``:
+results-accept-cuda.md, every clock read after a CUDA synchronize).
 
-    python bench/bench_accept.py [--context 512] [--anchors 32] [--batch 16] [--before /tmp/before]
+    python bench/bench_accept.py [--context 512] [--anchors 32] [--batch 16] [--before /tmp/before] [--device cuda]
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ REPO = Path(__file__).resolve().parent.parent
 HEAD_CHUNK = 16384  # rows of the head per timed matmul (the whole head in float32 would be 5 GB)
 
 
-def _timers(acc, w, ws) -> dict[str, float]:
+def _timers(acc, w, ws, sync) -> dict[str, float]:
     """Wrap the phases of ``acc`` (runtime.accept) and ``ws`` (runtime.weights) in timers; returns the totals."""
     t = {"context": 0.0, "layers": 0.0, "head": 0.0}
     state = {"in_context": False}
 
     def timed(fn, key):
         def wrapper(*a, **k):
+            sync()
             t0 = time.perf_counter()
             state["in_context"] |= key == "context"
             try:
@@ -54,6 +56,7 @@ def _timers(acc, w, ws) -> dict[str, float]:
             finally:
                 if key == "context":
                     state["in_context"] = False
+                sync()
                 t[key] += time.perf_counter() - t0
         return wrapper
 
@@ -69,8 +72,10 @@ def _timers(acc, w, ws) -> dict[str, float]:
         """The layer list; iterating it outside the context pass is the block rows' way through the layers."""
 
         def __iter__(self):
+            sync()
             t0 = time.perf_counter()
             yield from list.__iter__(self)
+            sync()
             if not state["in_context"]:
                 t["layers"] += time.perf_counter() - t0
 
@@ -78,29 +83,35 @@ def _timers(acc, w, ws) -> dict[str, float]:
     return t
 
 
-def _limit(torch, w, n_rows_blk: int, n_rows_head: int, L: int, n_anchors: int, batch: int) -> dict[str, float]:
+def _limit(torch, w, n_rows_blk: int, n_rows_head: int, L: int, n_anchors: int, batch: int, sync) -> dict[str, float]:
     """Seconds of a plain torch.matmul of every shape one pass of ``batch`` anchors makes (context amortised)."""
 
     def clock(a, b) -> float:
         torch.matmul(a, b)  # warm
+        sync()
         t0 = time.perf_counter()
         torch.matmul(a, b)
+        sync()
         return time.perf_counter() - t0
 
     g = torch.Generator().manual_seed(1)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(w.device)
+
     layer = 0.0
     lw = w.layers[0]
     for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.gate, lw.up, lw.down):
         if m is not None:
-            layer += clock(torch.randn(n_rows_blk, m.shape[1], generator=g), m.T)
+            layer += clock(randn(n_rows_blk, m.shape[1]), m.T)
     V, E = w.head.shape
-    chunk = torch.randn(HEAD_CHUNK, E, generator=g)
-    xh = torch.randn(n_rows_head, E, generator=g)
+    chunk = randn(HEAD_CHUNK, E)
+    xh = randn(n_rows_head, E)
     head32 = clock(xh, chunk.T) * V / HEAD_CHUNK
     head16 = clock(xh.bfloat16(), chunk.bfloat16().T) * V / HEAD_CHUNK
     del chunk
-    ctx = clock(torch.randn(L, w.fc.shape[1], generator=g), w.fc.T)
-    xe = torch.randn(L, E, generator=g)
+    ctx = clock(randn(L, w.fc.shape[1]), w.fc.T)
+    xe = randn(L, E)
     ctx += sum(clock(xe, m.T) for m in (lw.wk, lw.wv) if m is not None) * len(w.layers)
     return {"layers": layer * len(w.layers), "head_f32": head32, "head_bf16": head16,
             "context": ctx * batch / n_anchors}
@@ -118,9 +129,12 @@ def worker(args: argparse.Namespace) -> int:
     from dflash_convert.sources.target import read_target
 
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # CUDA runs ahead of the host's clock
     d = read_drafter(Path(args.gguf))
     t0 = time.perf_counter()
-    w = ws.load_weights(d, read_target(Path(args.target)))
+    w = ws.load_weights(d, read_target(Path(args.target)), device=device)
+    sync()
     load_s = time.perf_counter() - t0
     n_max = d.block_size - 1
     L = args.context + args.anchors
@@ -131,15 +145,18 @@ def worker(args: argparse.Namespace) -> int:
     drafts_of = acc.gguf_drafts(d, w, n_max, like_cpu=True, batch=args.batch)
     t0 = time.perf_counter()
     drafts_of(feats[:args.context // 2 + 1], tokens, [args.context // 2])  # first-use caches (a head copy)
+    sync()
     warm_s = time.perf_counter() - t0
-    t = _timers(acc, w, ws)
+    t = _timers(acc, w, ws, sync)
     t0 = time.perf_counter()
-    drafted = drafts_of(feats, tokens, anchors)
+    drafted = drafts_of(feats, tokens, anchors).cpu()
     total = time.perf_counter() - t0
-    limit = _limit(torch, w, args.batch * d.block_size, args.batch * n_max, L, len(anchors), args.batch)
+    limit = _limit(torch, w, args.batch * d.block_size, args.batch * n_max, L, len(anchors), args.batch, sync)
     out = {"code": args.code or str(REPO), "load_s": load_s, "warm_s": warm_s, "seconds": total, "anchors": len(anchors),
            "phases": t, "limit": limit, "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "drafts_sha256": hashlib.sha256(drafted.numpy().tobytes()).hexdigest(), "n_max": n_max}
+           "drafts_sha256": hashlib.sha256(drafted.numpy().tobytes()).hexdigest(), "n_max": n_max, "device": args.device}
+    if device.type == "cuda":
+        out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     Path(args.json).write_text(json.dumps(out))
     return 0
 
@@ -164,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the drafts run")
     ap.add_argument("--before", help="a directory holding an older dflash_convert package to time first")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--code", help=argparse.SUPPRESS)
@@ -185,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / f"{len(results)}.json"
             cmd = [sys.executable, __file__, "--worker", "--gguf", str(setup.ggufs["F16"]), "--target", str(setup.target),
                    "--json", str(out), "--context", str(args.context), "--anchors", str(args.anchors),
-                   "--batch", str(args.batch), "--threads", str(args.threads)] + (["--code", code] if code else [])
+                   "--batch", str(args.batch), "--threads", str(args.threads), "--device", args.device] + (["--code", code] if code else [])
             env = dict(os.environ, PYTHONPATH=code or str(REPO))
             subprocess.run(cmd, check=True, env=env)
             results.append((name, json.loads(out.read_text())))
@@ -194,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     same = len({r["drafts_sha256"] for _, r in results}) == 1
     lines = ["# `accept`: anchors per second on the full-size drafter, against the matmul limit", "",
              f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), torch {r0['torch']} with "
-             f"{r0['threads']} threads, {platform.platform()}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
+             f"{r0['threads']} threads, {platform.platform()}, device {args.device}; "
+             f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
              f"Drafter: {setup.checkpoint.name} as F16 ({setup.ggufs['F16'].name}), full-size BF16 target embedding and "
              f"head (248320 x 5120); one sequence of {args.context + args.anchors} positions, {args.anchors} anchors after "
              f"{args.context} context rows, n_max {r0['n_max']}, batch {args.batch}, `accept`'s CPU numerics "
@@ -209,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += _row(name, r, args.batch)
     lines += ["", f"Both trees drafted the same tokens: {'yes' if same else 'NO'}. Weights loaded in "
               + ", ".join(f"{r['load_s']:.1f} s" for _, r in results) + "; the warm-up anchor (first-use caches) took "
-              + ", ".join(f"{r['warm_s']:.1f} s" for _, r in results) + " (neither counted).", ""]
+              + ", ".join(f"{r['warm_s']:.1f} s" for _, r in results) + " (neither counted)."
+              + "".join(f" GPU peak (torch) {r['gpu_peak_mb']:.0f} MB ({name})." for name, r in results if "gpu_peak_mb" in r), ""]
     text = "\n".join(lines)
     print(text)
-    (REPO / "bench" / "results-accept.md").write_text(text)
+    (REPO / "bench" / ("results-accept.md" if args.device == "cpu" else f"results-accept-{args.device}.md")).write_text(text)
     return 0 if same else 1
 
 

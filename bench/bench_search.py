@@ -117,13 +117,17 @@ def full_size(args: argparse.Namespace, tmp: Path) -> dict:
     groups = tensor_groups(d, set(state))
     before = (ev.evaluations, ev.quantized)
     t0 = time.perf_counter()
-    ev.expected_length(state, [0])
     for _ in range(args.steps):
+        here, best = ev.expected_length(state, [0]), None
         for _label, names in groups:
             candidate = raise_group(state, names, ncols)
             if candidate is not None:
-                ev.expected_length(candidate, [0])
+                gain = ev.expected_length(candidate, [0]) - here
+                best = (gain, candidate) if best is None or gain > best[0] else best
                 ev.retain(state)
+        # the next step raises from the chosen mix, as the search does (the same candidates again would be memoised)
+        state = best[1]
+        ev.retain(state)
     step_s = (time.perf_counter() - t0) / args.steps
     return {"layers": d.n_layers, "hidden": d.hidden_size, "sequences": args.sequences, "new_tokens": args.new_tokens,
             "context": args.context, "start": args.start, "load_s": init_s, "start_mix_s": start_s,
