@@ -8,9 +8,11 @@
 #      and GPU peak memory (nvidia-smi's memory.used every 200 ms: check reports none);
 #   3. accept (issue 33): bench/bench_accept.py --device cuda, anchors per second against the matmul
 #      limit, torch's GPU peak;
-#   4. sweep (issue 33): bench/bench_sweep.py --device cuda, the sweep of the nine published types and
-#      the two-step quantize --min-acceptance search, SWEEP_SEQUENCES x SWEEP_NEW_TOKENS (2 x 8 here,
-#      24 x 64 on the CPU: the GPU's anchors cost little, its time goes to quantizing and loading);
+#   4. sweep (issue 33): bench/bench_sweep.py --device cuda, the sweep of the nine published types,
+#      SWEEP_SEQUENCES x SWEEP_NEW_TOKENS (2 x 8 here, 24 x 64 on the CPU: the GPU's anchors cost little,
+#      its time goes to quantizing and loading). The two-step quantize --min-acceptance search only with
+#      SWEEP_SEARCH=1: its steps are mostly the search's CPU quantizing, on one thread (200 s a step on this
+#      project's 2-core machine at 2 x 2 tokens), which a GPU does not shorten and ten minutes do not hold;
 #   5. timing (issue 9): bench/bench_check.py --device cuda at F16 and Q4_K_M: load (read + dequantize
 #      on the GPU), one draft's time, drafted blocks per second.
 #
@@ -31,7 +33,7 @@
 # later ones are skipped, so the script ends within ten minutes with what it got, issue 33's figures
 # first. STEPS picks steps (default tests,check,accept,sweep,timing);
 # BLOCKS, CONTEXT, ACCEPT_ANCHORS, SWEEP_SEQUENCES, SWEEP_NEW_TOKENS, SWEEP_CONTEXT, SWEEP_TYPES and
-# SWEEP_SKIP_SEARCH=1 override settings.
+# SWEEP_SEARCH=1 (with STEPS=sweep, or a larger BUDGET_S on a longer lease) override settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/gpu-out}"
@@ -118,11 +120,11 @@ if want accept; then
     cp bench/results-accept-cuda.md "$OUT/" 2> /dev/null || true
 fi
 
-# 4. the sweep and the search on CUDA (bench_sweep writes its table after the sweep, again after the search)
+# 4. the sweep on CUDA, the search with SWEEP_SEARCH=1 (bench_sweep writes its table after each)
 if want sweep; then
     timed sweep 270 python3 bench/bench_sweep.py --device cuda --sequences "${SWEEP_SEQUENCES:-2}" \
         --new-tokens "${SWEEP_NEW_TOKENS:-8}" --context "${SWEEP_CONTEXT:-64}" ${SWEEP_TYPES:+--types "$SWEEP_TYPES"} \
-        ${SWEEP_SKIP_SEARCH:+--skip-search} --results "$OUT/results-sweep-cuda.md"
+        $([ "${SWEEP_SEARCH:-0}" = 1 ] || echo --skip-search) --results "$OUT/results-sweep-cuda.md"
 fi
 
 # 5. the timing of issue 9
