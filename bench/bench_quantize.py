@@ -40,7 +40,8 @@ TARGETS = {**{t: 1.0 for t in ALL_TYPES}, **{t: FAST_GOAL for t in ("Q4_K_S", "Q
 # run twice more (A/B in turn) and the medians are reported
 CLOSE_CALL = 0.8
 # issue #30 item 5: with --imatrix, at most 0.8x for the K-quants and IQ4_XS, 1.0x for the IQ1/IQ2/IQ3 types and Q2_K_S
-IMATRIX_TYPES = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q2_K_S")
+IMATRIX_TYPES = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "Q2_K_S",
+                 "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M")
 IMATRIX_TARGETS = {**{t: 1.0 for t in IMATRIX_TYPES}, **{t: FAST_GOAL for t in IMATRIX_TYPES[:6]}, "rss_mb": 300}
 ONE_PASS_GOAL = 0.6  # checkpoint -> Q4_K_M in one pass against upstream convert --outtype bf16 + llama-quantize
 
