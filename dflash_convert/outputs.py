@@ -1,9 +1,8 @@
 """Where a command may write, and how: never over an input, never over an existing file without --force.
 
-An output may not be a file the command reads (by path and by inode), a name an input directory's
-reader would pick up, or anything in the Hugging Face cache; ``--force`` lifts none of this. Every
-file is written as a ``TemporaryOutput`` beside its destination and renamed into place; a killed
-run's temporary files (unlocked, this boot's) are removed by the next writer with one line.
+Refuses, even with ``--force``, an output that is a file the command reads (path or inode), a name an
+input directory's reader picks up, or anything in the Hugging Face cache. Files are written beside
+their destination and renamed into place; a killed run's leftovers are removed by the next writer.
 Specification: docs/conversion.md, "How every output is written".
 """
 
@@ -27,8 +26,7 @@ from pathlib import Path
 from .errors import DFlashError
 from .files import hub_cache_dir, inside_hub_cache, kind_of
 
-# names a model-directory reader picks up (checkpoint and target directories): an output there
-# with one of these names would change what the next read sees
+# names a model-directory reader picks up: an output there would change the next read
 DIRECTORY_INPUT_NAMES: tuple[str, ...] = (
     "config.json", "model*.safetensors", "*.safetensors.index.json", "tokenizer*", "special_tokens_map.json",
     "added_tokens.json", "vocab.json", "merges.txt", "chat_template*", "generation_config.json", "mask_embedding.pt",
@@ -100,7 +98,7 @@ def check_output_path(out: str | os.PathLike, inputs: Inputs | Iterable[str | os
         raise DFlashError("output folder does not exist (a path ending in / names a folder)", text)
     out = Path(text)
     resolved = resolved_path(out)
-    if inside_hub_cache(resolved):  # the cache belongs to huggingface_hub: its snapshots are links into blobs
+    if inside_hub_cache(resolved):  # snapshots are links into blobs
         raise DFlashError(f"output is inside the Hugging Face cache ({hub_cache_dir()}); choose another path", out)
     ident = _identity(out)
     for p in inputs.files:
@@ -168,7 +166,6 @@ def temporary_name(out: Path, pid: int, token: str) -> str:
 _REMOVED = logging.getLogger("dflash_convert.removed_partials")
 _REMOVED.setLevel(logging.WARNING)
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-# .<output name>.<pid>-<boot tag>-<random>.dflash-partial, as TemporaryOutput names them
 _LOCKED_PARTIAL = re.compile(r"\.(?P<stem>.+)\.(?P<pid>[0-9]+)-(?P<boot>[0-9a-f]{8})-[0-9a-f]{16}" + re.escape(PARTIAL_SUFFIX))
 
 
@@ -191,7 +188,7 @@ def lock_for_life(fd: int) -> None:
 
 
 def _abandoned(path: Path) -> bool:
-    """Whether ``path`` is our temporary file (this boot's, regular, one link, ours) whose writer's lock is free."""
+    """Whether ``path`` is our temporary file (this boot's, regular, one link) whose writer's lock is free."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -304,7 +301,7 @@ def exchange_paths(a: Path, b: Path) -> bool:
 
 
 def rename_no_replace(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst`` only if nothing is there (RENAME_NOREPLACE, else link + unlink); FileExistsError otherwise."""
+    """Move ``src`` to ``dst`` only if nothing is there (RENAME_NOREPLACE, else link + unlink)."""
     if _renameat2_no_replace(src, dst):
         return
     try:
@@ -389,10 +386,10 @@ class TemporaryOutput:
         return self.out
 
     def _replace(self) -> None:
-        """Put this file at ``out`` over the regular file there (--force). An exchange, then the old file
-        unlinked under the temporary name: ext4 answers a rename over an existing file by writing the
-        new file's data out first (auto_da_alloc). Where the exchange is not available, or ``out`` is
-        not a regular file (a symbolic link is replaced, not followed), a plain rename."""
+        """Put this file over the regular file at ``out`` (--force): an exchange, then unlink the old one.
+
+        A rename over a file makes ext4 flush the new data first (auto_da_alloc); a plain rename is
+        the fallback (a symbolic link is replaced, not followed)."""
         try:
             regular = stat.S_ISREG(os.lstat(self.out).st_mode)
         except OSError:

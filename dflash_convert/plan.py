@@ -199,8 +199,7 @@ class QuantizeOptions:
 
 def load_importance(path: str, include: list[str] | None = None, exclude: list[str] | None = None
                     ) -> tuple[ImportanceMatrix | None, tuple[tuple[str, ValueType, object], ...]]:
-    """--imatrix FILE with --include-weights / --exclude-weights, as prepare_imatrix: (the matrix or None, the
-    quantize.imatrix.* keys llama-quantize adds after the --override-kv items)."""
+    """--imatrix FILE with --include-weights / --exclude-weights, as prepare_imatrix: (matrix or None, quantize.imatrix.* keys)."""
     if include and exclude:  # llama-quantize prints its usage for the pair
         raise OptionValueError("--include-weights and --exclude-weights cannot be used together")
     m = read_imatrix(path).filtered(include or (), exclude or ())
@@ -244,10 +243,7 @@ def remaining_layers(n_layers: int, prune: list[int]) -> int:
     return len(kept)
 
 
-# Per-layer arrays llama.cpp reads for n_layer entries. llama-quantize's --prune-layers leaves them
-# as they were: sliding_window_pattern (get_arr takes any length) then gives the remaining layers
-# the flags of the pruned ones, and the others (get_key_or_arr) fail to load ("wrong array length").
-# We drop the pruned layers' entries instead, the one place our output differs from llama-quantize's.
+# per-layer arrays: --prune-layers drops their entries, unlike llama-quantize (docs/quantize.md)
 PER_LAYER_ARRAYS: tuple[str, ...] = ("sliding_window_pattern", "feed_forward_length", "head_count", "head_count_kv")
 
 
@@ -369,7 +365,7 @@ def quantize_planned(planned: list[PlannedTensor], d: Drafter, ftype: FileType, 
                           "llama-quantize refuses to write without --imatrix (the result would be garbage)", where)
     bare = next(((n, t) for i, ((n, ne), t) in enumerate(zip(tensors, chosen, strict=True)) if t.name in IMPORTANCE_REQUIRED
                  and (imatrix is None or imatrix.for_tensor(imatrix_names[i], ne) is None)), None)
-    if bare is not None:  # token_embd/output without an entry, exempt from that refusal: ggml asserts on them (llama-quantize aborts)
+    if bare is not None:  # exempt from that refusal, yet ggml asserts on them
         raise DFlashError(f"{bare[0]} would be {bare[1].name}, which ggml cannot quantize without an importance matrix "
                           "(llama-quantize aborts on it); choose another type for it", where)
     # the one per-tensor table (format/rules.py): fixed-type and vector tensors keep their type

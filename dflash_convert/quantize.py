@@ -1,9 +1,7 @@
 """quantize(): a dflash GGUF in, the same drafter in another type out, bit-identical to llama-quantize.
 
-Each tensor's type is decided as llama-quantize does for arch ``dflash`` (``format.quant_types``,
-``--keep-type`` on top); the bit-exact encoders run in the one streaming pipeline and the atomic
-writer writes the file, keys and tensors in llama-quantize's order. ``convert --outtype Q4_K_M``
-applies the same plan (``plan.quantize_planned``). Specification: docs/quantize.md.
+Types as llama-quantize decides them for arch ``dflash`` (plus ``--keep-type``), written through the
+one streaming pipeline in llama-quantize's order. Specification: docs/quantize.md.
 """
 
 from __future__ import annotations
@@ -101,9 +99,8 @@ def quantize_options(*, keep_types: list[str] | None = None, allow_requantize: b
                      prune_layers: str | None = None, file_position: int | None = None, imatrix: str | None = None,
                      include_weights: list[str] | None = None, exclude_weights: list[str] | None = None) -> QuantizeOptions:
     """llama-quantize's flags (and our --keep-type glob shorthand), parsed; one error line for a bad one.
-    llama-quantize collects --tensor-type items and the file's in command-line order: the file's items
-    go after the first ``file_position`` --tensor-type items (default: after all of them). ``imatrix``: the
-    file as given (its name is recorded as given), read here."""
+
+    The --tensor-type-file items go after the first ``file_position`` --tensor-type items (command-line order)."""
     patterns = parse_tensor_types(tensor_types or [])
     if tensor_type_file is not None:
         at = len(patterns) if file_position is None else max(0, min(file_position, len(patterns)))
@@ -131,7 +128,7 @@ def plan_quantize(src: str | os.PathLike, out: str | os.PathLike, qtype: str, *,
                   validate: bool = True) -> QuantizePlan:
     """Read and decide everything; writes nothing (``options`` replaces ``keep_types`` / ``allow_requantize``)."""
     path = Path(src)
-    into_folder = os.path.isdir(out)  # OUT a folder: the name llama.cpp's -hf finds (format/file_names.py), in it
+    into_folder = os.path.isdir(out)  # OUT a folder: -hf's file name in it
     inputs = [path] + ([options.imatrix.path] if options is not None and options.imatrix is not None else [])
     if not into_folder:
         check_output_path(out, inputs, force=True)  # never an input, checked before anything is read
@@ -310,12 +307,11 @@ def sweep(src: str | os.PathLike, features: str | os.PathLike, types: list[str] 
           device: str = "auto", numerics: str = "cpu", threads: int | None = None,
           log: Callable[[str], None] | None = None, allow_other_target: bool = False,
           imatrix: str | None = None) -> SweepReport:
-    """Quantize ``src`` to each type (temporary files), measure each file's and the input's acceptance; Pareto front marked.
-    ``imatrix``: each type also quantized with it (a type that requires one only so)."""
+    """Quantize ``src`` to each type (temporary files), measure each file's and the input's acceptance; Pareto front marked."""
     ftypes = [parse_ftype(t) for t in types]
     if not ftypes:
         raise DFlashError("--types names no type")
-    with_im = quantize_options(imatrix=imatrix) if imatrix is not None else None  # read, its refusals, before measuring
+    with_im = quantize_options(imatrix=imatrix) if imatrix is not None else None
     m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
                          allow_other_target=allow_other_target)
     feats, target, like_cpu = m.features, m.target, m.like_cpu
@@ -474,13 +470,12 @@ def quantize_for_acceptance(src: str | os.PathLike, out: str | os.PathLike, qtyp
                             allow_other_target: bool = False, imatrix: str | None = None,
                             include_weights: list[str] | None = None,
                             exclude_weights: list[str] | None = None) -> ChosenQuantize:
-    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the held-out acceptance; refused when none does.
-    ``imatrix``: every quantization made with it, and the ladder takes the types that need one."""
+    """The smallest mix from ``qtype``'s up that keeps ``min_acceptance`` of the held-out acceptance; refused when none does."""
     if not 0.0 < min_acceptance <= 1.0:  # NaN fails this too
         raise DFlashError(f"--min-acceptance {min_acceptance}: expected a fraction in (0, 1], e.g. 0.98")
     weights = {"imatrix": imatrix, "include_weights": include_weights, "exclude_weights": exclude_weights}
-    with_im = quantize_options(**weights)  # read once; its refusals (and an entry that fits no tensor) come first
-    plain = plan_quantize(src, out, qtype, options=with_im)  # the input and the output path checked before any measuring
+    with_im = quantize_options(**weights)  # its refusals come first
+    plain = plan_quantize(src, out, qtype, options=with_im)
     check_output_path(plain.output, [src, features], force=force)
     m = open_measurement(features, target_model_dir=target_model_dir, target_gguf=target_gguf, numerics=numerics,
                          allow_other_target=allow_other_target)

@@ -1,10 +1,7 @@
 """numba ports of ggml's per-group K-quant searches, loop for loop (see ``jit`` for when they run).
 
-Importing this module imports numba; only ``jit.kquant_kernels()`` does, lazily. Every value and
-constant is a named float32, sums run in index order, and there is no fastmath (no FMA contraction,
-no reassociation), as ggml-base is built: a float64 creeping in would change bits. ``nearest_int``
-reproduces C's magic-number trick, garbage outside |v| <= 2**22 - 1 included. The imatrix paths
-(``qkx3_imatrix``, ``q3_imatrix``, ``q6_imatrix``) are ggml's ``_impl`` functions up to the super-scales.
+Imports numba: only ``jit.kquant_kernels()`` imports it, lazily. float32 throughout, sums in index
+order, no fastmath, as ggml-base is built. The imatrix paths are ggml's ``_impl`` up to the super-scales.
 Specification: docs/quantizers.md, "K-quants".
 """
 

@@ -1,12 +1,8 @@
 """Bit-exact ports of ggml's 2-bit and 1-bit grid quantizers: IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M.
 
-Each group of 8 magnitudes is stored as a point of a fixed grid (``format/iq2_grids.py``), plus
-signs and a 4-bit (IQ1: 3-bit) scale; the searches (trial scales, off-grid groups moved to their
-weighted-nearest listed neighbour; IQ1's exhaustive split into -1/0/+1) are ggml's, in one source
-(``_iq2_kernels``) that numba compiles (``_iq2_jit``, about ggml's speed) or Python runs as it is
-(the same bytes, far slower). Weights are ``qw * sqrt(sigma2 + x*x)``; ggml requires an importance
-matrix for IQ2_XXS, IQ2_XS and IQ1_S (it asserts), so these refuse None. Refuses non-finite input
-(ggml aborts on it). Specification: docs/quantizers.md, "IQ2 and IQ1".
+ggml's searches in one source (``_iq2_kernels``) that numba compiles or Python runs as it is (the
+same bytes, far slower). IQ2_XXS, IQ2_XS and IQ1_S refuse a missing importance matrix (ggml asserts);
+all refuse non-finite input (ggml aborts). Specification: docs/quantizers.md, "IQ2 and IQ1".
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Bit-exact ports of ggml's 3-bit grid quantizers: IQ3_XXS (256-point grid) and IQ3_S (512 points).
 
-Each 32-value sub-block is stored as 8 groups of 4 magnitudes, each group a point of a fixed grid
-(``format/iq3_grids.py``), plus signs and a 4-bit scale; the searches (31 or 19 trial scales,
-off-grid groups moved to their weighted-nearest listed neighbour) are ggml's, run by a numba kernel
-(``_iq3_kernels``, as fast as ggml) or, without numba, by the vectorised numpy path here (the same
-bytes, ~18x slower: ~9 s per million values). With an
-importance matrix the weights are ``qw * sqrt(sigma2 + x*x)``, else ``x*x``, as in ggml. Refuses
-non-finite input (ggml aborts on it). Specification: docs/quantizers.md, "IQ3_XXS and IQ3_S".
+ggml's searches, run by a numba kernel (``_iq3_kernels``) or, without numba, by the numpy path here
+(the same bytes, ~18x slower), with or without an importance matrix. Refuses non-finite input (ggml
+aborts on it). Specification: docs/quantizers.md, "IQ3_XXS and IQ3_S".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Bit-exact ports of ggml's 4-bit non-linear quantizers: IQ4_NL and IQ4_XS.
 
-llama-quantize without an imatrix runs ``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (not the
-``_ref``), so the 15-trial scale search is reproduced. With an importance matrix (float32
-[row_length], the input whole rows) the same search weighs ``qw*sqrt(sigma2 + x*x)`` instead of
-``x*x``, sigma2 twice the mean square of the 32 (IQ4_NL) or 256 (IQ4_XS) values. Nothing is refused:
-inf or NaN take the general path. Pure functions. Specification: docs/quantizers.md, "IQ4_NL and IQ4_XS".
+``quantize_row_iq4_nl_impl`` with ``ntry = 7`` (what llama-quantize runs), optionally with an
+importance matrix (float32 [row_length]). Nothing is refused: inf or NaN take the general path.
+Pure functions. Specification: docs/quantizers.md, "IQ4_NL and IQ4_XS".
 """
 
 from __future__ import annotations
@@ -82,8 +80,7 @@ def _sums(p: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 # --- per-call scratch
 
-# Blocks (of 32) per tile: the [32, tile] scratch stays around L2's size; a multiple of 8, so IQ4_XS
-# tiles hold whole super-blocks.
+# blocks per tile: [32, tile] scratch around L2's size; a multiple of 8 (whole IQ4_XS super-blocks)
 _TILE = 1024
 _PAGE = 4096
 
@@ -99,8 +96,7 @@ def _staggered(nbytes: int, slot: int) -> np.ndarray:
 class _Scratch:
     """Preallocated work arrays for tiles of up to ``cap`` blocks; ``view(n)`` gives C-contiguous views for n <= cap."""
 
-    # name -> (dtype, planes): [32, n] arrays for 1 plane, [32, planes, n] for the (sumqx, sumq2)
-    # term pairs, [3, 32, n] for the batched table lookups t3/i3
+    # name -> (dtype, planes): [32, n] for 1 plane, else [32, planes, n] ([3, 32, n] for t3/i3)
     _LAYOUT: dict[str, tuple[type, int]] = {
         "x": (_F32, 1), "w": (_F32, 1), "al": (_F32, 1), "q": (_F32, 1), "wq": (_F32, 1), "mid": (_F32, 1),
         "mask": (np.int32, 1), "p": (_F32, 2), "hi": (_F32, 2), "diff": (_F32, 2), "t3": (_F32, 3), "i3": (np.intp, 3),
@@ -141,7 +137,7 @@ def _best_index(al: np.ndarray, s: dict[str, np.ndarray]) -> np.ndarray:
     t += _LUT_OFFSET
     i = s["i"]
     np.copyto(i, t, casting="unsafe")
-    return np.take(_LUT_INDEX, i, out=s["L"], mode="wrap")  # indices are in range: no wrapping happens
+    return np.take(_LUT_INDEX, i, out=s["L"], mode="wrap")
 
 
 def _terms(w: np.ndarray, x: np.ndarray, q: np.ndarray, wq: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -185,8 +181,7 @@ def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray], weight: np.ndarray |
             np.take(_LUT_VALUE, i3, out=t3, mode="wrap")  # t3 now holds the quant values
             _sums(_terms(w, x, t3[0], wq, p), sums[0])
 
-            # In every trial an element's q is its q at itry = -7 or +7 (docs/quantizers.md): both
-            # candidates' terms once, then each trial selects bitwise: p = hi ^ ((hi ^ lo) & mask).
+            # every trial's q is the one at itry = -7 or +7 (docs/quantizers.md): select bitwise per trial
             hi, diff, mid, mask = s["hi"], s["diff"], s["mid"], s["mask"]
             np.maximum(t3[1], t3[2], out=q)
             np.minimum(t3[1], t3[2], out=t3[0])
@@ -211,9 +206,7 @@ def _block_scales(xb: np.ndarray, s: dict[str, np.ndarray], weight: np.ndarray |
                 np.take(_VALUES, _best_index(al, s), out=q)
                 _sums(_terms(w, x, q, wq, p), sums[k + 1])
 
-        # d = sumq2 > 0 ? sumqx/sumq2 : 0; best = d*sumqx; then per trial
-        # if (sumq2 > 0 && sumqx*sumqx > best*sumq2) { d = sumqx/sumq2; best = d*sumqx; }
-        # The candidates of all fits are computed in one batch; the scan itself stays sequential.
+        # if (sumq2 > 0 && sumqx*sumqx > best*sumq2) { d = sumqx/sumq2; best = d*sumqx; }, batched
         sumqx, sumq2 = sums[:, 0], sums[:, 1]
         cand = s["cand"]  # [16, 2, n]: (d, best) each fit would set
         np.divide(sumqx, sumq2, out=cand[:, 0])
@@ -250,8 +243,7 @@ def _weights(xb: np.ndarray, qw: np.ndarray | None, b0: int, b1: int, super_bloc
 
 
 def quantize_iq4_nl(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
-    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``: fp16 ``d`` then 16 bytes of 4-bit indices;
-    ``importance``: float32 [row_length] (the input whole rows) or None."""
+    """float32 ``(n*32,)`` -> IQ4_NL blocks as bytes ``(n*18,)``; ``importance``: float32 [row_length] or None."""
     xb = as_blocks(x, QK4_NL)
     qw = None if importance is None else as_rows(x, importance, QK4_NL)[1]
     nb = xb.shape[0]
@@ -262,14 +254,14 @@ def quantize_iq4_nl(x: np.ndarray, importance: np.ndarray | None = None) -> np.n
         s = scratch.view(b1 - b0)
         d = _block_scales(xb[b0:b1], s, _weights(xb, qw, b0, b1, QK4_NL))
         out["d"][b0:b1] = fp16_bits(d)
-        with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN here are C's too: _best_index maps them as C does
+        with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN are C's too
             al = np.multiply(s["x"], reciprocal_or_zero(d), out=s["al"])
         out["qs"][b0:b1] = _pack(_best_index(al, s))
     return out.view(np.uint8)
 
 
 def quantize_iq4_xs(x: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
-    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``; ``importance``: float32 [row_length] (whole rows) or None."""
+    """float32 ``(n*256,)`` -> IQ4_XS blocks as bytes ``(n*136,)``; ``importance``: float32 [row_length] or None."""
     xb = as_blocks(x, QK_K).reshape(-1, QK4_NL)
     qw = None if importance is None else as_rows(x, importance, QK_K)[1]
     nb = xb.shape[0]

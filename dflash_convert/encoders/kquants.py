@@ -1,12 +1,9 @@
 """Bit-exact ports of ggml's K-quant quantizers: Q4_K, Q5_K and Q6_K.
 
-Each function returns the bytes ``quantize_row_q{4,5,6}_K_ref`` write (llama-quantize without an
-imatrix), or with ``importance`` (float32 [row_length], tiled row by row) those of the ``_impl``
-paths (``make_qkx3_quants``/``make_qp_quants``, weighted ``make_qx_quants``; the numpy mirrors of
-those searches live here for Q2_K/Q3_K too). With numba the searches run as ``_kquant_kernels``; the
-numpy code is the fallback, with the same bytes. Refused: an importance that is not whole rows of
-super-blocks. inf and NaN take loops that mirror C's scans. Pure functions, safe on a thread pool.
-Specification: docs/quantizers.md, "K-quants".
+The bytes of ``quantize_row_q{4,5,6}_K_ref``, or with ``importance`` (float32 [row_length]) of the
+``_impl`` paths, whose numpy searches serve Q2_K/Q3_K too. numba kernels (``_kquant_kernels``) when
+present, numpy otherwise, same bytes. Refuses an importance that is not whole rows of super-blocks.
+Pure functions, safe on a thread pool. Specification: docs/quantizers.md, "K-quants".
 """
 
 from __future__ import annotations
@@ -74,11 +71,9 @@ def _to_fp16(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _round_clamp(t: np.ndarray, lo: np.ndarray, hi: np.ndarray, tmin: float, tmax: float, exact: bool) -> None:
-    """``MAX(lo, MIN(hi, nearest_int(t)))`` as float32, in place.
+    """``MAX(lo, MIN(hi, nearest_int(t)))`` as float32, in place; ``tmin``/``tmax`` bound t (NaN: unknown).
 
-    ``lo``/``hi`` are bound-filled arrays shaped like ``t`` (numpy's fast same-shape loop); ``tmin``/
-    ``tmax`` bound t (NaN: unknown) and decide whether ``np.rint`` is exact. A -0.0 left where C has 0
-    only meets sums and squares, where its sign vanishes.
+    A -0.0 left where C has 0 only meets sums and squares, where its sign vanishes.
     """
     lo_v, hi_v = float(lo.flat[0]), float(hi.flat[0])
     if exact or not (-_NI_LIMIT <= tmin and tmax <= _NI_LIMIT):
@@ -100,13 +95,12 @@ def _reduce_is_sequential(shape: tuple[int, ...], axis: int, bufsize: int) -> bo
     moved = np.moveaxis(a, axis, 0)
     if moved.shape[0] < 2 or moved[0].size < 2:
         return False
-    # pseudo-random floats of both signs over 2**-16..2**16, from an integer hash
+    # hashed floats of both signs over 2**-16..2**16
     h = np.arange(a.size, dtype=np.uint32).reshape(shape)
     h *= np.uint32(2654435761)
     h ^= h >> np.uint32(15)
     a[...] = ((h & np.uint32(0x801FFFFF)) | ((((h >> np.uint32(21)) & np.uint32(31)) + np.uint32(111)) << np.uint32(23))).view(_F32)
-    # and one lane of 1 followed by half-ulps of 1: left to right every half-ulp rounds away (ties to
-    # even), while adding any two of them first lands above 1.0
+    # and a lane of 1 then half-ulps: only left to right do they all round away
     lane = moved[(slice(None),) + (0,) * (moved.ndim - 1)]
     lane[...] = _F32(2.0**-24)
     lane[0] = _F32(1.0)
@@ -348,8 +342,7 @@ class _QkxTile:
 
         ls, lm, d_bits, dmin_bits, d, dm = _qkx_super_scales(scales, mins)
         with np.errstate(all="ignore"):
-            # L = MAX(0, MIN(nmax, nearest_int((x + dm)/d))) with d = fp16(d)*sc, dm = fp16(dmin)*m;
-            # block-major, straight from x, so the levels need no transposing back
+            # L = MAX(0, MIN(nmax, nearest_int((x + dm)/d))), block-major straight from x
             xb = x.reshape(G, 32)
             v = np.add(xb, dm[:, None])
             np.divide(v, d[:, None], out=v)
@@ -389,7 +382,7 @@ def _quantize_qkx(x: np.ndarray, name: str, block_bytes: int, nmax: int, rmin: f
         return out.reshape(-1)
     per_tile = _QKX_TILE_GROUPS // 8
     B = min(nb, per_tile) * 8
-    with np.errstate(all="ignore"):  # restores the bufsize too, and is local to this thread's context
+    with np.errstate(all="ignore"):  # restores the bufsize too, thread-locally
         np.setbufsize(max(16, B - B % 16))  # <= one row: rows are never gathered into buffers
         tile = _QkxTile(B, nmax, rmin, rdelta, nstep)
         for s in range(0, nb, per_tile):
@@ -403,8 +396,7 @@ def _quantize_qkx(x: np.ndarray, name: str, block_bytes: int, nmax: int, rmin: f
     return out.reshape(-1)
 
 
-# The packers take levels [nb, 256] as uint64 [nb, 4, 2, 4]: [block, 64-value chunk, first/second 32,
-# 8 levels per word]. All levels are < 64, so shifts never carry into the next byte.
+# packers: levels as uint64 [block, 64-value chunk, first/second 32, 8 per word]; levels < 64 never carry
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 _LOW_BITS = np.uint64(0x0101010101010101)
 
@@ -465,7 +457,6 @@ def _qx_super_scales(scales: np.ndarray) -> tuple[np.ndarray, ...]:
 def _pack_q6(out: np.ndarray, L: np.ndarray, sc: np.ndarray, d_bits: np.ndarray, empty: np.ndarray) -> None:
     """block_q6_K bytes into ``out`` [nb, 210] from the levels (l + 32) uint8 [nb*256]."""
     nb = out.shape[0]
-    # Eight levels per uint64 (all < 64, so no shift carries into the next byte)
     L64 = L.reshape(nb, QK_K).view(np.uint64)
     lo = (L64 & np.uint64(0x0F0F0F0F0F0F0F0F)).reshape(nb, 2, 2, 8)  # [block, half, +0/+64, 64 levels]
     out[:, 0:128] = (lo[:, :, 0] | (lo[:, :, 1] << np.uint64(4))).view(np.uint8).reshape(nb, 128)
@@ -597,8 +588,7 @@ class _QxTile:
 
         empty, d_bits, sc, d = _qx_super_scales(scales)
         with np.errstate(all="ignore"):
-            # L = MAX(-32, MIN(31, nearest_int(x/d))) + 32 with d = fp16(d)*scale; block-major,
-            # straight from x, so the levels need no transposing back
+            # L = MAX(-32, MIN(31, nearest_int(x/d))) + 32, block-major straight from x
             v = np.divide(x.reshape(G, 16), d[:, None])
             np.add(v, _MAGIC, out=v)
             li = v.view(np.int32)
@@ -644,9 +634,7 @@ def quantize_q6_k(x: np.ndarray, importance: np.ndarray | None = None) -> np.nda
     return out.reshape(-1)
 
 
-# --- the importance-matrix paths (quantize_row_q{2..6}_K_impl). The numpy mirrors below take the
-# numba kernels' arguments (``_kquant_kernels.qkx3_imatrix`` ...) and work on [n, groups] arrays,
-# position by position where C sums in order; nearest_int is always the exact bit trick.
+# --- the importance-matrix paths (quantize_row_q{2..6}_K_impl): numpy mirrors of the numba kernels
 
 _IMATRIX_TILE = 512  # super-blocks per numpy call
 _QKX3_RMIN, _QKX3_RDELTA, _QKX3_NSTEP = _F32(-0.9), _F32(0.05), 36

@@ -1,10 +1,8 @@
 """ggml's Q2_K and Q3_K, bit-exact with ``quantize_row_q2_K_ref`` / ``quantize_row_q3_K_ref``.
 
-What llama-quantize runs without an importance matrix; with ``importance`` (float32 [row_length])
-the bytes of ``quantize_row_q2_K_impl`` / ``q3_K_impl`` (searches shared with ``kquants``). With
-numba the searches and packing run as ``_kquant_kernels``; the numpy code is the fallback, with the
-same bytes. Only an importance that is not whole rows is refused: degenerate sub-blocks store the
-clamped values C stores. Pure functions. Specification: docs/quantizers.md, "Q2_K and Q3_K".
+With ``importance`` (float32 [row_length]) the bytes of ``quantize_row_q2_K_impl`` / ``q3_K_impl``.
+numba kernels (``_kquant_kernels``) when present, numpy otherwise, same bytes. Refuses only an
+importance that is not whole rows. Specification: docs/quantizers.md, "Q2_K and Q3_K".
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ QK_K = 256
 Q2_K_BLOCK_BYTES = 84  # scales[16] | qs[64] | d f16 | dmin f16
 Q3_K_BLOCK_BYTES = 110  # hmask[32] | qs[64] | scales[12] | d f16
 
-# super-blocks per chunk, sized to keep temporaries in cache; Q3_K's sweep works on [n_sub] rows
-# of many small calls, so it wants wider chunks
+# super-blocks per chunk (cache-sized; Q3_K's many small calls want wider chunks)
 _Q2_CHUNK_BLOCKS = 512
 _Q3_CHUNK_BLOCKS = 1024
 
@@ -92,10 +89,7 @@ def _pack_2bit(q: np.ndarray) -> np.ndarray:
 
 
 def _first_max(vals: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``best = 0; pick = 0; for i: if (key[i] > best) { best = key[i]; pick = vals[i]; }`` over axis 0.
-
-    Masks, not ``argmax``: ties keep the first index and NaN never wins, as in C.
-    """
+    """``if (key[i] > best) { best = key[i]; pick = vals[i]; }`` over axis 0: first of ties, NaN never wins."""
     best = np.zeros(key.shape[1:], np.float32)
     pick = np.zeros(vals.shape[1:], np.float32)
     for i in range(key.shape[0]):
@@ -142,8 +136,7 @@ def _make_qkx2_quants(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     sum_l, sum_l2, sum_xl = sums
     bound = np.empty(n, np.float32)
     tmp = np.empty(n, np.float32)
-    # search state and this step's candidate, selected together: error, iscale, min the codes
-    # were taken from, scale, min
+    # state and candidate: error, iscale, min the codes came from, scale, min
     state = np.empty((5, n), np.float32)
     cand = np.empty((5, n), np.float32)
     best_error, best_iscale, best_from, scale, mn = state
@@ -226,7 +219,7 @@ def _q2_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     if k is None:
         xs = _transpose_sub_blocks(xb)
         scales, mins, lq = _make_qkx2_quants(xs)
-    else:  # the same search compiled (see jit), one sub-block per row, levels block-major
+    else:  # the same search compiled (see jit)
         G = nb * 16
         scales, mins, lq = np.empty(G, np.float32), np.empty(G, np.float32), np.empty((G, 16), np.uint8)
         k.qkx2_search(xb.reshape(G, 16), 3, np.float32(-0.5), np.float32(0.1), 15, True, False, scales, mins, lq)
@@ -363,7 +356,7 @@ def _q3_k_chunk(xb: np.ndarray, out: np.ndarray) -> None:
     if k is None:
         xs = _transpose_sub_blocks(xb)
         scales, lq = _make_q3_quants(xs)
-    else:  # the same search compiled (see jit), one sub-block per row, levels block-major
+    else:  # the same search compiled (see jit)
         scales, lq = np.empty(nb * 16, np.float32), np.empty((nb * 16, 16), np.uint8)
         k.q3_search(xb.reshape(nb * 16, 16), scales, lq)
     scales = scales.reshape(nb, 16)

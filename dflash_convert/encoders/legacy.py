@@ -1,11 +1,9 @@
 """Bit-exact ports of ggml's legacy block quantizers: Q4_0, Q4_1, Q5_0 and Q5_1.
 
-Without an importance matrix each function returns the bytes ``quantize_row_q{4,5}_{0,1}_ref``
-write; with one (float32 [row_length], the input whole rows) those of ``quantize_row_*_impl``:
-``make_qx_quants`` (Q4_0/Q5_0) or ``make_qkx3_quants`` (Q4_1/Q5_1) weighted by ``qw*sqrt(sigma2 + x*x)``,
-sigma2 the row's mean square. With numba one compiled kernel (``_legacy_kernels``) does the work; the
-numpy code is the fallback, with the same bytes. Nothing is refused: inf, NaN and denormal scales are
-reproduced. Pure functions. Specification: docs/quantizers.md, "Legacy types".
+The bytes of ``quantize_row_q{4,5}_{0,1}_ref``, or with an importance matrix (float32 [row_length])
+of ``quantize_row_*_impl``. numba kernels (``_legacy_kernels``) when present, numpy otherwise, same
+bytes. Nothing is refused: inf, NaN and denormal scales are reproduced. Pure functions.
+Specification: docs/quantizers.md, "Legacy types".
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ QK = 32
 _F32 = np.float32
 _FLT_MAX = _F32(np.finfo(np.float32).max)
 
-# Byte layouts of ggml's block structs (ggml-common.h); numpy structured dtypes are packed, as the
-# C structs are (only 2-byte fields, no padding).
+# ggml's block structs (ggml-common.h); packed, as the C structs are
 BLOCK_Q4_0 = np.dtype([("d", "<u2"), ("qs", "u1", (16,))])
 BLOCK_Q4_1 = np.dtype([("d", "<u2"), ("m", "<u2"), ("qs", "u1", (16,))])
 BLOCK_Q5_0 = np.dtype([("d", "<u2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))])
@@ -34,11 +31,7 @@ assert (BLOCK_Q4_0.itemsize, BLOCK_Q4_1.itemsize, BLOCK_Q5_0.itemsize, BLOCK_Q5_
 # --- helpers shared with iq4.py
 
 def as_blocks(x: np.ndarray, block: int) -> np.ndarray:
-    """The float32 input as a C-contiguous ``[n_blocks, block]`` array, with the contract checked.
-
-    Non-float32 input is refused rather than converted: a silent float64 -> float32 rounding here
-    would make "bit-identical with ggml" depend on the caller.
-    """
+    """The float32 input as a C-contiguous ``[n_blocks, block]`` array; other dtypes refused, not silently rounded."""
     x = np.asarray(x)
     if x.dtype != np.float32:
         raise TypeError(f"expected float32 values, got {x.dtype}")
@@ -321,9 +314,7 @@ def _qx_quants(xb: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np
 
 
 def _qkx3_quants(xb: np.ndarray, w: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """make_qkx3_quants(32, nmax, x, w, L, &min, Laux, -0.9f, 0.05f, 36, false) per block: (scale, m, L).
-
-    ``m`` is what the block stores: ``-the_min``, i.e. the fitted minimum itself."""
+    """make_qkx3_quants(32, nmax, x, w, L, &min, Laux, -0.9f, 0.05f, 36, false) per block: (scale, -the_min, L)."""
     n = xb.shape[0]
     mn, mx = xb[:, 0].copy(), xb[:, 0].copy()
     sum_w = w[:, 0].copy()

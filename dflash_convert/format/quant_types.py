@@ -1,9 +1,7 @@
 """Which ggml type ``llama-quantize`` gives each tensor of a ``dflash`` GGUF: data tables and their rule.
 
-Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model, with or without an imatrix
-(``MIX_RULES``, ``FALLBACK``, ``TypeOverrides``, applied by ``choose_quant_types``; ``IMATRIX_REQUIRED``). Reads no file;
-refuses an unknown type name (``resolve_ftype``) and nothing else. Specification: docs/quantizers.md,
-"Which type each tensor gets".
+Mirrors llama.cpp 0c1e57098's ``src/llama-quant.cpp`` for a dense model, with or without an imatrix.
+Reads no file; refuses only an unknown type name. Specification: docs/quantizers.md, "Which type each tensor gets".
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from .tensor_patterns import compile_pattern
 
 # --- file types
 
-# name -> (general.file_type, default ggml type of the quantizable tensors): a view of file_types.FILE_TYPES
+# name -> (general.file_type, default ggml type)
 FTYPES: dict[str, tuple[int, GGMLType]] = {name: (ft.value, ft.matrix_type) for name, ft in FILE_TYPES.items()}
 
 # --- which tensors are quantized (tensor_allows_quantization)
@@ -64,12 +62,8 @@ CATEGORY_SUBSTRINGS: tuple[tuple[str, str], ...] = (
 # categories that share the attn_v counter and rules (category_is_attn_v)
 ATTN_V_LIKE: frozenset[str] = frozenset({"attn_v", "attn_qkv", "attn_kv_b"})
 
-# --- mix rules (llama_tensor_get_type_impl), for the file types above
-#
-# ftype -> rule group -> ((condition in CONDITIONS, type), ...): the first that holds gives the type,
-# none: the default type. i counts the group's tensors typed so far; n is n_attention_wv (attn_v) or
-# block_count (ffn_down). llama.cpp's attn_qkv rules are unreachable (attn_qkv is attn_v-like first).
-# File types not listed have no mix. Details: docs/quantizers.md, "Which type each tensor gets".
+# --- mix rules (llama_tensor_get_type_impl): ftype -> rule group -> ((condition, type), ...), first
+# that holds wins, else the default type. llama.cpp's attn_qkv rules are unreachable (attn_v-like first).
 MIX_RULES: dict[str, dict[str, tuple[tuple[str, GGMLType], ...]]] = {
     "Q2_K": {
         "attn_v": (("gqa>=4", GGMLType.Q4_K), ("always", GGMLType.Q3_K)),
@@ -181,24 +175,22 @@ OUTPUT_TYPE_BY_FTYPE: dict[str, GGMLType] = {
     "IQ1_S": GGMLType.Q5_K, "IQ1_M": GGMLType.Q5_K,
 }
 
-# tensor_requires_imatrix: llama-quantize refuses to write these types without an importance matrix
-# (Q2_K only in a Q2_K_S file); the token embedding and the output head never need one
-IMATRIX_REQUIRED: dict[GGMLType, frozenset[str] | None] = {  # type -> the file types it needs one in (None: any)
+# tensor_requires_imatrix: type -> the file types it needs an imatrix in (None: any)
+IMATRIX_REQUIRED: dict[GGMLType, frozenset[str] | None] = {
     GGMLType.IQ3_XXS: None, GGMLType.IQ2_XXS: None, GGMLType.IQ2_XS: None, GGMLType.IQ2_S: None,
     GGMLType.IQ1_M: None, GGMLType.IQ1_S: None,
     GGMLType.Q2_K: frozenset({"Q2_K_S"}),
 }
 IMATRIX_EXEMPT_NAMES: frozenset[str] = frozenset({"token_embd.weight", "per_layer_token_embd.weight", "output.weight"})
 
-# the output tensor (and a tied token_embd): Q8_0 when ne[0] does not fill the default type's
-# blocks, else Q6_K unless the default already is Q8_0
+# the output tensor (and a tied token_embd): Q8_0 when ne[0] misfits the default's blocks, else Q6_K
 OUTPUT_UNALIGNED_TYPE = GGMLType.Q8_0
 OUTPUT_TYPE = GGMLType.Q6_K
 OUTPUT_KEEPS_DEFAULT: frozenset[GGMLType] = frozenset({GGMLType.Q8_0})
 
 # FALLBACK and LAST_RESORT_TYPE (tensor_type_fallback) live in rules.py
 
-# notes: every choice says why; these prefixes let a caller count or filter them
+# note prefixes a caller counts or filters by
 NOTE_KEPT = "kept"
 NOTE_FALLBACK = "fallback"
 # the type reported for a tensor llama-quantize leaves alone when the caller gave no input types
@@ -265,8 +257,7 @@ def not_quantized_reason(name: str, ne: Sequence[int]) -> str | None:
     """Why tensor_allows_quantization (default options) says no, or None when it says yes."""
     if n_dims(ne) < 2:
         return "1-D"
-    # llama.cpp tests name.rfind("weight") == name.size() - 6 in size_t arithmetic: a 5-character
-    # name wraps to npos and passes. Mirrored so the odd case agrees too.
+    # llama.cpp's rfind("weight") == size() - 6 is size_t: a 5-character name wraps to npos and passes
     if not (name.endswith(QUANTIZED_SUFFIX) or (len(name) == 5 and QUANTIZED_SUFFIX not in name)):
         return f"name does not end in {QUANTIZED_SUFFIX!r}"
     if name in NOT_QUANTIZED_NAMES:
@@ -429,8 +420,7 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
             raise ValueError(f"{name}: {note} {given.name} needs rows of whole {_block(given)}-value blocks, ne[0] is {ne[0]}")
         if src is not None and src != new.name:
             cur = GGMLType[src]
-            # llama_tensor_dequantize_impl takes F16/BF16 or a quantized type and reads F32 directly;
-            # anything else (I64, I32, ...) it refuses: such tensors are never quantizable in our files
+            # llama_tensor_dequantize_impl refuses anything but F32/F16/BF16 or a quantized type
             if cur not in FLOAT_TYPES and _block(cur) > 1:
                 raise ValueError(f"{name}: llama-quantize refuses to requantize {src} to {new.name} (no --allow-requantize)")
             if cur not in FLOAT_TYPES:
@@ -441,8 +431,7 @@ def choose_quant_types(tensors: list[tuple[str, tuple[int, ...]]], ftype: str, *
 
 # --- raising a tensor's type (quantize --min-acceptance)
 
-# The candidate types a tensor group is raised through, lowest first: llama-quantize's own types
-# (any of them is a --tensor-type value), one per bits-per-weight step.
+# the types a tensor group is raised through, lowest first, one per bits-per-weight step
 RAISE_LADDER: tuple[GGMLType, ...] = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
                                       GGMLType.Q8_0)
 # the tensor groups raised together: per layer (attention, FFN), fc, the drafter's own output head
@@ -484,7 +473,6 @@ def fallback_count(choices: Sequence[tuple[str, str]]) -> int:
     return sum(note.startswith(NOTE_FALLBACK) for _, note in choices)
 
 
-# the types `sweep` measures and `publish` releases when --types is not given (here, as data, so the
-# command line shows them without importing either command)
+# `sweep`'s and `publish`'s default --types (data here so the command line need not import them)
 DEFAULT_SWEEP_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q4_0", "Q3_K_M", "Q2_K")
 DEFAULT_RELEASE_TYPES = ("BF16", "Q8_0", "Q6_K", "Q4_K_M")

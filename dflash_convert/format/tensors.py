@@ -1,8 +1,7 @@
 """Tensor names: Hugging Face DFlash checkpoint <-> llama.cpp ``dflash`` GGUF, both directions.
 
-HF names are given without the optional ``model.`` prefix (z-lab checkpoints have none; other
-exporters add it). Per-layer names use ``{bid}`` for the layer index. The table is the single
-place that spells a tensor name; ``hf_to_gguf`` and ``gguf_to_hf`` read it.
+HF names are given without the optional ``model.`` prefix; ``{bid}`` is the layer index. The one
+place that spells a tensor name.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ GLOBAL_TENSORS: dict[str, str] = {
     "d2t": "d2t",  # draft -> target id table; stored as absolute ids, I64 (speculators stores offsets)
 }
 
-# HF tensors that are read and checked but never written (llama.cpp would reject the file:
-# every tensor must be claimed). t2d is the inverse of d2t, redundant for the runtime.
+# HF tensors read and checked, never written (llama.cpp rejects unclaimed tensors; t2d is d2t's inverse)
 CHECKED_NOT_WRITTEN: tuple[str, ...] = ("t2d",)
 
 # HF per-layer suffix (after "layers.{bid}.") -> GGUF per-layer suffix (after "blk.{bid}.")
@@ -125,9 +123,8 @@ REQUIRED_PER_LAYER: tuple[str, ...] = (
     "ffn_down.weight",
 )
 
-# Expected PyTorch shapes ([out, in] for linears) of each tensor, as expressions over the
-# drafter's dimensions (products written with '*'): E hidden, F intermediate, H heads,
-# KV kv-heads, D head dim, T taps, V vocabulary, VD draft vocabulary.
+# PyTorch shapes ([out, in]) over E hidden, F intermediate, H heads, KV kv-heads, D head dim, T taps,
+# V vocabulary, VD draft vocabulary
 EXPECTED_HF_SHAPES: dict[str, tuple[str, ...]] = {
     "fc.weight": ("E", "T*E"),
     "enc.output_norm.weight": ("E",),

@@ -1,11 +1,8 @@
 """Hidden states captured from a target model, the features a drafter reads live.
 
-Synthetic features cannot show that a file taps the right target layers; running the target and
-keeping the stream entering every layer lets each side gather its own taps. The target runs through
-transformers' own class for ``architectures[0]`` (optional, needed only here), loaded from a private
-folder holding the checked config and safetensors (no remote code). It refuses a target whose
-weights or config fail those checks. The streams come from forward hooks on the decoder layers,
-not ``output_hidden_states`` (its last entry is final-normed; llama.cpp's is the raw residual).
+The target runs through transformers' own class for ``architectures[0]`` (no remote code), from a
+private folder holding the checked config and safetensors; the stream entering every layer comes
+from forward hooks. Refuses a target whose weights or config fail those checks.
 
 Specification: docs/acceptance.md, "Capturing from a Hugging Face directory".
 """

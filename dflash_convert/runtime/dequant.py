@@ -1,11 +1,7 @@
 """ggml tensor bytes -> torch values, for running converted drafters in process (CPU or CUDA).
 
-Every kernel is a handful of torch ops over all blocks of a chunk at once, so it runs on whatever
-device the bytes are on. Results are bit-identical to gguf-py's numpy dequantizers: each kernel
-rounds the same float32 products and sums in ggml's order. It refuses a big-endian host (the fp16
-scale fields are read in host byte order) and a type it has no kernel for.
-
-Specification (the rounding order, why no fused multiply-add): docs/runtime.md, "Dequantization".
+Bit-identical to gguf-py's numpy dequantizers, on whatever device the bytes are on. Refuses a
+big-endian host and a type it has no kernel for. Specification: docs/runtime.md, "Dequantization".
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from ..format.ggml import BLOCK_GEOMETRY, REMOVED_TYPES, GGMLType, tensor_nbytes
 from ..format.iq2_grids import IQ1S_POINTS, IQ1S_VALUES, IQ2_VALUES, IQ2S_POINTS, IQ2XS_POINTS, IQ2XXS_POINTS
 from ..format.iq3_grids import IQ3S_POINTS, IQ3S_VALUES, IQ3XXS_POINTS, IQ3XXS_VALUES
 
-# Block structs (ggml-common.h): field name and byte size, in memory order. Fields named d, dmin
-# and m are fp16; everything else is packed integers. Checked against BLOCK_GEOMETRY below.
+# Block structs (ggml-common.h): (field, bytes) in memory order; d, dmin and m are fp16.
 BLOCK_FIELDS: dict[GGMLType, tuple[tuple[str, int], ...]] = {
     GGMLType.Q4_0: (("d", 2), ("qs", 16)),
     GGMLType.Q4_1: (("d", 2), ("m", 2), ("qs", 16)),
@@ -48,14 +43,13 @@ BLOCK_FIELDS: dict[GGMLType, tuple[tuple[str, int], ...]] = {
     GGMLType.IQ1_M: (("qs", 32), ("qh", 16), ("scales", 8)),
 }
 
-# Types stored one value per element: reinterpret the bytes, then cast to the requested dtype.
 FLOAT_ELEMENT_DTYPES: dict[GGMLType, torch.dtype] = {
     GGMLType.F32: torch.float32,
     GGMLType.F16: torch.float16,
     GGMLType.BF16: torch.bfloat16,
     GGMLType.F64: torch.float64,
 }
-# Integer tensors (d2t is I64) come back as int64 whatever dtype is asked for: they are indices.
+# integer tensors (d2t) come back as int64 whatever dtype is asked for: they are indices
 INT_ELEMENT_DTYPES: dict[GGMLType, torch.dtype] = {
     GGMLType.I8: torch.int8,
     GGMLType.I16: torch.int16,
@@ -63,10 +57,9 @@ INT_ELEMENT_DTYPES: dict[GGMLType, torch.dtype] = {
     GGMLType.I64: torch.int64,
 }
 
-# IQ4_NL / IQ4_XS non-linear 4-bit codebook (kvalues_iq4nl, ggml-common.h).
+# kvalues_iq4nl (ggml-common.h)
 KVALUES_IQ4NL: tuple[int, ...] = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
-# Right shifts that spread one byte into its 4-bit, 2-bit and 1-bit fields, lowest bits first.
 _NIBBLE_SHIFTS = (0, 4)
 _CRUMB_SHIFTS = (0, 2, 4, 6)
 _BIT_SHIFTS = (0, 1, 2, 3, 4, 5, 6, 7)
@@ -128,8 +121,7 @@ def _k4_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
-# Kernels: (n_blocks, type_size) uint8 blocks -> (n_blocks, block_elements) float32 ``out``, unpacked
-# into small uint8 buffers and scaled in place, so the only large allocation is the caller's output.
+# Kernels: uint8 blocks [n, type_size] -> float32 ``out`` [n, block_elements], scaled in place.
 
 
 def _q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -435,8 +427,7 @@ _BLOCK_KERNELS: dict[GGMLType, Callable[[torch.Tensor, torch.Tensor], None]] = {
     GGMLType.IQ1_M: _iq1_m,
 }
 
-# Values per kernel call: the code buffers stay below glibc's mmap threshold, so they are recycled
-# from the heap rather than page-faulted afresh; on a GPU the cap only bounds temporary buffers.
+# Values per kernel call: CPU code buffers stay below glibc's mmap threshold (recycled, not page-faulted)
 _CHUNK_VALUES_CPU = 1 << 24
 _CHUNK_VALUES_OTHER = 1 << 26
 
@@ -452,8 +443,7 @@ def _type_name(ggml_type: int) -> str:
 
 
 def _reinterpret(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bytes -> elements of dtype. view() needs the storage offset to be a whole element; a slice
-    of a larger buffer at an odd offset is copied first rather than refused."""
+    """Bytes -> elements of dtype; a slice at an odd storage offset is copied first (view() needs whole elements)."""
     raw = raw.contiguous()
     if raw.storage_offset() % dtype.itemsize:
         raw = raw.clone()
@@ -490,7 +480,7 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], *, dty
     kernel = _BLOCK_KERNELS[t]
     out = torch.empty((n_blocks, block), dtype=dtype, device=raw.device)
     step = max(1, (_CHUNK_VALUES_CPU if raw.device.type == "cpu" else _CHUNK_VALUES_OTHER) // block)
-    # other output dtypes: compute each chunk in float32 scratch, then round once into out
+    # other dtypes: float32 scratch per chunk, rounded once into out
     scratch = None if dtype == torch.float32 else torch.empty((min(step, n_blocks), block), dtype=torch.float32, device=raw.device)
     for i in range(0, n_blocks, step):
         dst = out[i : i + step]

@@ -1,9 +1,7 @@
 """DFlash2's parts of the dflash graph, as llama.cpp 0c1e57098 computes them (the GGUF side).
 
-Dynamic convolutions around attention and the FFN, the output transforms and the candidate selector
-whose lattice the driver walks; ``runtime.forward`` calls in at its hook points. It refuses what
-llama.cpp's loader refuses: missing conv/selector keys or tensors, a group size that does not divide
-the hidden size, wrong shapes, a top-k past the vocabulary.
+Convolutions, output transforms and the candidate selector; ``runtime.forward`` calls in at its hooks.
+Refuses what llama.cpp's loader refuses (missing keys or tensors, bad group size, shapes or top-k).
 Specification: docs/runtime.md, "DFlash2, the GGUF side".
 """
 

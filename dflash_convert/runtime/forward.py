@@ -1,8 +1,7 @@
 """The drafter's forward pass as llama.cpp 0c1e57098 computes it, in torch (CPU or CUDA): the runner.
 
 ``run_gguf`` computes one draft as the speculative driver's draft context does, departures from the
-trained model included (``runtime.reference`` keeps the model's own semantics). It refuses inputs of
-the wrong shape, token ids outside the vocabulary and taps it was not given (``DFlashError``).
+trained model included. Refuses wrong shapes, out-of-vocabulary ids and missing taps (``DFlashError``).
 Specification: docs/runtime.md, "The runner".
 """
 
@@ -100,10 +99,7 @@ def _yarn_corr_dims(spec: RopeSpec) -> tuple[float, float]:
 
 
 def rope_cos_sin(spec: RopeSpec, pos_rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of every rotated pair of ``pos_rows`` ([4, N] or [1, N]): [N, n_rot/2], scaled by YaRN's mscale.
-
-    The angles follow ggml_rope_cache_init's float32 recurrence, not exact angles (~1e-5 in the logits).
-    """
+    """cos, sin of every rotated pair of ``pos_rows`` ([4, N] or [1, N]): [N, n_rot/2], ggml's float32 recurrence."""
     f32 = torch.float32
     half = spec.n_rot // 2
     dev = pos_rows.device
@@ -177,10 +173,7 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, wi
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
            sinks: torch.Tensor | None, cache_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Softmax attention with GQA and optional sinks: q [n, H, D], k/v [K, Hkv, D] -> [n, H*D].
-
-    ``cache_dtype``: an F16/BF16 KV cache, which also rounds q and the softmax weights (CPU, flash attention off).
-    """
+    """Softmax attention with GQA and optional sinks: q [n, H, D], k/v [K, Hkv, D] -> [n, H*D]; ``cache_dtype``: an F16/BF16 KV cache."""
     n, H, D = q.shape
     if cache_dtype is not None:
         q, k, v = (t.to(cache_dtype).to(q.dtype) for t in (q, k, v))
@@ -251,7 +244,7 @@ def _mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, wtype: str
     observe(w, x)  # the F32 input, before the CPU backend's rounding (what llama-imatrix reads)
     if wtype is not None:
         x = cpu_matmul_input(x, wtype)
-    y = x @ matmul_values(w, x.dtype).T  # a stored-precision or in-file weight (check's) widened for this product only
+    y = x @ matmul_values(w, x.dtype).T  # widened for this product only
     return y if scale is None else y * scale
 
 
@@ -372,7 +365,6 @@ def run_gguf(d: Drafter, weights: DrafterWeights, target_hidden: torch.Tensor, b
     pattern = d.swa_pattern or []
     window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
 
-    # KV injection (embedding batch), then the noise block (token batch)
     g = rms_norm(_mm(feats, weights.fc, weights.fc_scale, weights.fc_type if cpu_matmul else None), eps, weights.enc_norm)
 
     x = weights.embed.rows(ids)

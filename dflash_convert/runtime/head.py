@@ -1,11 +1,9 @@
 """The head's greedy tokens without every logit in float32: a bf16 screen, float32 only where it decides.
 
-``head_argmax`` returns, per row of ``x``, the argmax of ``x @ W.T`` as the float32 product ranks it
-(any float32 summation order; the lowest index, or ``order`` key, among equal maxima). A bf16 product
-(float32 accumulation, one rounding at the end) puts every logit within a proven bound of the exact
-one; only rows that could still beat the row's best are recomputed in float32. It screens on the CPU
-only, and refuses (returns None, the caller takes the float32 product) non-finite inputs, a bf16
-kernel that fails the bound on a probe, or too many candidates. Spec: docs/acceptance.md, "Speed".
+``head_argmax``: per row of ``x``, the argmax of ``x @ W.T`` as float32 ranks it; the rows that could
+beat a bf16 screen's best are recomputed in float32. CPU only; returns None (take the float32 product)
+for non-finite inputs, a bf16 kernel that fails the probe, or too many candidates.
+Spec: docs/acceptance.md, "Speed".
 """
 
 from __future__ import annotations
@@ -108,8 +106,7 @@ def candidates(y: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 def kernel_is_sound(width: int) -> bool:
     """Whether this build's bf16 matmul rounds once, after exact float32-width accumulation, on a probe.
 
-    Integer values whose partial sums stay below 2^24 in any order make every float32 accumulation
-    exact; large sums that cancel would show any rounding before the end (or a truncating one).
+    Integers with partial sums below 2^24 accumulate exactly; cancelling large sums expose early rounding.
     """
     if width not in _SOUND:
         g = torch.Generator().manual_seed(width)

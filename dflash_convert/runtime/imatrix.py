@@ -1,11 +1,8 @@
 """A drafter's importance matrix: Σx² per input column of every matrix it multiplies, as llama-imatrix counts.
 
-The drafter runs over a features file as llama.cpp drafts (``accept``'s live loop, or every anchor)
-with an observer on the runner's matmuls (``runtime.observe``). Per sequence every captured position
-passes ``fc`` and each layer's ``attn_k``/``attn_v`` once, as one injection; per draft the block
-passes every block weight, the drafter's own head and the family's heads. A weight's rows of one
-decode count only when there are at least ``format.imatrix.MIN_ROWS`` of them (imatrix.cpp), except
-DSpark's chained heads (``CHAINED``); a non-finite sum is refused. Specification: docs/quantize.md, "Importance matrix".
+The drafter runs over a features file as llama.cpp drafts, with an observer on the runner's matmuls
+(``runtime.observe``); a decode's rows count only from ``format.imatrix.MIN_ROWS`` (imatrix.cpp).
+Refuses a non-finite sum. Specification: docs/quantize.md, "Importance matrix".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The drafter's forward pass from its Hugging Face checkpoint, independent of the GGUF path.
 
-It shares nothing with conversion or ``runtime.forward`` but the config parsing: weights are read by
-their HF names with safetensors' own reader, the math follows z-lab's DFlash model code, under two
-semantics, ``"llama.cpp"`` and ``"reference"`` (as trained). It refuses a family member it does not
-compute, a checkpoint without the embedding or head it needs and no target to take them from, and a
-malformed ``mask_embedding.pt``. Specification: docs/runtime.md, "The reference".
+Shares only the config parsing with conversion and ``runtime.forward``; z-lab's model code under the
+``"llama.cpp"`` or ``"reference"`` semantics. Refuses a member it does not compute, a missing embedding
+or head with no target, and a malformed ``mask_embedding.pt``. Spec: docs/runtime.md, "The reference".
 """
 
 from __future__ import annotations
@@ -96,9 +94,9 @@ ROW_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16
 
 
 class CheckpointTensors(Mapping[str, torch.Tensor]):
-    """A checkpoint's tensors by HF name (``model.`` stripped), read with safetensors' own reader: floats in
-    ``dtype``, integers int64. ``resident``: each read once and kept; else only vectors (norms, d2t, sinks) are
-    kept and a matrix is read again at each use, so one at a time is in memory (check's bound)."""
+    """A checkpoint's tensors by HF name (``model.`` stripped): floats in ``dtype``, integers int64.
+
+    Not ``resident``: only vectors are kept, a matrix is read again at each use (check's memory bound)."""
 
     def __init__(self, files: list[Path], device: torch.device, dtype: torch.dtype, resident: bool) -> None:
         self.device, self.dtype = device, dtype
@@ -161,8 +159,7 @@ class _SafetensorsRows:
 
 def _mask_row(ckpt_dir: Path, d: Drafter, table_dtype: torch.dtype | None, device: torch.device,
               dtype: torch.dtype) -> torch.Tensor | None:
-    """mask_embedding.pt's vector, rounded to the dtype of the embedding table it is written into
-    (one table has one dtype: upstream's converter and ours both cast the row to it)."""
+    """mask_embedding.pt's vector, rounded to the embedding table's dtype as both converters cast it."""
     path = ckpt_dir / MASK_EMBEDDING_FILE
     if not path.is_file():
         return None
@@ -294,8 +291,7 @@ def _inv_freq(model: ReferenceModel, semantics: str) -> tuple[torch.Tensor, floa
 
 
 def _gemma4_proportional(model: ReferenceModel, inv: torch.Tensor, rot: int) -> torch.Tensor:
-    """Gemma-4's proportional RoPE (transformers' ``proportional`` rope type) from the checkpoint's config: the
-    first ``partial_rotary_factor * head_dim / 2`` pairs rotate at base^(-2j/head_dim), the rest not at all."""
+    """Gemma-4's proportional RoPE: the first ``partial_rotary_factor * head_dim / 2`` pairs at base^(-2j/head_dim)."""
     rope = _view(model).get("rope_parameters") or {"full_attention": GEMMA4_DEFAULT_ROPE}
     full = rope.get("full_attention", rope)
     if full.get("rope_type", "default") != "proportional":

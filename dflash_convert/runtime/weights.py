@@ -1,9 +1,8 @@
 """A drafter's tensors as torch values on one device, laid out the way the dflash graph uses them.
 
-The runner reads weights through this module only, from a GGUF or a checkpoint alike, decoded by
-``runtime.dequant``. The embedding and head follow llama.cpp's fallbacks to the target; both are
-:class:`LazyMatrix` objects, decoded only as far as they are used. It refuses missing tensors,
-tensors of other graphs and a target of the wrong width. Spec: docs/runtime.md, "The weights".
+The runner's only way to weights, from a GGUF or a checkpoint alike; embedding and head fall back to
+the target as llama.cpp's do. Refuses missing tensors, tensors of other graphs and a target of the
+wrong width. Spec: docs/runtime.md, "The weights".
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ def source_values(source: TensorSource, device: torch.device | str = "cpu", dtyp
         raise InputFileError(f"cannot run a tensor of type {source.dtype}") from None
     raw = np.ascontiguousarray(source.rows(a, b)).view(np.uint8)
     shape = tuple(source.shape)
-    if rows is not None and len(shape) > 1:  # a row range of a matrix (a 3-D tensor, DFlash2's conv base, is read whole)
+    if rows is not None and len(shape) > 1:  # a 3-D tensor (DFlash2's conv base) is read whole
         shape = (b - a, *shape[1:])
     out = dequantize(torch.from_numpy(raw.copy()).to(device), int(gtype), shape, dtype=dtype)
     return out if out.dtype == torch.int64 else out.to(dtype)
@@ -133,7 +132,7 @@ class LazyMatrix:
         if len(source.shape) != 2:
             raise InputFileError(f"{what} has shape {list(source.shape)}, expected 2 dimensions")
         self.source, self.device, self.dtype, self.what = source, torch.device(device), dtype, what
-        self.keep = keep  # False: never decoded whole, the head always streamed in row chunks (check's memory)
+        self.keep = keep  # False: always streamed in row chunks
         self._full: torch.Tensor | None = None
 
     @classmethod
@@ -264,9 +263,7 @@ def load_weights(d: Drafter, target: Target | None = None, *, device: torch.devi
                  dtype: torch.dtype = torch.float32, stored: bool = False) -> DrafterWeights:
     """Every tensor of ``d`` decoded on ``device``; the target supplies an embedding or head the drafter lacks.
 
-    ``stored``: the layers' and fc's matrices stay F32/F16/BF16 as stored, or in the file when quantized (FileMatrix),
-    and are widened or decoded at each matmul, and the embedding and head are never decoded whole (the head is
-    streamed in row chunks): the file's size in memory, the same values."""
+    ``stored``: matrices stay as stored (quantized ones in the file) and are decoded at each matmul."""
     _reject_other_members(d)
     device = torch.device(device)
     by = {t.gguf_name: t for t in d.tensors}

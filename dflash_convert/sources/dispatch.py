@@ -1,11 +1,8 @@
 """The one checkpoint dispatcher: which reader turns a checkpoint directory into a Drafter.
 
-Two tables, as llama.cpp's ``TEXT_MODEL_MAP``: by ``architectures`` entry, or by a speculators
-export's ``speculators_model_type``. ``convert``, ``check``'s reference and its weight diagnosis all
-read through ``read_checkpoint_drafter``, so they never disagree on what a checkpoint is.
-Precedence, as upstream's: a family architecture (DFlash2, DSpark, Gemma-4 DSpark, DeepSeek-V4
-DSpark) wins over ``speculators_model_type``, which wins over ``DFlashDraftModel``; a
-``DFlashDraftModel`` carrying DFlash2 keys or tensors is read as DFlash2.
+Two tables, as llama.cpp's ``TEXT_MODEL_MAP``: by ``architectures`` entry or ``speculators_model_type``.
+Every reader of checkpoints goes through ``read_checkpoint_drafter``. Precedence, as upstream's: a family
+architecture, then ``speculators_model_type``, then ``DFlashDraftModel`` (read as DFlash2 with its keys).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Read a features file (``capture``'s output, format/features.py): every check of that untrusted input here.
 
-On top of the hardened safetensors reader it refuses: a sequence without its three tensors or with
-inconsistent shapes, negative token ids, a ``prompt_length`` outside 1..L-1, a continuation longer
-than ``new_tokens`` + LOOKAHEAD, counts that are not plain decimal integers, anything else in the
-file, and layer inputs that are not finite (read one layer of one sequence at a time). It matches a
-drafter (``check_drafter``) and the target in use (``target_for``). accept, sweep, ``check
---features`` and ``--min-acceptance`` read features only through here. Specification:
-docs/acceptance.md, "capture".
+Refuses a sequence without its three tensors or with inconsistent shapes, negative token ids, a
+``prompt_length`` outside 1..L-1, a continuation past ``new_tokens`` + LOOKAHEAD, counts that are not
+plain decimal integers, anything else in the file, and non-finite layer inputs. Every command reads
+features only through here. Specification: docs/acceptance.md, "capture".
 """
 
 from __future__ import annotations

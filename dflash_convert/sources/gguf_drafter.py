@@ -32,9 +32,7 @@ def as_float(v: GGUFValue | None) -> float | None:
     return float(v.value) if v is not None and v.vtype in FLOAT_VALUE_TYPES else None
 
 
-# the longest integer array turned into a list of Python ints (up to 36 bytes an entry, against 1 to
-# 8 in the file): llama.cpp reads no model key into more than LLAMA_MAX_LAYERS (512) entries, so a
-# longer array is refused whatever it holds (validate says so from its length), never expanded
+# longer integer arrays are refused, never expanded: llama.cpp reads none past LLAMA_MAX_LAYERS (512)
 MAX_INT_LIST = 1 << 16
 
 
@@ -168,8 +166,7 @@ def drafter_from_gguf(g: GGUFFile, *, strict: bool = True) -> Drafter:
             scaling.yarn_beta_fast = as_float(get("rope_yarn_beta_fast"))
             scaling.yarn_beta_slow = as_float(get("rope_yarn_beta_slow"))
 
-    # upstream's key order: the generic keys (causal when is_causal is false, the draft's own
-    # rope sections) come before the epsilon, the dflash ones after it
+    # upstream's key order: these generic keys come before the epsilon, the dflash ones after it
     eps_at = _position(g, key("rms_eps"))
     sections = as_ints(get("rope_dimension_sections"))
     causal_v = get("causal")

@@ -1,11 +1,9 @@
 """Hugging Face repo ids as inputs: ``org/name[@revision]`` -> a snapshot directory in the shared cache.
 
-A path that exists is always a path; a repo id is looked up in the cache offline first, and only the
-files its role reads are downloaded, when allowed. The cache is untrusted: a revision that is not a
-commit or a git ref name, a ref outside ``refs/`` or not holding a commit, and a snapshot entry that
-resolves outside the repo's cache folder are refused (one line, exit 2). ``HF_HUB_CACHE``, ``HF_HOME``
-and ``HF_HUB_OFFLINE`` are read on every call, not at huggingface_hub's import, so what the user (or a
-test) set counts. Specification: docs/conversion.md, "Inputs from the Hugging Face cache".
+A path that exists is always a path; a repo id is looked up offline first, and only its role's files
+are downloaded, when allowed. The cache is untrusted: a bad revision or ref and a snapshot entry
+resolving outside the repo's folder are refused (one line, exit 2). The HF_* variables are read on
+every call. Specification: docs/conversion.md, "Inputs from the Hugging Face cache".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Reads the importance-matrix files ``llama-quantize --imatrix`` reads: GGUF, else legacy ``.dat``.
 
-The values are what ``load_imatrix`` hands the quantizer (tools/quantize/quantize.cpp): GGUF
-``in_sum2`` divided by its ``lround``ed counts per matrix (1.0 where a count is not positive),
-legacy values divided by ``ncall``. Refused, as one ``InputFileError`` naming the file: what
-``common_imatrix_load`` refuses (no entries, unpaired or non-F32 sums and counts, a truncated or
-negative length) and a GGUF without the three ``imatrix.*`` keys; lengths are checked against the
-bytes that remain before anything is allocated. A value that is not finite, or a length that does not
-fit the tensor it is used for, is refused when it is used (``check_finite``, ``for_tensor``).
-Specification: docs/quantize.md, "Importance matrix"; keys in format/imatrix.py.
+The values are what ``load_imatrix`` (tools/quantize/quantize.cpp) hands the quantizer. Refused, as
+one ``InputFileError`` naming the file: what ``common_imatrix_load`` refuses and a GGUF without the
+three ``imatrix.*`` keys, lengths checked before anything is allocated; a non-finite value or a
+misfit length when it is used. Specification: docs/quantize.md, "Importance matrix".
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """A cache of the borrowed tokenizer keys, so a second conversion against one target skips the slow part.
 
-An entry is found by ``entry_key``, a SHA-256 over everything the keys depend on. Nothing read from
-the cache is trusted (never pickle): a link, a FIFO, an oversized, truncated, altered or malformed
-entry is ignored with one warning and rebuilt; an unwritable cache costs speed, never the conversion.
+Entries are keyed by a SHA-256 over everything the keys depend on. Nothing read is trusted (never
+pickle): a faulty entry is ignored with one warning and rebuilt; an unwritable cache costs only speed.
 Specification: docs/conversion.md, "The tokenizer cache".
 """
 
@@ -129,13 +128,7 @@ def default_directory() -> Path:
     return Path.home() / ".cache" / "dflash-convert" / "tokenizer"
 
 
-# --- the entry's payload
-#
-# MAGIC, a line "<SHA-256 of the payload> <its length>", then the payload: one line of JSON with
-# every key as [name, value type, element type or null, value], then the string arrays' sections.
-# A string array's value is {"section": i}; section i is its n items as a GGUF file holds them (each
-# a little-endian u64 byte length, then its UTF-8 bytes) after the n + 1 offsets of those items (u64):
-# read back as a compact StrArray in a few whole-array checks, and written out as the same buffer.
+# --- the entry's payload (layout: docs/conversion.md, "The tokenizer cache")
 
 def _encodable(kv_value: Any, vtype: ValueType, sub: ValueType | None) -> bool:
     """Can the entry carry this value back exactly? (Raw bytes, from a GGUF, cannot; the dir routes make none.)"""
@@ -299,7 +292,7 @@ def _read_bounded(path: Path) -> bytes | None:
     try:
         fd = os.open(path, flags)
     except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):  # no entry, or no cache directory (a file is in its way)
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):  # no entry, or no cache directory
             return None
         if e.errno == errno.ELOOP:
             raise CorruptEntry("entry is a symbolic link") from None
@@ -329,12 +322,7 @@ def _read_bounded(path: Path) -> bytes | None:
 
 @dataclass
 class TokenizerCache:
-    """Where entries live (None: no cache, nothing read or written) and what the last lookup did.
-
-    ``outcome`` is "off", "hit" (keys came from an entry, nothing was probed or parsed), "miss"
-    (built and stored), "miss-unstored" (built; the entry could not be written) or "uncacheable"
-    (an input could not be hashed or a value cannot be stored exactly).
-    """
+    """Where entries live (None: no cache) and the last lookup's ``outcome``: off, hit, miss, miss-unstored, uncacheable."""
 
     directory: Path | None
     outcome: str = "off"
@@ -372,7 +360,7 @@ class TokenizerCache:
             return
         try:
             self._write(self.path_for(cache_key), data)
-        except OSError as e:  # read-only, full, not a directory: the conversion goes on without the cache
+        except OSError as e:  # the conversion goes on without the cache
             self.outcome = "miss-unstored"
             log.info("tokenizer cache not written in %s: %s", self.directory, e.strerror or e)
             return
