@@ -8,6 +8,7 @@ all refuse non-finite input (ggml aborts). Specification: docs/quantizers.md, "I
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -20,7 +21,7 @@ __all__ = ["IMPORTANCE_REQUIRED", "quantize_iq1_m", "quantize_iq1_s", "quantize_
 QK_K = 256
 _F32 = np.float32
 _KMAP_SIZE = 43692  # every 8-level code with levels 0-2, as ggml sizes kmap (codes up to 0xAAAA)
-_CHUNK = 4096  # codes per neighbour-distance tile: [4096, 2048] float32 stays at 32 MiB
+_CHUNK = 1024  # codes per neighbour-distance tile: [1024, 2048] float32 is 8 MiB
 
 # type -> (grid points, distinct distances whose points are listed as neighbours, iq2_blocks' kind (_iq2_kernels.XXS,
 # XS, S; -1: iq1_blocks), block bytes, importance required)
@@ -36,7 +37,9 @@ _TYPES: dict[str, tuple[tuple[int, ...], int, int, int, bool]] = {
 IMPORTANCE_REQUIRED: frozenset[str] = frozenset(name for name, t in _TYPES.items() if t[4])
 
 
-@functools.cache
+_TABLES_LOCK = threading.Lock()  # the encode pool's threads would each build the tables on first use
+
+
 def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``iq2xs_init_impl``'s tables: (grid float32 [G, 8] of 2l+1, its levels int64, kmap int64 [43692], neighbours int64).
 
@@ -44,9 +47,13 @@ def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     = n and the next n entries are the grid points at the ``nwant`` smallest distances from u (levels
     3 included, as ggml computes them), by (distance, index): ggml's qsort order, a total order.
     """
+    with _TABLES_LOCK:
+        return _tables("IQ1_S" if name == "IQ1_M" else name)  # IQ1_M: the same grid and neighbour count
+
+
+@functools.cache
+def _tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     points, nwant, _, _, _ = _TYPES[name]
-    if name == "IQ1_M":
-        return tables("IQ1_S")  # the same grid and neighbour count
     pts = np.array(points, np.int64)
     levels = (pts[:, None] >> (2 * np.arange(8))) & 3
     grid = (2 * levels + 1).astype(_F32)

@@ -8,6 +8,7 @@ aborts on it). Specification: docs/quantizers.md, "IQ3_XXS and IQ3_S".
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -28,7 +29,10 @@ _TYPES: dict[str, tuple[tuple[int, ...], int, int]] = {
 }
 
 
-@functools.cache
+_TABLES_LOCK = threading.Lock()  # the encode pool's threads would each build the tables on first use
+_TILE_OFFSETS = 512  # off-grid points per distance tile: [512, 512, 4] int64 is 8 MiB
+
+
 def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``iq3xs_init_impl``'s tables: (grid int8 [G, 4] of 2l+1, kmap int32 [4096], neighbours uint16).
 
@@ -36,6 +40,12 @@ def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     neighbours[offset] = n and the next n entries are the grid points at the ``nwant`` smallest
     distances from u, by (distance, index): ggml's qsort order, a total order, so deterministic.
     """
+    with _TABLES_LOCK:
+        return _tables(name)
+
+
+@functools.cache
+def _tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     points, nwant, _ = _TYPES[name]
     pts = np.array(points, np.int64)
     levels = (pts[:, None] >> (3 * np.arange(4))) & 7
@@ -43,19 +53,26 @@ def tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     kmap = np.full(_KMAP_SIZE, -1, np.int32)
     kmap[pts] = np.arange(pts.size, dtype=np.int32)
     off = np.flatnonzero(kmap < 0)
-    pos = 2 * ((off[:, None] >> (3 * np.arange(4))) & 7) + 1
-    d2 = ((grid[None, :, :].astype(np.int64) - pos[:, None, :]) ** 2).sum(axis=2)  # [off, G]
-    order = np.argsort(d2 * pts.size + np.arange(pts.size), axis=1)  # by (d2, index)
-    d2s = np.take_along_axis(d2, order, axis=1)
-    rank = np.concatenate([np.zeros((off.size, 1), np.int64), np.cumsum(d2s[:, 1:] != d2s[:, :-1], axis=1)], axis=1)
-    keep = rank < nwant
-    counts = keep.sum(axis=1)
-    starts = np.concatenate([[0], np.cumsum(counts + 1)[:-1]])
-    neigh = np.empty(int((counts + 1).sum()), np.uint16)
-    neigh[starts] = counts
-    rows, cols = np.nonzero(keep)  # row-major: each row's kept neighbours in sorted order
-    neigh[starts[rows] + 1 + cols] = order[rows, cols]
-    kmap[off] = -(starts + 1)
+    lists: list[np.ndarray] = []
+    done = 0  # neighbour entries written by earlier tiles
+    for c0 in range(0, off.size, _TILE_OFFSETS):
+        u = off[c0:c0 + _TILE_OFFSETS]
+        pos = 2 * ((u[:, None] >> (3 * np.arange(4))) & 7) + 1
+        d2 = ((grid[None, :, :].astype(np.int64) - pos[:, None, :]) ** 2).sum(axis=2)  # [u, G]
+        order = np.argsort(d2 * pts.size + np.arange(pts.size), axis=1)  # by (d2, index)
+        d2s = np.take_along_axis(d2, order, axis=1)
+        rank = np.concatenate([np.zeros((u.size, 1), np.int64), np.cumsum(d2s[:, 1:] != d2s[:, :-1], axis=1)], axis=1)
+        keep = rank < nwant
+        counts = keep.sum(axis=1)
+        starts = np.concatenate([[0], np.cumsum(counts + 1)[:-1]])
+        block = np.empty(int((counts + 1).sum()), np.uint16)
+        block[starts] = counts
+        rows, cols = np.nonzero(keep)  # row-major: each row's kept neighbours in sorted order
+        block[starts[rows] + 1 + cols] = order[rows, cols]
+        kmap[u] = -(done + starts + 1)
+        done += block.size
+        lists.append(block)
+    neigh = np.concatenate(lists)
     for a in (grid, kmap, neigh):
         a.flags.writeable = False
     return grid, kmap, neigh
