@@ -14,6 +14,7 @@ import numpy as np
 
 from ..format.iq2_grids import IQ1S_POINTS, IQ2S_POINTS, IQ2XS_POINTS, IQ2XXS_POINTS
 from . import jit
+from .grid_neighbours import neighbour_block
 from .legacy import as_blocks, fp16_bits
 
 __all__ = ["IMPORTANCE_REQUIRED", "quantize_iq1_m", "quantize_iq1_s", "quantize_iq2_s", "quantize_iq2_xs", "quantize_iq2_xxs"]
@@ -62,6 +63,7 @@ def _tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     off = np.flatnonzero(kmap < 0)
     g2 = (grid * grid).sum(axis=1)
     lists: list[np.ndarray] = []
+    done = 0  # neighbour entries written by earlier tiles
     for c0 in range(0, off.size, _CHUNK):
         u = off[c0:c0 + _CHUNK]
         pos = (2 * ((u[:, None] >> (2 * np.arange(8))) & 3) + 1).astype(_F32)
@@ -69,20 +71,10 @@ def _tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         d2 = pos @ (-2 * grid.T)
         d2 += g2[None, :]
         d2 += (pos * pos).sum(axis=1)[:, None]
-        cut = d2.min(axis=1)
-        for _ in range(nwant - 1):  # the nwant-th smallest distinct distance of each row
-            cut = np.where(d2 > cut[:, None], d2, np.inf).min(axis=1)
-        rows, cols = np.nonzero(d2 <= cut[:, None])
-        order = np.lexsort((cols, d2[rows, cols], rows))
-        rows, cols = rows[order], cols[order]
-        counts = np.bincount(rows, minlength=u.size)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        block = np.empty(u.size + rows.size, np.int64)
-        head = starts + np.arange(u.size)  # each list: its count, then its members
-        block[head] = counts
-        block[np.repeat(head + 1, counts) + (np.arange(rows.size) - np.repeat(starts, counts))] = cols
+        block, head = neighbour_block(d2, nwant, np.int64)
+        kmap[u] = -(done + head + 1)
+        done += block.size
         lists.append(block)
-        kmap[u] = -(head + 1 + sum(x.size for x in lists[:-1]))
     neigh = np.concatenate(lists)
     for a in (grid, levels, kmap, neigh):
         a.flags.writeable = False

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..format.iq3_grids import IQ3S_POINTS, IQ3XXS_POINTS
 from . import jit
+from .grid_neighbours import neighbour_block
 from .legacy import as_blocks, fp16_bits
 
 __all__ = ["quantize_iq3_s", "quantize_iq3_xxs"]
@@ -59,17 +60,8 @@ def _tables(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         u = off[c0:c0 + _TILE_OFFSETS]
         pos = 2 * ((u[:, None] >> (3 * np.arange(4))) & 7) + 1
         d2 = ((grid[None, :, :].astype(np.int64) - pos[:, None, :]) ** 2).sum(axis=2)  # [u, G]
-        order = np.argsort(d2 * pts.size + np.arange(pts.size), axis=1)  # by (d2, index)
-        d2s = np.take_along_axis(d2, order, axis=1)
-        rank = np.concatenate([np.zeros((u.size, 1), np.int64), np.cumsum(d2s[:, 1:] != d2s[:, :-1], axis=1)], axis=1)
-        keep = rank < nwant
-        counts = keep.sum(axis=1)
-        starts = np.concatenate([[0], np.cumsum(counts + 1)[:-1]])
-        block = np.empty(int((counts + 1).sum()), np.uint16)
-        block[starts] = counts
-        rows, cols = np.nonzero(keep)  # row-major: each row's kept neighbours in sorted order
-        block[starts[rows] + 1 + cols] = order[rows, cols]
-        kmap[u] = -(done + starts + 1)
+        block, head = neighbour_block(d2, nwant, np.uint16)
+        kmap[u] = -(done + head + 1)
         done += block.size
         lists.append(block)
     neigh = np.concatenate(lists)
