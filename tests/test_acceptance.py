@@ -173,6 +173,43 @@ def test_loop_counts_as_llama_speculative_simple():
         loop_anchors(tokens, 5, 40, 7, set(), draft_at)
 
 
+
+@pytest.mark.parametrize("which", ["full", "swa"])
+def test_live_loop_walks_sequences_together_as_one_at_a_time(base, tmp_path, which):
+    """live_loop advances up to ``batch`` sequences together and projects each draft only up to its first
+    rejected slot: the counts of llama-speculative-simple's loop drafted one anchor at a time, every slot,
+    as before. Continuations that follow the drafter's own drafts (accept_p 0.7) make steps accept 0 to
+    n_max, so every round of the lazy head runs; batch 2 over 3 sequences refills a finished walk."""
+    from dflash_convert.runtime.accept import context_kv, live_loop, sequence_inputs
+    from fixtures.drafted_features import drafted_features
+
+    _, target, _, ggufs = base
+    d = read_drafter(ggufs[which])
+    w = load_weights(d, read_target(target))
+    n_max = d.block_size - 1
+    feats = read_features(drafted_features(tmp_path / "f.safetensors", d, w, 3, 6, 40, accept_p=0.7, seed=4))
+    slots = feats.check_drafter(d, "drafter", n_max)
+    one_at_a_time = []
+    for i in range(3):
+        features, tokens, prompt_length = sequence_inputs(feats, i, slots)
+        ctx = context_kv(d, w, features, cpu_matmul=True)
+
+        def draft_at(c: int, features=features, tokens=tokens, ctx=ctx) -> list[int]:
+            return anchor_drafts(d, w, features, torch.tensor(tokens), [c], n_max, batch=1, cpu_matmul=True,
+                                 kv_cache_dtype=torch.float16, ctx_kv=ctx)[0].tolist()
+
+        one_at_a_time.append(loop_anchors(tokens, prompt_length, feats.new_tokens, n_max, set(), draft_at))
+    together = live_loop(d, w, feats, slots, n_max, batch=2)
+    steps = [k for n in one_at_a_time for k in n.accepted_per_step]
+    assert together.accepted_per_step == steps
+    assert (together.n_drafted, together.n_accept, together.n_predict, together.steps) == (
+        sum(n.n_drafted for n in one_at_a_time), sum(n.n_accept for n in one_at_a_time),
+        sum(n.n_predict for n in one_at_a_time), len(steps))
+    assert 0 in steps and max(steps) >= 8  # rejected at slot 1, and accepted into the last round
+    # one sequence alone, and the order of ``indices`` kept in the summed steps
+    alone = live_loop(d, w, feats, slots, n_max, indices=[2, 0], batch=16)
+    assert alone.accepted_per_step == one_at_a_time[2].accepted_per_step + one_at_a_time[0].accepted_per_step
+
 def test_anchor_lengths_and_slot_curve():
     tokens = list(range(12))
     drafts = {0: [1, 2, 9], 1: [2, 9, 9], 2: [3, 4, 5], 3: [9, 9, 9], 9: [10, 11, 12]}

@@ -21,6 +21,7 @@ from ..sources.features import FeaturesFile
 from .counts import LoopCount
 from .dspark import markov_chain
 from .forward import (
+    RopeSpec,
     _kv,
     _layer_mm,
     _mm,
@@ -72,28 +73,20 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
                   ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor; ``keep_logits``: the logits too."""
-    B = d.block_size
-    most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
-    if not 1 <= n_max <= most:
-        raise DFlashError(f"n_max {n_max} must be in 1..{most} (block size {B}" + (")" if most == B else " minus the anchor slot)"))
+    g = _graph(d, w, n_max)
     dev = w.device
     L = features.shape[0]
     if any(not 0 <= c < L for c in anchors):
         raise DFlashError(f"anchors must lie in 0..{L - 1}")
-    causal = bool(d.causal)
-    spec = rope_spec(d, w.rope_freqs)
-    mrope = spec.sections is not None
-    kq_scale = w.attention_scale or 1.0 / math.sqrt(d.head_dim)
-    pattern = d.swa_pattern or []
-    window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
     if ctx_kv is None:  # the context, once for all the anchors: a block attends to it, never changes it
         ctx_kv = context_kv(d, w, features, cpu_matmul=cpu_matmul)  # type: ignore[assignment]
 
     out, kept = [], []
+    ids_all = tokens.to(dev)
     for at in range(0, len(anchors), batch):
         part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
-        logits, drafted = _blocks(d, w, part, tokens.to(dev), ctx_kv, window_of, causal, spec, mrope, kq_scale, n_max,
-                                  cpu_matmul, kv_cache_dtype, keep_logits)
+        logits, drafted = _blocks(d, w, g, part, ids_all[part], [(0, part.shape[0], ctx_kv)], n_max, cpu_matmul,
+                                  kv_cache_dtype, keep_logits)
         out.append(drafted.cpu())
         if keep_logits:
             kept.append(logits.cpu())
@@ -103,33 +96,59 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     return drafts
 
 
-def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.Tensor, ctx_kv: list, window_of: list,
-            causal: bool, spec, mrope: bool, kq_scale: float, n_max: int, cpu_matmul: bool,
-            cache_dtype: torch.dtype | None, need_logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(scores [A, n_max, V] the tokens are chosen from, or None, drafted tokens [A, n_max]) of blocks from ``anchors``."""
+Segment = tuple[int, int, list]  # (first, end) rows of a batch's anchors that share one sequence's context K/V
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """What a drafting pass reads from the drafter's hyperparameters, once."""
+
+    causal: bool
+    spec: RopeSpec
+    mrope: bool
+    kq_scale: float
+    window_of: list[int | None]  # each layer's sliding window, None for full attention
+
+
+def _graph(d: Drafter, w: DrafterWeights, n_max: int) -> _Graph:
+    """The pass settings of ``d``; an ``n_max`` outside 1..block size minus the anchor slot is an error."""
+    B = d.block_size
+    most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
+    if not 1 <= n_max <= most:
+        raise DFlashError(f"n_max {n_max} must be in 1..{most} (block size {B}" + (")" if most == B else " minus the anchor slot)"))
+    spec = rope_spec(d, w.rope_freqs)
+    pattern = d.swa_pattern or []
+    window_of = [d.sliding_window if d.sliding_window and i < len(pattern) and pattern[i] else None for i in range(d.n_layers)]
+    return _Graph(bool(d.causal), spec, spec.sections is not None, w.attention_scale or 1.0 / math.sqrt(d.head_dim),
+                  window_of)
+
+
+def _blocks(d: Drafter, w: DrafterWeights, g: _Graph, anchors: torch.Tensor, anchor_ids: torch.Tensor,
+            segments: list[Segment], n_max: int, cpu_matmul: bool, cache_dtype: torch.dtype | None,
+            need_logits: bool = True, target_next: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(scores [A, n_max, V] the tokens are chosen from, or None, drafted tokens [A, n_max]) of blocks from ``anchors``.
+
+    Anchor ``a`` sits at position ``anchors[a]`` of its sequence, holds token ``anchor_ids[a]`` and attends to the
+    context K/V of the segment it lies in. ``target_next`` [A, n_max] (the target's tokens after each anchor, -1
+    past the end): only the slots up to each draft's first rejected one are projected (-1 after it).
+    """
     dev, dt = w.device, w.dtype
     A, B = anchors.shape[0], d.block_size
     H, D, eps = d.n_head, d.head_dim, d.rms_eps
-    L = ctx_kv[0][0].shape[0]
     ids = torch.full((A, B), d.mask_token_id, dtype=torch.int64, device=dev)
-    ids[:, 0] = tokens[anchors]
+    ids[:, 0] = anchor_ids
     q_pos = anchors[:, None] + torch.arange(B, device=dev)[None, :]  # [A, B]
     # a block token broadcasts its one position to every M-RoPE section (as llama.cpp's token batch does)
-    rows = q_pos.reshape(1, -1).repeat(4 if mrope else 1, 1)
-    cos_b, sin_b = rope_cos_sin(spec, rows, dt)  # [A*B, n_rot/2]
-    k_pos = torch.arange(L, device=dev)
-    # which context cells each block query sees: only its own prefix (c < anchor), and the window
-    diff_ctx = q_pos[:, :, None] - k_pos[None, None, :]  # [A, B, L]
-    base_ctx = k_pos[None, None, :] < anchors[:, None, None]
+    rows = q_pos.reshape(1, -1).repeat(4 if g.mrope else 1, 1)
+    cos_b, sin_b = rope_cos_sin(g.spec, rows, dt)  # [A*B, n_rot/2]
     diff_blk = q_pos[:, :, None] - q_pos[:, None, :]  # [A, B, B]
     x = w.embed.rows(ids.reshape(-1))
     if d.embedding_scale:
         x = x * d.embedding_scale
     for il, lw in enumerate(w.layers):
-        win = window_of[il]
-        vis_ctx = base_ctx & ((diff_ctx < win) if win is not None else True)
+        win = g.window_of[il]
         vis_blk = torch.ones_like(diff_blk, dtype=torch.bool)
-        if causal:
+        if g.causal:
             vis_blk &= diff_blk >= 0
         if win is not None:
             vis_blk &= diff_blk < win
@@ -142,28 +161,9 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
         q = apply_rope_neox(q, cos_b, sin_b).reshape(A, B, H, D)
         k_blk = apply_rope_neox(k_blk, cos_b, sin_b).reshape(A, B, -1, D)
         v_blk = v_blk.reshape(A, B, -1, D)
-        k_ctx, v_ctx = ctx_kv[il]
-        if cache_dtype is not None:  # as runtime.forward.attend
-            q, k_blk, v_blk, k_ctx, v_ctx = (t.to(cache_dtype).to(dt) for t in (q, k_blk, v_blk, k_ctx, v_ctx))
-        group = H // k_ctx.shape[1]
-        kc = k_ctx.repeat_interleave(group, dim=1)  # [L, H, D]
-        vc = v_ctx.repeat_interleave(group, dim=1)
-        kb = k_blk.repeat_interleave(group, dim=2)  # [A, B, H, D]
-        vb = v_blk.repeat_interleave(group, dim=2)
-        s_ctx = torch.einsum("abhd,lhd->ahbl", q, kc) * kq_scale
-        s_blk = torch.einsum("abhd,akhd->ahbk", q, kb) * kq_scale
-        s_ctx = s_ctx.masked_fill(~vis_ctx[:, None], float("-inf"))
-        s_blk = s_blk.masked_fill(~vis_blk[:, None], float("-inf"))
-        scores = torch.cat([s_ctx, s_blk], dim=-1)  # [A, H, B, L + B]
-        if lw.sinks is not None:
-            col = lw.sinks.to(scores.dtype)[None, :, None, None].expand(A, H, B, 1)
-            probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        if cache_dtype is not None:
-            probs = probs.to(cache_dtype).to(dt)
-        attn = (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
-                + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb)).reshape(A * B, H * D)
+        parts = [_attend(lw, q[a:e], k_blk[a:e], v_blk[a:e], *ctx[il], q_pos[a:e], anchors[a:e], vis_blk[a:e], win,
+                         g.kq_scale, cache_dtype) for a, e, ctx in segments]
+        attn = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(A * B, H * D)
         x = layer_tail(d, lw, x, attn, False, cpu_matmul, convs)
     states = rms_norm(x, eps, w.output_norm)
     observe(w.head, states)  # the graph projects every slot of the block (the driver reads 1..n_max)
@@ -176,13 +176,13 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
                              cpu_matmul_input if cpu_matmul else None)
         return chain.logits[:, :n_max], chain.tokens[:, :n_max]
     normed = states.reshape(A, B, -1)[:, 1:n_max + 1]
+    if w.dflash2 is None and not need_logits:
+        if target_next is not None:
+            return None, _until_rejected(w, normed, target_next, cpu_matmul, d.vocab_size)
+        return None, _head_tokens(w, normed.reshape(A * n_max, -1), cpu_matmul, d.vocab_size).reshape(A, n_max)
     hidden = normed.reshape(A * n_max, -1)
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)
-    if w.dflash2 is None and not need_logits:  # only the argmax: a bf16 screen, float32 where it decides
-        best = head_argmax(w.head, hidden, w.d2t)
-        if best is not None:
-            return None, (best if w.d2t is None else w.d2t.to(best.device)[best]).reshape(A, n_max)
     raw = w.head.project(hidden)
     if w.dflash2 is None:
         logits = scatter_d2t(raw, w.d2t, d.vocab_size).reshape(A, n_max, -1)
@@ -192,20 +192,99 @@ def _blocks(d: Drafter, w: DrafterWeights, anchors: torch.Tensor, tokens: torch.
     return sel.choice_rows(d.vocab_size), sel.tokens
 
 
+def _attend(lw, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
+            q_pos: torch.Tensor, anchors: torch.Tensor, vis_blk: torch.Tensor, win: int | None, kq_scale: float,
+            cache_dtype: torch.dtype | None) -> torch.Tensor:
+    """[A, B, H, D]: each block's attention over its context (cells before its anchor, in the window) and itself."""
+    A, B, H, D = q.shape
+    dt = q.dtype
+    L = k_ctx.shape[0]
+    k_pos = torch.arange(L, device=q.device)
+    # which context cells each block query sees: only its own prefix (c < anchor), and the window
+    vis_ctx = k_pos[None, None, :] < anchors[:, None, None]
+    if win is not None:
+        vis_ctx = vis_ctx & ((q_pos[:, :, None] - k_pos[None, None, :]) < win)
+    if cache_dtype is not None:  # as runtime.forward.attend
+        q, k_blk, v_blk, k_ctx, v_ctx = (t.to(cache_dtype).to(dt) for t in (q, k_blk, v_blk, k_ctx, v_ctx))
+    group = H // k_ctx.shape[1]
+    kc = k_ctx.repeat_interleave(group, dim=1)  # [L, H, D]
+    vc = v_ctx.repeat_interleave(group, dim=1)
+    kb = k_blk.repeat_interleave(group, dim=2)  # [A, B, H, D]
+    vb = v_blk.repeat_interleave(group, dim=2)
+    s_ctx = torch.einsum("abhd,lhd->ahbl", q, kc) * kq_scale
+    s_blk = torch.einsum("abhd,akhd->ahbk", q, kb) * kq_scale
+    s_ctx = s_ctx.masked_fill(~vis_ctx[:, None], float("-inf"))
+    s_blk = s_blk.masked_fill(~vis_blk[:, None], float("-inf"))
+    scores = torch.cat([s_ctx, s_blk], dim=-1)  # [A, H, B, L + B]
+    if lw.sinks is not None:
+        col = lw.sinks.to(scores.dtype)[None, :, None, None].expand(A, H, B, 1)
+        probs = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    if cache_dtype is not None:
+        probs = probs.to(cache_dtype).to(dt)
+    return (torch.einsum("ahbl,lhd->abhd", probs[..., :L], vc)
+            + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb))
+
+
+def _head_tokens(w: DrafterWeights, hidden: torch.Tensor, cpu_matmul: bool, vocab_size: int) -> torch.Tensor:
+    """[R] the head's greedy token (a target id) for each row of ``hidden`` [R, E]: the bf16 screen where it holds."""
+    if cpu_matmul:
+        hidden = cpu_matmul_input(hidden, w.head.source.dtype)
+    best = head_argmax(w.head, hidden, w.d2t)
+    if best is not None:
+        return best if w.d2t is None else w.d2t.to(best.device)[best]
+    return scatter_d2t(w.head.project(hidden), w.d2t, vocab_size).argmax(dim=-1)
+
+
+# the lazy head's rounds end after these slots: a draft the target rejects at slot 1 costs one row, and one it
+# accepts whole costs four passes over the head (slots 1, 2-3, 4-7, 8-n_max)
+HEAD_ROUND_ENDS = (1, 3, 7)
+
+
+def _until_rejected(w: DrafterWeights, normed: torch.Tensor, target_next: torch.Tensor, cpu_matmul: bool,
+                    vocab_size: int) -> torch.Tensor:
+    """[A, n_max] drafted tokens up to and including each draft's first slot the target rejects, -1 after it."""
+    A, n_max = normed.shape[:2]
+    out = torch.full((A, n_max), -1, dtype=torch.int64)
+    want = target_next.cpu()
+    alive = torch.arange(A)
+    lo = 0
+    for hi in [e for e in HEAD_ROUND_ENDS if e < n_max] + [n_max]:
+        rows = normed[alive.to(normed.device), lo:hi]
+        got = _head_tokens(w, rows.reshape(-1, rows.shape[-1]), cpu_matmul, vocab_size).cpu().reshape(-1, hi - lo)
+        out[alive, lo:hi] = got
+        alive = alive[(got == want[alive, lo:hi]).all(dim=-1)]  # every slot of the round accepted: on to the next
+        if alive.numel() == 0:
+            break
+        lo = hi
+    return out
+
+
 # --- llama.cpp's count
 
 
-def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
-                 draft_at: Callable[[int], list[int]]) -> LoopCount:
-    """Replay llama-speculative-simple's greedy loop along a captured sequence, ``draft_at(c)`` drafting from ``c``."""
-    count = LoopCount()
-    c = prompt_length - 1
-    while True:
-        budget = n_predict - count.n_predict - 1
-        if c + 1 >= len(tokens):  # no continuation token left to verify a draft against
-            raise DFlashError(f"the captured continuation ends at position {len(tokens)}, before the loop's last step "
-                              f"(position {c + 1}); capture with --new-tokens >= {n_predict}")
-        draft = draft_at(c)[:n_max]
+class LoopWalk:
+    """llama-speculative-simple's greedy loop along one captured sequence, one verification step at a time."""
+
+    def __init__(self, tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int]) -> None:
+        self.tokens, self.n_predict, self.n_max, self.eos = tokens, n_predict, n_max, eos
+        self.count = LoopCount()
+        self.c = prompt_length - 1  # the first anchor: the prompt's last token
+        self.done = False
+
+    def anchor(self) -> int:
+        """The position the next draft starts from; a continuation too short for it is an error."""
+        if self.c + 1 >= len(self.tokens):  # no continuation token left to verify a draft against
+            raise DFlashError(f"the captured continuation ends at position {len(self.tokens)}, before the loop's last "
+                              f"step (position {self.c + 1}); capture with --new-tokens >= {self.n_predict}")
+        return self.c
+
+    def step(self, draft: list[int]) -> None:
+        """Verify ``draft`` (from ``anchor()``) against the target's tokens: count it and move to the next anchor."""
+        c, tokens = self.anchor(), self.tokens
+        budget = self.n_predict - self.count.n_predict - 1
+        draft = draft[:self.n_max]
         if budget > 0:
             draft = draft[:budget]
         k = 0
@@ -213,16 +292,25 @@ def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: i
             k += 1
         if c + 1 + k >= len(tokens):
             raise DFlashError(f"the captured continuation ends at position {len(tokens)}, before the loop's last step "
-                              f"(position {c + 1 + k}); capture with --new-tokens >= {n_predict}")
+                              f"(position {c + 1 + k}); capture with --new-tokens >= {self.n_predict}")
         ids = tokens[c + 1:c + 2 + k]
+        count = self.count
         count.n_drafted += len(draft)
         count.n_accept += k
         count.n_predict += len(ids)
         count.steps += 1
         count.accepted_per_step.append(k)
-        c += k + 1
-        if count.n_predict > n_predict or any(t in eos for t in ids):
-            return count
+        self.c = c + k + 1
+        self.done = count.n_predict > self.n_predict or any(t in self.eos for t in ids)
+
+
+def loop_anchors(tokens: list[int], prompt_length: int, n_predict: int, n_max: int, eos: set[int],
+                 draft_at: Callable[[int], list[int]]) -> LoopCount:
+    """Replay llama-speculative-simple's greedy loop along a captured sequence, ``draft_at(c)`` drafting from ``c``."""
+    walk = LoopWalk(tokens, prompt_length, n_predict, n_max, eos)
+    while not walk.done:
+        walk.step(draft_at(walk.anchor()))
+    return walk.count
 
 
 @dataclass
@@ -294,24 +382,53 @@ def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int
 ContextOf = Callable[[int, torch.Tensor], list]  # (sequence index, its features) -> context_kv for that sequence
 
 
+ACTIVE_CONTEXT_ROWS = 1 << 15  # context rows of the sequences drafted together: bounds their K/V in memory
+
+
+@torch.no_grad()
 def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[int], n_max: int, *, like_cpu: bool = True,
-              indices: list[int] | None = None, context_of: ContextOf | None = None) -> LoopCount:
-    """Only the live loop (``loop_anchors``) over sequences ``indices`` (default: all), drafting just where it anchors."""
-    n_predict = feats.new_tokens
-    eos = set(feats.eos_ids)
+              indices: list[int] | None = None, context_of: ContextOf | None = None,
+              batch: int = DEFAULT_BATCH) -> LoopCount:
+    """Only the live loop (``LoopWalk``) over sequences ``indices`` (default: all), drafting just where it anchors.
+
+    Up to ``batch`` sequences walk together, one anchor each per pass, and each draft is projected through the
+    head only up to its first rejected slot: the loop's counts read nothing else.
+    """
+    g = _graph(d, w, n_max)
+    dev = w.device
     cache_dtype = torch.float16 if like_cpu else None
+    eos = set(feats.eos_ids)
+    order = list(range(len(feats.sequences))) if indices is None else list(indices)
+    waiting = iter(order)
+    counts: dict[int, LoopCount] = {}
+    walking: list[tuple[int, LoopWalk, torch.Tensor, list]] = []  # (sequence, its walk, its tokens, its context K/V)
+    while True:
+        while len(walking) < batch and (not walking or sum(len(t) for _, _, t, _ in walking) < ACTIVE_CONTEXT_ROWS):
+            i = next(waiting, None)
+            if i is None:
+                break
+            features, tokens, prompt_length = sequence_inputs(feats, i, slots)
+            ctx = context_of(i, features) if context_of is not None else context_kv(d, w, features, cpu_matmul=like_cpu)
+            walking.append((i, LoopWalk(tokens, prompt_length, feats.new_tokens, n_max, eos), torch.tensor(tokens), ctx))
+        if not walking:
+            break
+        at = [walk.anchor() for _, walk, _, _ in walking]
+        ids = torch.stack([t[c] for (_, _, t, _), c in zip(walking, at, strict=True)])
+        want = torch.full((len(at), n_max), -1, dtype=torch.int64)
+        for j, ((_, _, t, _), c) in enumerate(zip(walking, at, strict=True)):
+            nxt = t[c + 1:c + 1 + n_max]
+            want[j, :nxt.shape[0]] = nxt
+        _, drafted = _blocks(d, w, g, torch.tensor(at, device=dev), ids.to(dev),
+                             [(j, j + 1, ctx) for j, (_, _, _, ctx) in enumerate(walking)], n_max, like_cpu, cache_dtype,
+                             need_logits=False, target_next=want)
+        for (i, walk, _, _), draft in zip(walking, drafted.tolist(), strict=True):
+            walk.step(draft)
+            if walk.done:
+                counts[i] = walk.count
+        walking = [s for s in walking if not s[1].done]
     total = LoopCount()
-    for i in range(len(feats.sequences)) if indices is None else indices:
-        features, tokens, prompt_length = sequence_inputs(feats, i, slots)
-        ids = torch.tensor(tokens)
-        ctx = context_of(i, features) if context_of is not None else context_kv(d, w, features, cpu_matmul=like_cpu)
-
-        def draft_at(c: int, features=features, ids=ids, ctx=ctx) -> list[int]:
-            out = anchor_drafts(d, w, features, ids, [c], n_max, batch=1, cpu_matmul=like_cpu, kv_cache_dtype=cache_dtype,
-                                ctx_kv=ctx)
-            return out[0].tolist()  # type: ignore[index]
-
-        total.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, draft_at))
+    for i in order:
+        total.add(counts[i])
     return total
 
 
@@ -336,5 +453,5 @@ def reference_drafts(model: ReferenceModel, n_max: int) -> Drafts:
     return drafts_of
 
 
-__all__ = ["AnchorStats", "LoopCount", "anchor_drafts", "context_kv", "anchor_lengths", "gguf_drafts", "live_loop", "loop_anchors", "measure",
+__all__ = ["AnchorStats", "LoopCount", "LoopWalk", "anchor_drafts", "context_kv", "anchor_lengths", "gguf_drafts", "live_loop", "loop_anchors", "measure",
            "reference_drafts", "sequence_inputs"]
