@@ -1,16 +1,17 @@
 """Benchmark: a whole ``sweep`` and a two-step ``quantize --min-acceptance`` search at full size (issue 33).
 
 Inputs: bench/_common.py's full-size synthetic drafter (Qwen3.6-27B drafter shapes) as its F16 GGUF, its
-full-size BF16 target embedding and head, and synthetic features (bench_search's ``synthetic_features``:
-``--sequences`` of ``--context`` prompt + ``--new-tokens`` positions). Each command runs as a child under
-GNU time -v (wall, peak RSS): ``dflash-convert sweep F16.gguf --features F --types ... --json`` (the F16
-input row and each type), then ``bench_search.py --which full-size --steps 2`` from Q2_K, reported as
-start + 2 x step (a random drafter accepts nothing, so the CLI's search would stop at once).
-Cost: accepting nothing, each sequence visits one live-loop anchor per new token, 24 x 64 = 1536 anchors
-per type; at the 1.0-1.5 anchors/s of ``accept`` here (bench/results-accept.md) a 9-type sweep takes
-9 x 1536 / 1.5 s = 2.6 h (3.8 h at 1.0). Goal: under 60 min, peak RSS under 12 GB. Writes bench/results-sweep.md.
+full-size BF16 target embedding and head, and synthetic features: ``--sequences`` of ``--context`` prompt +
+``--new-tokens`` positions, random layer inputs and prompts, the continuation written along the F16 file's
+own live loop (fixtures/drafted_features.py: the target takes each draft's slots while a coin with
+``--accept-p`` says yes). A random drafter on random tokens accepts nothing and visits one anchor per new
+token (24 x 64 = 1536 per type), five times the few hundred a capture of a trained drafter visits;
+``--accept-p 0`` keeps that worst case. Each command runs as a child under GNU time -v (wall, peak RSS):
+``dflash-convert sweep F16.gguf --features F --types ... --json`` (the F16 input row and each type), then
+``bench_search.py --which full-size --steps 2`` from Q2_K, reported as start + 2 x step.
+Goal (issue 33): under 60 min, peak RSS under 12 GB. Writes bench/results-sweep.md.
 
-    python bench/bench_sweep.py [--sequences 24] [--new-tokens 64] [--context 64] [--types Q8_0,...]
+    python bench/bench_sweep.py [--sequences 24] [--new-tokens 64] [--context 64] [--accept-p 0.8] [--types Q8_0,...]
                                 [--device cpu|cuda] [--results PATH] [--skip-search]
 """
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from _common import full_size  # noqa: E402
@@ -38,6 +40,8 @@ from bench_search import synthetic_features  # noqa: E402
 
 from dflash_convert.format.quant_types import DEFAULT_SWEEP_TYPES  # noqa: E402
 from dflash_convert.sources.gguf_drafter import read_drafter  # noqa: E402
+from dflash_convert.sources.target import read_target  # noqa: E402
+from fixtures.drafted_features import drafted_features  # noqa: E402
 
 GNU_TIME = "/usr/bin/time"
 GOAL_S, GOAL_RSS_MB = 3600, 12 * 1024  # issue 33: under an hour, peak RSS under 12 GB
@@ -82,6 +86,19 @@ def _command(run: dict[str, Any]) -> str:
     return "`" + shlex.join(["dflash-convert", *words[2:]] if words[0] == "-m" else ["python", *words]) + "`"
 
 
+def _features_text(args: argparse.Namespace, sweep: dict[str, Any]) -> str:
+    if not args.accept_p:
+        return ("random continuations: a random drafter accepts nothing, one live-loop anchor per new token "
+                f"({args.sequences * args.new_tokens} per type).")
+    mean = sum(args.accept_p ** k for k in range(1, 16))
+    return (f"continuations written along the F16 file's own live loop, the target taking each draft's slots while a "
+            f"coin with p = {args.accept_p} says yes (fixtures/drafted_features.py; about {mean:.2f} accepted per step, "
+            f"{args.sequences * args.new_tokens / (1 + mean):.0f} anchors per type for the F16 file: the few hundred a "
+            f"capture of a trained drafter visits), built in {sweep['features_s']:.0f} s before the timed commands. A "
+            "random drafter on random tokens accepts nothing instead and visits one anchor per new token "
+            f"({args.sequences * args.new_tokens} per type): `--accept-p 0`.")
+
+
 def report(args: argparse.Namespace, sweep: dict[str, Any], search: dict[str, Any] | None) -> str:
     """bench/results-sweep.md: settings, the sweep's table, its and the search's wall time and peak RSS."""
     rep = sweep["report"]
@@ -89,14 +106,17 @@ def report(args: argparse.Namespace, sweep: dict[str, Any], search: dict[str, An
              f"Machine: {_machine(args.device)}; device {args.device}; {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
              f"Drafter: the full-size synthetic Qwen3.6-27B drafter as F16 (random weights), full-size BF16 target embedding "
              f"and head (248320 x 5120). Features: {rep['sequences']} synthetic sequences of {args.context} prompt + "
-             f"{rep['new_tokens']} new tokens, n_max {rep['n_max']}, {rep['numerics']} numerics. A random drafter accepts "
-             f"nothing: one live-loop anchor per new token, {rep['sequences'] * rep['new_tokens']} per type.", "",
+             f"{rep['new_tokens']} new tokens, n_max {rep['n_max']}, {rep['numerics']} numerics; " + _features_text(args, sweep), "",
              f"## sweep: {len(rep['rows'])} rows", "", _command(sweep), "",
-             "| type | file bytes | bits/weight | accept | drafted | accepted |", "|---|---:|---:|---:|---:|---:|"]
+             "| type | file bytes | bits/weight | accept | drafted | accepted | steps (anchors drafted) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rep["rows"]:
         acc = "needs imatrix" if r["accept"] is None else f"{r['accept']:.4f}"
         lines.append(f"| {r['type']}{' (input)' if r['input'] else ''} | {r['file_bytes']:,} | {r['bits_per_weight']:.2f} | "
-                     f"{acc} | {r['n_drafted']} | {r['n_accept']} |")
+                     f"{acc} | {r['n_drafted']} | {r['n_accept']} | {r['steps']} |")
+    anchors = sum(r["steps"] or 0 for r in rep["rows"])
+    lines += ["", f"{anchors} anchors drafted in all: {anchors / sweep['wall_s']:.2f} per second of the whole sweep "
+              "(quantizing each type and loading each file included)."]
     lines += ["", f"Wall **{sweep['wall_s'] / 60:.1f} min** ({sweep['wall_s']:.0f} s), peak RSS **{sweep['rss_mb']:.0f} MB**; "
               + _goal(sweep["wall_s"], sweep["rss_mb"]) + "."]
     if search is not None:
@@ -113,11 +133,26 @@ def report(args: argparse.Namespace, sweep: dict[str, Any], search: dict[str, An
     return "\n".join(lines) + "\n"
 
 
+def _features(path: Path, f16: Path, target: Path, args: argparse.Namespace) -> Path:
+    d = read_drafter(f16)
+    if not args.accept_p:
+        return synthetic_features(path, d, args.sequences, args.context, args.new_tokens)
+    import torch
+
+    from dflash_convert.runtime.weights import load_weights
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    w = load_weights(d, read_target(target))
+    return drafted_features(path, d, w, args.sequences, args.context, args.new_tokens, accept_p=args.accept_p)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=24)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--accept-p", type=float, default=0.8, help="the continuation follows the F16 file's drafts with "
+                    "this chance per slot (0: random tokens, nothing accepted)")
     ap.add_argument("--types", default=",".join(DEFAULT_SWEEP_TYPES), help="quantized types (the F16 input is a row too)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--results", type=Path, default=REPO / "bench" / "results-sweep.md")
@@ -130,12 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "BENCH_THREADS": os.environ.get("BENCH_THREADS", str(os.cpu_count()))}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
-        feats = synthetic_features(Path(tmp) / "features.safetensors", read_drafter(f16), args.sequences, args.context,
-                                   args.new_tokens)
+        t0 = time.perf_counter()
+        feats = _features(Path(tmp) / "features.safetensors", f16, setup.target, args)
+        features_s = time.perf_counter() - t0
         sweep = timed([sys.executable, "-m", "dflash_convert.cli", "sweep", str(f16), "--features", str(feats),
                        "--target-model-dir", str(setup.target), "--allow-other-target", "--types", args.types,
                        "--device", args.device, "--json"], env)
         sweep["report"] = json.loads(sweep.pop("stdout"))
+        sweep["features_s"] = features_s
         args.results.write_text(report(args, sweep, None))  # the sweep's table now, should the search be cut short
         search = None
         if not args.skip_search:

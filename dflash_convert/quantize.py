@@ -215,7 +215,7 @@ class SweepRow:
         lp = self.loop
         return {"type": self.file_type, "file_bytes": self.file_bytes, "tensor_bytes": self.tensor_bytes,
                 "bits_per_weight": self.bits_per_weight, "n_drafted": lp and lp.n_drafted, "n_accept": lp and lp.n_accept,
-                "accept": lp and lp.accept, "mean_accepted_per_step": lp and lp.mean_accepted, "pareto": self.pareto,
+                "accept": lp and lp.accept, "steps": lp and lp.steps, "mean_accepted_per_step": lp and lp.mean_accepted, "pareto": self.pareto,
                 "input": self.baseline, "needs_imatrix": lp is None}
 
 
