@@ -238,15 +238,19 @@ def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, 
 
 
 # A difference between accept and llama-speculative-simple is excused only when, in every prompt where the loops
-# part, the first slot where the two draft differently is a near-tie of our logits within the tie margin of the
-# drafter's or the target's precision class, the looser (check's THRESHOLDS[class].tie_margin: F16 0.01, Q8_0 0.05,
-# Q4/Q3_K/Q2_K 0.1 nats, the logit noise check already lets a file of that class flip), and the totals stay within
-# ACCEPT_POINTS. On the Q4_K_M target the F16 drafter parts at ties of 0.017 and 0.018 nats. The driver's top-two log-ratios differ
-# from ours by a mean of 0.003 (F16), 0.019 (Q8_0), 0.030 (Q4_K_M) nats on the trained pair: its target computes the
-# features in verification batches (2-5e-4 relative from capture's one batch, which int8 activation rounding turns
-# into whole quantization steps) and its draft context runs flash attention (fp16 V sums). Issue 29 asks for 1 point;
-# one flip sends the rest of a prompt down another path, and the full Q4_K_M file's single near-tie (0.0113 nats,
-# prompt 4, step 2) moves its total 1.59 points, so the bound is the 2 points test_trained_pair already holds accept to.
+# part, the first slot where the two draft differently is a near-tie within the tie margin of the drafter's or the
+# target's precision class, the looser (check's THRESHOLDS[class].tie_margin: F16 0.01, Q8_0 0.05, Q4/Q3_K/Q2_K
+# 0.1 nats, the logit noise check already lets a file of that class flip); a prompt without such a slot agrees
+# step by step. On the F16 target the near-tie must be ours and the totals stay within ACCEPT_POINTS: its
+# verification batches compute capture's features (mean top-two log-ratio difference 0.003 nats on the trained
+# pair). A quantized target computes the features the driver reads in verification batches that move them
+# 2-5e-4 relative from capture's one batch, which int8 activation rounding turns into whole quantization steps,
+# and by how much depends on the CPU's kernels: 0.030 nats mean on an AVX2 EPYC, but on an AVX-512 Xeon the F16
+# drafter parts at a slot llama.cpp ranks 0.0049 nats apart and we 0.19 the other way. There the flip is
+# llama.cpp's own near-tie (its pick a coin toss at its precision), so either side's gap excuses it, and no total
+# is bounded: one flip at a prompt's first step sends the whole prompt another way (2.77 points for the full Q2_K
+# file). Issue 29 asks for 1 point; the full Q4_K_M file's single near-tie on the F16 target (0.0113 nats,
+# prompt 4, step 2) moves its total 1.59 points, so the bound is the 2 points test_trained_pair holds accept to.
 ACCEPT_POINTS = 2.0
 
 
@@ -256,8 +260,9 @@ ACCEPT_POINTS = 2.0
 def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, captured, drafters, target_type):
     """accept on features captured from the target GGUF, against llama-speculative-simple on the same target and
     drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes), or
-    within ACCEPT_POINTS with every differing prompt's first differing draft slot a named near-tie of our logits
-    within check's tie margin of its precision class (fixtures.loop_steps finds the step, slot and margin from llama.cpp's -v log)."""
+    every differing prompt's first differing draft slot a named near-tie within check's tie margin (ours, and the
+    totals within ACCEPT_POINTS, on the F16 target; either side's on the quantized one: see above). fixtures.loop_steps
+    finds the step, slot and margin from llama.cpp's -v log."""
     from dflash_convert.accept import accept
     from dflash_convert.check import precision_class
     from dflash_convert.format.check_limits import PRECISION_CLASS, THRESHOLDS
@@ -279,7 +284,7 @@ def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, cap
                     f"llama-speculative-simple {theirs[0]}/{theirs[1]} ({points:.2f} points apart)")
         if (r.loop.n_drafted, r.loop.n_accept) == theirs:
             continue
-        if points > ACCEPT_POINTS:
+        if points > ACCEPT_POINTS and target_type == "F16":
             defects.append(rows[-1] + f": more than {ACCEPT_POINTS} points")
         d = read_drafter(drafters[(k, q)])
         w = load_weights(d, target_for(feats, None, targets[target_type]), device="cpu")
@@ -294,8 +299,10 @@ def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, cap
             if div is None:
                 continue
             rows.append(f"    prompt {i}: {div.line()} ({their_margin(div):.4f} nats the other way)")
-            if div.margin > bound:
-                defects.append(rows[-1] + f": not a near-tie (> {bound} nats, check's {precision_class(d)[1]} margin)")
+            gap = div.margin if target_type == "F16" else min(div.margin, their_margin(div))  # nan: not printed
+            if not gap <= bound:
+                defects.append(rows[-1] + f": not a near-tie (> {bound} nats, the looser of check's {classes[0]} and "
+                               f"{classes[1]} margins)")
     print("\n" + "\n".join(rows))
     assert not defects, "\n".join(defects)
 
