@@ -37,7 +37,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _common import full_size as full_size_inputs  # noqa: E402
 
-from dflash_convert.format.features import SCHEMA  # noqa: E402
 from dflash_convert.mix_search import (  # noqa: E402
     MixEvaluator,
     file_acceptance,
@@ -50,7 +49,6 @@ from dflash_convert.mix_search import (  # noqa: E402
 from dflash_convert.sources.features import read_features, target_for  # noqa: E402
 from dflash_convert.sources.gguf_drafter import read_drafter  # noqa: E402
 from dflash_convert.sources.target import read_target  # noqa: E402
-from dflash_convert.write_features import FeatureWriter  # noqa: E402
 
 
 def trained(args: argparse.Namespace, tmp: Path) -> dict:
@@ -79,15 +77,12 @@ def trained(args: argparse.Namespace, tmp: Path) -> dict:
 
 
 def synthetic_features(path: Path, d, sequences: int, prompt: int, new_tokens: int) -> Path:
+    from fixtures.drafted_features import TOKEN_RANGE, synthetic_writer
+
     g = np.random.default_rng(0)
-    L = prompt + new_tokens + d.block_size
-    taps = sorted(d.target_layers)
-    meta = {"schema": SCHEMA, "target": "", "target_config_sha256": "", "target_architecture": "synthetic",
-            "layers": json.dumps(taps), "dtype": "F16", "prompts_sha256": "", "sequences": str(sequences),
-            "new_tokens": str(new_tokens), "eos_ids": "[]"}
-    w = FeatureWriter(path, [L] * sequences, len(taps), d.hidden_size, "F16", meta)
+    w, L, taps = synthetic_writer(path, d, sequences, prompt, new_tokens)
     for i in range(sequences):
-        w.write(i, g.integers(0, 150000, L).astype(np.int64), prompt,
+        w.write(i, g.integers(0, TOKEN_RANGE, L).astype(np.int64), prompt,
                 g.standard_normal((len(taps), L, d.hidden_size)).astype(np.float16))
     return w.commit()
 
