@@ -119,7 +119,7 @@ def full_size(args: argparse.Namespace, tmp: Path) -> dict:
             if candidate is not None:
                 gain = ev.expected_length(candidate, [0]) - here
                 best = (gain, candidate) if best is None or gain > best[0] else best
-                ev.retain(state)
+                ev.retain(state, best[1])  # as the search keeps the best candidate's layer inputs
         # the next step raises from the chosen mix, as the search does (the same candidates again would be memoised)
         state = best[1]
         ev.retain(state)

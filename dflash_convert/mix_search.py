@@ -33,8 +33,20 @@ from .format.quant_types import (
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
 from .plan import PlannedTensor, QuantizeOptions, parse_ftype, plan_tensor, quantize_planned
-from .runtime.accept import LoopCount, anchor_drafts, context_kv, live_loop, sequence_inputs
+from .runtime.accept import (
+    LoopCount,
+    anchor_drafts,
+    block_graph,
+    block_layer,
+    block_rows,
+    context_input,
+    context_kv,
+    expected_lengths,
+    live_loop,
+    sequence_inputs,
+)
 from .runtime.dequant import dequantize
+from .runtime.forward import rms_norm
 from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
 from .sources.features import FeaturesFile
 from .sources.gguf_drafter import read_drafter
@@ -43,7 +55,7 @@ from .target import Target
 from .tensor_source import n_rows
 
 ANCHOR_STRIDE = 2  # every second anchor of the calibration half scores a mix (bounds the search's cost)
-SOFT_BATCH = 8  # anchors per pass when scoring: their logits over the vocabulary are held at once
+SOFT_BATCH = 32  # anchors per pass when scoring layer by layer (8 per pass where every slot's logits are held)
 QUANT_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")  # per-layer matrices a mix assigns types to
 Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized tensors of a mix
 
@@ -124,17 +136,20 @@ class MixEvaluator:
                                   d.source)
         self.slots = feats.check_drafter(d, d.source, n_max)
         self.d, self.feats, self.n_max, self.like_cpu, self.imatrix = d, feats, n_max, like_cpu, imatrix
-        base = load_weights(d, target, device=device)
+        # stored: the quantizable matrices stay in their file (never decoded here); each evaluation decodes its own
+        base = load_weights(d, target, device=device, stored=True)
         base.decoded.clear()
         self.by = {t.gguf_name: t for t in d.tensors}
-        # every quantizable tensor is replaced in each evaluation: the base keeps none of their values
         empty = torch.empty(0)
         base.layers = [replace(lw, **{r: empty for r in QUANT_ROLES if getattr(lw, r) is not None}) for lw in base.layers]
         self.base = replace(base, fc=empty)
+        for m in (base.embed, base.head):
+            m.keep = True  # the embedding and head as an unstored load keeps them (decoded once where they fit)
         self._tied = base.head is base.embed
         self._encoded: dict[tuple[str, GGMLType], np.ndarray] = {}
-        self._values: dict[tuple[str, GGMLType], torch.Tensor] = {}
+        self._inputs: dict[tuple[int, GGMLType | None], torch.Tensor] = {}  # (sequence, fc's type) -> context rows
         self._ctx: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prefix: dict[tuple, tuple[Types, list]] = {}  # a scored mix's layer inputs, to start candidates from
         self._results: dict[tuple, LoopCount | float] = {}
         self.evaluations = 0
         self.quantized = 0
@@ -144,24 +159,18 @@ class MixEvaluator:
         return {n: GGMLType[self.by[n].dtype] for n in names}
 
     def values(self, name: str, t: GGMLType) -> torch.Tensor:
-        """The values llama.cpp computes with when ``name`` is stored as ``t``: quantized once, decoded."""
-        key = (name, t)
-        got = self._values.get(key)
-        if got is not None:
-            return got
+        """The values llama.cpp computes with when ``name`` is stored as ``t``: quantized once (bytes kept), decoded now."""
         src = self.by[name]
         dev, dt = self.base.device, self.base.dtype
         if t.name == src.dtype:
-            v = source_values(src.source, dev, dt)
-        else:
-            enc = self._encoded.get(key)
-            if enc is None:
-                raw = src.source.rows(0, n_rows(tuple(src.shape)))
-                enc = self._encoded[key] = np.ascontiguousarray(self._encoder(name, t)(raw)).view(np.uint8).reshape(-1)
-                self.quantized += 1
-            v = dequantize(torch.from_numpy(enc.copy()).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
-        self._values[key] = v
-        return v
+            return source_values(src.source, dev, dt)
+        key = (name, t)
+        enc = self._encoded.get(key)
+        if enc is None:
+            raw = src.source.rows(0, n_rows(tuple(src.shape)))
+            enc = self._encoded[key] = np.ascontiguousarray(self._encoder(name, t)(raw)).view(np.uint8).reshape(-1)
+            self.quantized += 1
+        return dequantize(torch.from_numpy(enc.copy()).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
 
     def _encoder(self, name: str, t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
         """``name``'s encoder to ``t``, with its importance as quantize --imatrix passes it (plan.quantize_planned)."""
@@ -176,31 +185,39 @@ class MixEvaluator:
         return raise_ladder(QUANTIZERS)
 
     def retain(self, *states: Types) -> None:
-        """Forget decoded values and contexts no state in ``states`` uses (the quantized bytes stay)."""
-        keep = {(n, t) for s in states for n, t in s.items()}
-        self._values = {k: v for k, v in self._values.items() if k in keep}
+        """Forget the contexts and scored layer inputs no state in ``states`` uses (the quantized bytes stay)."""
         keys = {self._ctx_key(s, -1, il)[1:] for s in states for il in range(self.d.n_layers)}
         self._ctx = {k: v for k, v in self._ctx.items() if k[1:] in keys}
+        fcs = {s.get(FC_TENSOR) for s in states}
+        self._inputs = {k: v for k, v in self._inputs.items() if k[1] in fcs}
+        kept = [_types_key(s) for s in states]
+        self._prefix = {k: v for k, v in self._prefix.items() if k[0] in kept}
 
     def _ctx_key(self, types: Types, seq: int, il: int) -> tuple:
         return (seq, il, types.get(FC_TENSOR), types.get(layer_name(il, LAYER_ROLES["wk"])),
                 types.get(layer_name(il, LAYER_ROLES["wv"])))
 
-    def weights(self, types: Types) -> DrafterWeights:
-        """The drafter's weights with each tensor of ``types`` as that type stores it."""
-        w = self.base
-        layers = []
-        for il, lw in enumerate(w.layers):
-            changes: dict[str, torch.Tensor] = {}
-            stored = dict(lw.types)
-            for role in QUANT_ROLES:
-                name = layer_name(il, LAYER_ROLES[role])
-                if name in types:
-                    changes[role], stored[role] = self.values(name, types[name]), types[name].name
-            layers.append(replace(lw, **changes, types=stored))
-        out = replace(w, layers=layers)
+    def _layer(self, types: Types, il: int):  # noqa: ANN202 (runtime.weights.LayerWeights)
+        """Layer ``il``'s weights with each of its tensors in ``types`` as that type stores it."""
+        lw = self.base.layers[il]
+        changes: dict[str, torch.Tensor] = {}
+        stored = dict(lw.types)
+        for role in QUANT_ROLES:
+            name = layer_name(il, LAYER_ROLES[role])
+            if name in types:
+                changes[role], stored[role] = self.values(name, types[name]), types[name].name
+            elif getattr(lw, role) is not None and name in self.by:
+                changes[role] = source_values(self.by[name].source, self.base.device, self.base.dtype)
+        return replace(lw, **changes, types=stored)
+
+    def weights(self, types: Types, layers: bool = True) -> DrafterWeights:
+        """The drafter's weights with each tensor of ``types`` as that type stores it (``layers``: False leaves them empty)."""
+        out = replace(self.base, layers=[self._layer(types, il) for il in range(self.d.n_layers)] if layers
+                      else list(self.base.layers))
         if FC_TENSOR in types:
             out.fc, out.fc_type = self.values(FC_TENSOR, types[FC_TENSOR]), types[FC_TENSOR].name
+        else:
+            out.fc = source_values(self.by[FC_TENSOR].source, out.device, out.dtype)
         if EMBEDDING_TENSOR in types and out.embed_from == "drafter":
             t = types[EMBEDDING_TENSOR]
             out.embed = LazyMatrix.of(self.values(EMBEDDING_TENSOR, t), "drafter token embedding", t.name)
@@ -211,21 +228,29 @@ class MixEvaluator:
             out.head = LazyMatrix.of(self.values(OUTPUT_TENSOR, t), "drafter output head", t.name)
         return out
 
+    def _context(self, types: Types, w: DrafterWeights, seq: int, features: torch.Tensor, il: int,
+                 lw) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001 (runtime.weights.LayerWeights)
+        """Sequence ``seq``'s context K/V at layer ``il``: kept per types of fc and that layer's K and V projections."""
+        key = self._ctx_key(types, seq, il)
+        got = self._ctx.get(key)
+        if got is None:
+            ik = (seq, types.get(FC_TENSOR))
+            g = self._inputs.get(ik)
+            if g is None:
+                g = self._inputs[ik] = context_input(self.d, w, features, self.like_cpu)
+            got = self._ctx[key] = context_kv(self.d, w, features, cpu_matmul=self.like_cpu, layers=[il], g=g,
+                                              layer_weights={il: lw})[il]  # type: ignore[assignment]
+        return got
+
     def _context_of(self, types: Types, w: DrafterWeights) -> Callable[[int, torch.Tensor], list]:
         def context_of(seq: int, features: torch.Tensor) -> list:
-            keys = [self._ctx_key(types, seq, il) for il in range(self.d.n_layers)]
-            missing = [il for il, k in enumerate(keys) if k not in self._ctx]
-            if missing:
-                got = context_kv(self.d, w, features, cpu_matmul=self.like_cpu, layers=missing)
-                for il in missing:
-                    self._ctx[keys[il]] = got[il]  # type: ignore[assignment]
-            return [self._ctx[k] for k in keys]
+            return [self._context(types, w, seq, features, il, lw) for il, lw in enumerate(w.layers)]
 
         return context_of
 
     def accept(self, types: Types, indices: list[int]) -> LoopCount:
         """The live loop's count over sequences ``indices`` with the tensors stored as ``types``."""
-        memo = ("loop", tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices))
+        memo = ("loop", _types_key(types), tuple(indices))
         if memo in self._results:
             return self._results[memo]  # type: ignore[return-value]
         w = self.weights(types)
@@ -239,16 +264,90 @@ class MixEvaluator:
     def expected_length(self, types: Types, indices: list[int], stride: int = ANCHOR_STRIDE) -> float:
         """The search's calibration score: the expected accepted length over every ``stride``-th anchor
         (docs/quantize.md, "Choosing by acceptance")."""
-        memo = ("soft", tuple(sorted((n, t.name) for n, t in types.items())), tuple(indices), stride)
+        memo = ("soft", _types_key(types), tuple(indices), stride)
         if memo in self._results:
             return self._results[memo]  # type: ignore[return-value]
+        if self.base.markov is not None or self.base.dflash2 is not None:
+            score = self._soft_by_blocks(types, indices, stride)
+        else:
+            score = self._soft_by_layers(types, indices, stride)
+        self.evaluations += 1
+        self._results[memo] = score
+        return score
+
+    def _soft_anchors(self, indices: list[int], stride: int) -> list[tuple[int, torch.Tensor, torch.Tensor, list[int]]]:
+        """(sequence, its features, its token ids, its scored anchors) for each sequence of ``indices``."""
+        out = []
+        for i in indices:
+            features, tokens, prompt_length = sequence_inputs(self.feats, i, self.slots)
+            out.append((i, features, torch.tensor(tokens),
+                        list(range(prompt_length - 1, len(tokens) - 1 - self.n_max, stride))))
+        return out
+
+    def _soft_by_layers(self, types: Types, indices: list[int], stride: int) -> float:
+        """The score layer by layer over every scored anchor at once, from the deepest layer input a scored mix shares."""
+        d, dev = self.d, self.base.device
+        seqs = self._soft_anchors(indices, stride)
+        pairs = [(j, c) for j, (_, _, _, anchors) in enumerate(seqs) for c in anchors]
+        if not pairs:
+            return 0.0
+        w = self.weights(types, layers=False)
+        g = block_graph(d, w, self.n_max)
+        cache_dtype = torch.float16 if self.like_cpu else None
+        chunks = []  # (its (sequence, anchor) pairs, its rows' positions, its segments by sequence)
+        for at in range(0, len(pairs), SOFT_BATCH):
+            part = pairs[at:at + SOFT_BATCH]
+            anchors = torch.tensor([c for _, c in part], device=dev)
+            ids = torch.stack([seqs[j][2][c] for j, c in part]).to(dev)
+            x0, rows = block_rows(d, w, g, anchors, ids)
+            bounds = [k for k in range(len(part)) if k == 0 or part[k][0] != part[k - 1][0]] + [len(part)]
+            chunks.append((part, x0, rows, [(a, e, part[a][0]) for a, e in zip(bounds, bounds[1:], strict=False)]))
+        start, shared = self._nearest_prefix(types, indices, stride)
+        xs: list = shared[:start + 1] if start > 0 else [None]
+        x = shared[start] if start > 0 else [x0 for _, x0, _, _ in chunks]
+        for il in range(start, d.n_layers):
+            lw = self._layer(types, il)
+            ctx = {j: {il: self._context(types, w, seqs[j][0], seqs[j][1], il, lw)} for j in range(len(seqs))}
+            x = [block_layer(d, w, g, il, lw, xc, rows, [(a, e, ctx[j]) for a, e, j in segs], self.like_cpu, cache_dtype)
+                 for xc, (_, _, rows, segs) in zip(x, chunks, strict=True)]
+            xs.append(x)
+            del lw
+        self._prefix[(_types_key(types), tuple(indices), stride)] = (dict(types), xs)
+        B = d.block_size
+        normed = torch.cat([rms_norm(xc, d.rms_eps, w.output_norm).reshape(-1, B, d.hidden_size)[:, 1:self.n_max + 1]
+                            for xc in x])
+        want = torch.stack([seqs[j][2][c + 1:c + 1 + self.n_max] for j, c in pairs])
+        return float(expected_lengths(w, normed, want, self.like_cpu, d.vocab_size).sum()) / len(pairs)
+
+    def _nearest_prefix(self, types: Types, indices: list[int], stride: int) -> tuple[int, list]:
+        """(the first layer ``types`` must compute, a scored mix's layer inputs up to it): the mix sharing the most layers."""
+        best: tuple[int, list] = (0, [])
+        for (_, idx, st), (other, xs) in self._prefix.items():
+            if idx == tuple(indices) and st == stride:
+                k = min(self._first_changed_layer(other, types), len(xs) - 1)
+                if k > best[0]:
+                    best = (k, xs)
+        return best
+
+    def _first_changed_layer(self, a: Types, b: Types) -> int:
+        """The first layer whose input differs between mixes ``a`` and ``b`` (n_layers: only the head's)."""
+        first = self.d.n_layers
+        for name in set(a) | set(b):
+            if a.get(name) == b.get(name):
+                continue
+            m = _LAYER_WEIGHT.fullmatch(name)
+            if m is not None:
+                first = min(first, int(m.group(1)))
+            elif name != OUTPUT_TENSOR or self._tied:
+                return 0  # fc, the token embedding: every layer's input
+        return first
+
+    def _soft_by_blocks(self, types: Types, indices: list[int], stride: int) -> float:
+        """The score block by block, every slot through the head: DSpark's chain and DFlash2's selector need them all."""
         w = self.weights(types)
         context_of = self._context_of(types, w)
         total, count = 0.0, 0
-        for i in indices:
-            features, tokens, prompt_length = sequence_inputs(self.feats, i, self.slots)
-            ids = torch.tensor(tokens)
-            anchors = list(range(prompt_length - 1, len(tokens) - 1 - self.n_max, stride))
+        for i, features, ids, anchors in self._soft_anchors(indices, stride):
             ctx = context_of(i, features)
             for at in range(0, len(anchors), SOFT_BATCH):
                 part = anchors[at:at + SOFT_BATCH]
@@ -259,10 +358,11 @@ class MixEvaluator:
                 p = torch.log_softmax(logits.double(), dim=-1).gather(-1, want[..., None])[..., 0].exp()
                 total += float(torch.cumprod(p, dim=-1).sum())
                 count += len(part)
-        self.evaluations += 1
-        score = total / count if count else 0.0
-        self._results[memo] = score
-        return score
+        return total / count if count else 0.0
+
+
+def _types_key(types: Types) -> tuple:
+    return tuple(sorted((n, t.name) for n, t in types.items()))
 
 
 def file_acceptance(path: str | Path, target: Target | None, feats: FeaturesFile, n_max: int, *,
@@ -391,13 +491,15 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
         options = [(label, s) for label, names in groups if (s := raise_group(state, names, ncols, ladders)) is not None]
         if not options:
             break
-        scored = []
+        best: tuple | None = None
         for label, s in options:
             gain = ev.expected_length(s, cal) - here
             cost = max(1, nbytes_of(s) - nbytes_of(state))
-            scored.append((gain > 0, gain / cost if gain > 0 else gain, -cost, label, s))
-            ev.retain(state)  # a candidate's bytes stay (quantized once); its decoded values go
-        *_, label, state = max(scored, key=lambda x: x[:3])
+            rank = (gain > 0, gain / cost if gain > 0 else gain, -cost)
+            if best is None or rank > best[0]:  # the first of equals, as max() takes
+                best = (rank, label, s)
+            ev.retain(state, best[2])  # a candidate's bytes stay (quantized once); only the best one's layer inputs
+        _, label, state = best  # type: ignore[misc]
         ev.retain(state)
         current = ev.accept(state, held)
         steps.append(SearchStep(label, nbytes_of(state), ev.expected_length(state, cal), current.accept))

@@ -193,3 +193,32 @@ def test_recipe_reproduces_any_assignment(files):
     assert all(got[n] == t for n, t in want.items())
     assert (r"blk\.0\.(ffn_gate|ffn_up)\.weight", GGMLType.Q5_K) in items
     assert recipe(d, "Q4_K_M", state) == []  # the plain mix needs no item
+
+
+def test_calibration_score_by_layers_equals_every_slot_block_by_block(files):
+    """The search's score, computed layer by layer from a scored mix's layer inputs with the lazy head, equals
+    the definition computed block by block with every slot's logits (to SOFT_FLOOR's bound and float rounding)."""
+    import torch
+
+    from dflash_convert.mix_search import MixEvaluator, raise_group, split
+    from dflash_convert.runtime.accept import SOFT_FLOOR
+    from dflash_convert.sources.features import read_features, target_for
+
+    feats = read_features(files["features"])
+    d = read_drafter(files["f16"])
+    state = quantized_types(mix_plan(d, "Q2_K"), d)
+    ncols = {p.tensor.gguf_name: p.ne[0] for p in mix_plan(d, "Q2_K")}
+    groups = dict(tensor_groups(d, set(state)))
+    last = raise_group(state, groups["blk.1.ffn"], ncols)  # starts from the state's input of layer 1
+    first = raise_group(state, groups["fc"], ncols)  # every layer again
+    cal, _ = split(len(feats.sequences))
+    ev = MixEvaluator(d, target_for(feats), feats, d.block_size - 1)
+    torch.manual_seed(0)
+    scores = [ev.expected_length(state, cal)]
+    assert ev._nearest_prefix(last, cal, 2)[0] == 1 and ev._nearest_prefix(first, cal, 2)[0] == 0
+    scores += [ev.expected_length(s, cal) for s in (last, first)]
+    fresh = MixEvaluator(d, target_for(feats), feats, d.block_size - 1)
+    by_blocks = [fresh._soft_by_blocks(s, cal, 2) for s in (state, last, first)]
+    assert len(set(scores)) == 3 and max(scores) > 0.1  # a trained drafter: the raises move the score
+    for got, want in zip(scores, by_blocks, strict=True):
+        assert abs(got - want) <= 1e-6 * want + (d.block_size - 1) * SOFT_FLOOR, (scores, by_blocks)

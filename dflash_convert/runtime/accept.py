@@ -40,19 +40,29 @@ from .forward import (
 from .head import head_argmax
 from .observe import observe
 from .reference import ReferenceModel, reference_forward
-from .weights import DrafterWeights
+from .weights import DrafterWeights, LayerWeights
 
 DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
 
 
+def context_input(d: Drafter, w: DrafterWeights, features: torch.Tensor, cpu_matmul: bool = False) -> torch.Tensor:
+    """The context rows every layer's K and V are projected from: ``g = enc_norm(fc(features))``."""
+    return rms_norm(_mm(features.to(w.device, w.dtype), w.fc, w.fc_scale, w.fc_type if cpu_matmul else None), d.rms_eps,
+                    w.enc_norm)
+
+
 @torch.no_grad()
 def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_matmul: bool = False,
-               layers: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
-    """Each layer's K (roped at 0..L-1) and V of the context ``g = enc_norm(fc(features))``; only ``layers``, others None."""
+               layers: list[int] | None = None, g: torch.Tensor | None = None,
+               layer_weights: dict[int, LayerWeights] | None = None) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """Each layer's K (roped at 0..L-1) and V of the context ``g`` (computed when not given); only ``layers``, others None.
+
+    ``layer_weights``: the weights of these layers, in place of ``w.layers``'."""
     dev, dt = w.device, w.dtype
     L = features.shape[0]
     spec = rope_spec(d, w.rope_freqs)
-    g = rms_norm(_mm(features.to(dev, dt), w.fc, w.fc_scale, w.fc_type if cpu_matmul else None), d.rms_eps, w.enc_norm)
+    if g is None:
+        g = context_input(d, w, features, cpu_matmul)
     ctx_pos = torch.arange(L, device=dev)
     cos_c, sin_c = rope_cos_sin(spec, position_rows(torch.cat([ctx_pos, ctx_pos[:1]]), L, spec.sections is not None), dt)
     cos_c, sin_c = cos_c[:L], sin_c[:L]
@@ -61,7 +71,7 @@ def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_mat
         if layers is not None and il not in layers:
             out.append(None)
             continue
-        k, v = _kv(lw, g, d.head_dim, d.rms_eps, cpu_matmul)
+        k, v = _kv((layer_weights or {}).get(il, lw), g, d.head_dim, d.rms_eps, cpu_matmul)
         out.append((apply_rope_neox(k, cos_c, sin_c), v))
     return out
 
@@ -73,7 +83,7 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
                   ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor; ``keep_logits``: the logits too."""
-    g = _graph(d, w, n_max)
+    g = block_graph(d, w, n_max)
     dev = w.device
     L = features.shape[0]
     if any(not 0 <= c < L for c in anchors):
@@ -110,7 +120,7 @@ class _Graph:
     window_of: list[int | None]  # each layer's sliding window, None for full attention
 
 
-def _graph(d: Drafter, w: DrafterWeights, n_max: int) -> _Graph:
+def block_graph(d: Drafter, w: DrafterWeights, n_max: int) -> _Graph:
     """The pass settings of ``d``; an ``n_max`` outside 1..block size minus the anchor slot is an error."""
     B = d.block_size
     most = B if w.markov is not None and w.markov.sample_from_anchor else B - 1  # DSpark drafts from the anchor's slot
@@ -123,6 +133,60 @@ def _graph(d: Drafter, w: DrafterWeights, n_max: int) -> _Graph:
                   window_of)
 
 
+@dataclass(frozen=True)
+class BlockRows:
+    """Where a pass's blocks sit: what each layer's attention reads besides the rows themselves."""
+
+    anchors: torch.Tensor  # [A] each block's anchor position
+    q_pos: torch.Tensor  # [A, B] the positions of its slots
+    cos: torch.Tensor  # [A*B, n_rot/2] the slots' rotation
+    sin: torch.Tensor
+    diff: torch.Tensor  # [A, B, B] query minus key position within a block
+
+
+def block_rows(d: Drafter, w: DrafterWeights, g: _Graph, anchors: torch.Tensor, anchor_ids: torch.Tensor
+               ) -> tuple[torch.Tensor, BlockRows]:
+    """(the first layer's input [A*B, E]: the anchor's token then mask tokens, embedded; their positions)."""
+    dev, dt = w.device, w.dtype
+    A, B = anchors.shape[0], d.block_size
+    ids = torch.full((A, B), d.mask_token_id, dtype=torch.int64, device=dev)
+    ids[:, 0] = anchor_ids
+    q_pos = anchors[:, None] + torch.arange(B, device=dev)[None, :]  # [A, B]
+    # a block token broadcasts its one position to every M-RoPE section (as llama.cpp's token batch does)
+    rows = q_pos.reshape(1, -1).repeat(4 if g.mrope else 1, 1)
+    cos_b, sin_b = rope_cos_sin(g.spec, rows, dt)  # [A*B, n_rot/2]
+    x = w.embed.rows(ids.reshape(-1))
+    if d.embedding_scale:
+        x = x * d.embedding_scale
+    return x, BlockRows(anchors, q_pos, cos_b, sin_b, q_pos[:, :, None] - q_pos[:, None, :])
+
+
+def block_layer(d: Drafter, w: DrafterWeights, g: _Graph, il: int, lw: LayerWeights, x: torch.Tensor, at: BlockRows,
+                segments: list[Segment], cpu_matmul: bool, cache_dtype: torch.dtype | None) -> torch.Tensor:
+    """Layer ``il`` (weights ``lw``) over the blocks' rows ``x`` [A*B, E]; segment ``(a, e, ctx)``'s rows attend to ``ctx[il]``."""
+    A, B = at.anchors.shape[0], d.block_size
+    H, D, eps = d.n_head, d.head_dim, d.rms_eps
+    win = g.window_of[il]
+    vis_blk = torch.ones_like(at.diff, dtype=torch.bool)
+    if g.causal:
+        vis_blk &= at.diff >= 0
+    if win is not None:
+        vis_blk &= at.diff < win
+    h = rms_norm(x, eps, lw.attn_norm)
+    convs = None if w.dflash2 is None else w.dflash2.layer(il, B, matmul(cpu_matmul))  # rows are whole blocks
+    if convs is not None:
+        h = convs.attn_in(h)
+    q = rms_norm(_layer_mm(lw, "wq", h, cpu_matmul).reshape(-1, H, D), eps, lw.q_norm)
+    k_blk, v_blk = _kv(lw, h, D, eps, cpu_matmul)
+    q = apply_rope_neox(q, at.cos, at.sin).reshape(A, B, H, D)
+    k_blk = apply_rope_neox(k_blk, at.cos, at.sin).reshape(A, B, -1, D)
+    v_blk = v_blk.reshape(A, B, -1, D)
+    parts = [_attend(lw, q[a:e], k_blk[a:e], v_blk[a:e], *ctx[il], at.q_pos[a:e], at.anchors[a:e], vis_blk[a:e], win,
+                     g.kq_scale, cache_dtype) for a, e, ctx in segments]
+    attn = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(A * B, H * D)
+    return layer_tail(d, lw, x, attn, False, cpu_matmul, convs)
+
+
 def _blocks(d: Drafter, w: DrafterWeights, g: _Graph, anchors: torch.Tensor, anchor_ids: torch.Tensor,
             segments: list[Segment], n_max: int, cpu_matmul: bool, cache_dtype: torch.dtype | None,
             need_logits: bool = True, target_next: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -132,39 +196,10 @@ def _blocks(d: Drafter, w: DrafterWeights, g: _Graph, anchors: torch.Tensor, anc
     context K/V of the segment it lies in. ``target_next`` [A, n_max] (the target's tokens after each anchor, -1
     past the end): only the slots up to each draft's first rejected one are projected (-1 after it).
     """
-    dev, dt = w.device, w.dtype
-    A, B = anchors.shape[0], d.block_size
-    H, D, eps = d.n_head, d.head_dim, d.rms_eps
-    ids = torch.full((A, B), d.mask_token_id, dtype=torch.int64, device=dev)
-    ids[:, 0] = anchor_ids
-    q_pos = anchors[:, None] + torch.arange(B, device=dev)[None, :]  # [A, B]
-    # a block token broadcasts its one position to every M-RoPE section (as llama.cpp's token batch does)
-    rows = q_pos.reshape(1, -1).repeat(4 if g.mrope else 1, 1)
-    cos_b, sin_b = rope_cos_sin(g.spec, rows, dt)  # [A*B, n_rot/2]
-    diff_blk = q_pos[:, :, None] - q_pos[:, None, :]  # [A, B, B]
-    x = w.embed.rows(ids.reshape(-1))
-    if d.embedding_scale:
-        x = x * d.embedding_scale
+    A, B, eps = anchors.shape[0], d.block_size, d.rms_eps
+    x, at = block_rows(d, w, g, anchors, anchor_ids)
     for il, lw in enumerate(w.layers):
-        win = g.window_of[il]
-        vis_blk = torch.ones_like(diff_blk, dtype=torch.bool)
-        if g.causal:
-            vis_blk &= diff_blk >= 0
-        if win is not None:
-            vis_blk &= diff_blk < win
-        h = rms_norm(x, eps, lw.attn_norm)
-        convs = None if w.dflash2 is None else w.dflash2.layer(il, B, matmul(cpu_matmul))  # rows are whole blocks
-        if convs is not None:
-            h = convs.attn_in(h)
-        q = rms_norm(_layer_mm(lw, "wq", h, cpu_matmul).reshape(-1, H, D), eps, lw.q_norm)
-        k_blk, v_blk = _kv(lw, h, D, eps, cpu_matmul)
-        q = apply_rope_neox(q, cos_b, sin_b).reshape(A, B, H, D)
-        k_blk = apply_rope_neox(k_blk, cos_b, sin_b).reshape(A, B, -1, D)
-        v_blk = v_blk.reshape(A, B, -1, D)
-        parts = [_attend(lw, q[a:e], k_blk[a:e], v_blk[a:e], *ctx[il], q_pos[a:e], anchors[a:e], vis_blk[a:e], win,
-                         g.kq_scale, cache_dtype) for a, e, ctx in segments]
-        attn = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(A * B, H * D)
-        x = layer_tail(d, lw, x, attn, False, cpu_matmul, convs)
+        x = block_layer(d, w, g, il, lw, x, at, segments, cpu_matmul, cache_dtype)
     states = rms_norm(x, eps, w.output_norm)
     observe(w.head, states)  # the graph projects every slot of the block (the driver reads 1..n_max)
     if w.dflash2 is not None:
@@ -172,7 +207,7 @@ def _blocks(d: Drafter, w: DrafterWeights, g: _Graph, anchors: torch.Tensor, anc
     if w.markov is not None:  # DSpark: every slot through the head, then the Markov chain (runtime.dspark)
         read = cpu_matmul_input(states, w.head.source.dtype) if cpu_matmul else states
         logits = scatter_d2t(w.head.project(read), w.d2t, d.vocab_size).reshape(A, B, -1)
-        chain = markov_chain(w.markov, logits, states.reshape(A, B, -1), ids[:, 0], w.d2t,
+        chain = markov_chain(w.markov, logits, states.reshape(A, B, -1), anchor_ids, w.d2t,
                              cpu_matmul_input if cpu_matmul else None)
         return chain.logits[:, :n_max], chain.tokens[:, :n_max]
     normed = states.reshape(A, B, -1)[:, 1:n_max + 1]
@@ -188,7 +223,7 @@ def _blocks(d: Drafter, w: DrafterWeights, g: _Graph, anchors: torch.Tensor, anc
         logits = scatter_d2t(raw, w.d2t, d.vocab_size).reshape(A, n_max, -1)
         return logits, logits.argmax(dim=-1)
     logits = scatter_d2t(w.dflash2.output_transforms(raw), w.d2t, d.vocab_size).reshape(A, n_max, -1)
-    sel = w.dflash2.select(normed, logits, ids[:, 0], matmul(cpu_matmul))
+    sel = w.dflash2.select(normed, logits, anchor_ids, matmul(cpu_matmul))
     return sel.choice_rows(d.vocab_size), sel.tokens
 
 
@@ -259,6 +294,48 @@ def _until_rejected(w: DrafterWeights, normed: torch.Tensor, target_next: torch.
             break
         lo = hi
     return out
+
+
+SOFT_FLOOR = 1e-15  # a slot's term is left out once the product of the probabilities before it is below this
+SOFT_ROWS = 256  # head rows per projection when scoring: bounds the [rows, vocabulary] logits held at once
+
+
+def expected_lengths(w: DrafterWeights, normed: torch.Tensor, want: torch.Tensor, cpu_matmul: bool,
+                     vocab_size: int) -> torch.Tensor:
+    """[A] float64: each anchor's expected accepted length, the sum over slots k of prod_{i<=k} p_i(target's token).
+
+    Slots are projected through the head in HEAD_ROUND_ENDS rounds, and only while the product before a slot is
+    at least SOFT_FLOOR: the terms left out sum to less than n_max x SOFT_FLOOR per anchor (docs/quantize.md)."""
+    A, n_max, E = normed.shape
+    total = torch.zeros(A, dtype=torch.float64)
+    before = torch.ones(A, dtype=torch.float64)
+    alive, lo = torch.arange(A), 0
+    for hi in [e for e in HEAD_ROUND_ENDS if e < n_max] + [n_max]:
+        rows = normed[alive.to(normed.device), lo:hi].reshape(-1, E)
+        p = _token_probs(w, rows, want[alive, lo:hi].reshape(-1), cpu_matmul, vocab_size).reshape(-1, hi - lo)
+        prods = before[alive, None] * torch.cumprod(p, dim=-1)
+        prev = torch.cat([before[alive, None], prods[:, :-1]], dim=-1)
+        total[alive] += torch.where(prev >= SOFT_FLOOR, prods, torch.zeros_like(prods)).sum(dim=-1)
+        before[alive] = prods[:, -1]
+        alive = alive[before[alive] >= SOFT_FLOOR]
+        if alive.numel() == 0:
+            break
+        lo = hi
+    return total
+
+
+def _token_probs(w: DrafterWeights, hidden: torch.Tensor, tokens: torch.Tensor, cpu_matmul: bool,
+                 vocab_size: int) -> torch.Tensor:
+    """[R] float64: the head's softmax probability of ``tokens[r]`` (target ids) for each row of ``hidden`` [R, E]."""
+    out = []
+    for a in range(0, hidden.shape[0], SOFT_ROWS):
+        h = hidden[a:a + SOFT_ROWS]
+        if cpu_matmul:
+            h = cpu_matmul_input(h, w.head.source.dtype)
+        logits = scatter_d2t(w.head.project(h), w.d2t, vocab_size).double()
+        picked = logits.gather(-1, tokens[a:a + SOFT_ROWS, None].to(logits.device))[:, 0]
+        out.append((picked - torch.logsumexp(logits, dim=-1)).exp().cpu())
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
 
 # --- llama.cpp's count
@@ -394,7 +471,7 @@ def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[in
     Up to ``batch`` sequences walk together, one anchor each per pass, and each draft is projected through the
     head only up to its first rejected slot: the loop's counts read nothing else.
     """
-    g = _graph(d, w, n_max)
+    g = block_graph(d, w, n_max)
     dev = w.device
     cache_dtype = torch.float16 if like_cpu else None
     eos = set(feats.eos_ids)
@@ -453,5 +530,6 @@ def reference_drafts(model: ReferenceModel, n_max: int) -> Drafts:
     return drafts_of
 
 
-__all__ = ["AnchorStats", "LoopCount", "LoopWalk", "anchor_drafts", "context_kv", "anchor_lengths", "gguf_drafts", "live_loop", "loop_anchors", "measure",
-           "reference_drafts", "sequence_inputs"]
+__all__ = ["AnchorStats", "BlockRows", "LoopCount", "LoopWalk", "anchor_drafts", "anchor_lengths", "block_graph",
+           "block_layer", "block_rows", "context_input", "context_kv", "expected_lengths", "gguf_drafts", "live_loop", "loop_anchors",
+           "measure", "reference_drafts", "sequence_inputs"]
