@@ -47,7 +47,7 @@ from .runtime.accept import (
 )
 from .runtime.dequant import dequantize
 from .runtime.forward import rms_norm
-from .runtime.weights import LAYER_ROLES, DrafterWeights, LazyMatrix, load_weights, source_values
+from .runtime.weights import LAYER_ROLES, DrafterWeights, LayerWeights, LazyMatrix, load_weights, source_values
 from .sources.features import FeaturesFile
 from .sources.gguf_drafter import read_drafter
 from .sources.imatrix import ImportanceMatrix
@@ -197,7 +197,7 @@ class MixEvaluator:
         return (seq, il, types.get(FC_TENSOR), types.get(layer_name(il, LAYER_ROLES["wk"])),
                 types.get(layer_name(il, LAYER_ROLES["wv"])))
 
-    def _layer(self, types: Types, il: int):  # noqa: ANN202 (runtime.weights.LayerWeights)
+    def _layer(self, types: Types, il: int) -> LayerWeights:
         """Layer ``il``'s weights with each of its tensors in ``types`` as that type stores it."""
         lw = self.base.layers[il]
         changes: dict[str, torch.Tensor] = {}
@@ -229,7 +229,7 @@ class MixEvaluator:
         return out
 
     def _context(self, types: Types, w: DrafterWeights, seq: int, features: torch.Tensor, il: int,
-                 lw) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001 (runtime.weights.LayerWeights)
+                 lw: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s context K/V at layer ``il``: kept per types of fc and that layer's K and V projections."""
         key = self._ctx_key(types, seq, il)
         got = self._ctx.get(key)
