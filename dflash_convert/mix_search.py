@@ -214,10 +214,8 @@ class MixEvaluator:
         """The drafter's weights with each tensor of ``types`` as that type stores it (``layers``: False leaves them empty)."""
         out = replace(self.base, layers=[self._layer(types, il) for il in range(self.d.n_layers)] if layers
                       else list(self.base.layers))
-        if FC_TENSOR in types:
-            out.fc, out.fc_type = self.values(FC_TENSOR, types[FC_TENSOR]), types[FC_TENSOR].name
-        else:
-            out.fc = source_values(self.by[FC_TENSOR].source, out.device, out.dtype)
+        if layers:  # without the layers, fc is decoded only where a context is missing (_context)
+            out.fc, out.fc_type = self._fc(types)
         if EMBEDDING_TENSOR in types and out.embed_from == "drafter":
             t = types[EMBEDDING_TENSOR]
             out.embed = LazyMatrix.of(self.values(EMBEDDING_TENSOR, t), "drafter token embedding", t.name)
@@ -228,6 +226,12 @@ class MixEvaluator:
             out.head = LazyMatrix.of(self.values(OUTPUT_TENSOR, t), "drafter output head", t.name)
         return out
 
+    def _fc(self, types: Types) -> tuple[torch.Tensor, str]:
+        """fc's values and storage type in ``types`` (the file's own where ``types`` leaves it out)."""
+        if FC_TENSOR in types:
+            return self.values(FC_TENSOR, types[FC_TENSOR]), types[FC_TENSOR].name
+        return source_values(self.by[FC_TENSOR].source, self.base.device, self.base.dtype), self.base.fc_type
+
     def _context(self, types: Types, w: DrafterWeights, seq: int, features: torch.Tensor, il: int,
                  lw: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s context K/V at layer ``il``: kept per types of fc and that layer's K and V projections."""
@@ -237,6 +241,9 @@ class MixEvaluator:
             ik = (seq, types.get(FC_TENSOR))
             g = self._inputs.get(ik)
             if g is None:
+                if not w.fc.numel():
+                    fc, fc_type = self._fc(types)
+                    w = replace(w, fc=fc, fc_type=fc_type)
                 g = self._inputs[ik] = context_input(self.d, w, features, self.like_cpu)
             got = self._ctx[key] = context_kv(self.d, w, features, cpu_matmul=self.like_cpu, layers=[il], g=g,
                                               layer_weights={il: lw})[il]  # type: ignore[assignment]
