@@ -8,11 +8,13 @@ own live loop (fixtures/drafted_features.py: the target takes each draft's slots
 token (24 x 64 = 1536 per type), five times the few hundred a capture of a trained drafter visits;
 ``--accept-p 0`` keeps that worst case. Each command runs as a child under GNU time -v (wall, peak RSS):
 ``dflash-convert sweep F16.gguf --features F --types ... --json`` (the F16 input row and each type), then
-``bench_search.py --which full-size --steps 2`` from Q2_K, reported as start + 2 x step.
-Goal (issue 33): under 60 min, peak RSS under 12 GB. Writes bench/results-sweep.md.
+``dflash-convert quantize F16.gguf OUT Q2_K --features F --min-acceptance 0.98 --max-steps 2``, each line it
+logs timed as it arrives (a random drafter does not reach 0.98 in two steps: the command's refusal, exit 1,
+is its expected end). Goal (issue 33): each under 60 min, peak RSS under 12 GB. Writes bench/results-sweep.md
+(``--skip-sweep`` keeps the file's sweep section and replaces the search's).
 
     python bench/bench_sweep.py [--sequences 24] [--new-tokens 64] [--context 64] [--accept-p 0.8] [--types Q8_0,...]
-                                [--device cpu|cuda] [--results PATH] [--skip-search]
+                                [--device cpu|cuda] [--results PATH] [--skip-search | --skip-sweep]
 """
 
 from __future__ import annotations
@@ -53,19 +55,27 @@ RUSAGE = ("import os, subprocess, sys\np = subprocess.Popen(sys.argv[2:])\n_, st
           "sys.exit(os.waitstatus_to_exitcode(st))")
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run ``cmd`` as a child: wall s, peak RSS MB (GNU time -v) and its stdout; its stderr passes through."""
+def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,), stderr_too: bool = False) -> dict[str, Any]:
+    """Run ``cmd`` as a child: wall s, peak RSS MB (GNU time -v), its stdout lines with the second each arrived, its rc."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
         wrap = [GNU_TIME, "-v", "-o", tf.name] if os.access(GNU_TIME, os.X_OK) else [sys.executable, "-c", RUSAGE, tf.name]
         print("$", shlex.join(cmd), flush=True)
         t0 = time.perf_counter()
-        r = subprocess.run(wrap + cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        lines: list[tuple[float, str]] = []
+        with subprocess.Popen(wrap + cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if stderr_too else None,
+                              text=True, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=REPO) as p:
+            assert p.stdout is not None
+            for line in p.stdout:
+                lines.append((time.perf_counter() - t0, line.rstrip("\n")))
+                if not line.startswith("{"):  # the sweep's JSON stays out of the log
+                    print(f"  [{lines[-1][0]:7.1f} s] {line}", end="", flush=True)
         wall = time.perf_counter() - t0
         rss_kb = [int(x.rsplit(":", 1)[1]) for x in tf.read().splitlines() if "Maximum resident set size" in x]
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {shlex.join(cmd)}\n{r.stdout[-2000:]}")
-    print(f"  {wall:.1f} s, peak RSS {rss_kb[0] / 1024:.0f} MB", flush=True)
-    return {"cmd": cmd, "wall_s": wall, "rss_mb": rss_kb[0] / 1024, "stdout": r.stdout}
+    if p.returncode not in ok:
+        raise SystemExit(f"failed ({p.returncode}): {shlex.join(cmd)}")
+    print(f"  {wall:.1f} s, peak RSS {rss_kb[0] / 1024:.0f} MB, exit {p.returncode}", flush=True)
+    return {"cmd": cmd, "wall_s": wall, "rss_mb": rss_kb[0] / 1024, "lines": lines, "rc": p.returncode,
+            "stdout": "\n".join(x for _, x in lines)}
 
 
 def _machine(device: str) -> str:
@@ -120,17 +130,26 @@ def report(args: argparse.Namespace, sweep: dict[str, Any], search: dict[str, An
     lines += ["", f"Wall **{sweep['wall_s'] / 60:.1f} min** ({sweep['wall_s']:.0f} s), peak RSS **{sweep['rss_mb']:.0f} MB**; "
               + _goal(sweep["wall_s"], sweep["rss_mb"]) + "."]
     if search is not None:
-        s = search["report"]
-        est = s["load_s"] + s["start_mix_s"] + SEARCH_STEPS * s["step_s"]
-        lines += ["", f"## quantize --min-acceptance 0.98 from {s['start']}: {SEARCH_STEPS} search steps", "", _command(search), "",
-                  "| what | seconds |", "|---|---:|",
-                  f"| read the F16 file, load the target head | {s['load_s']:.1f} |",
-                  f"| quantize + decode the {s['start']} mix, first measurement (start) | {s['start_mix_s']:.1f} |",
-                  f"| one search step ({s['groups']} groups, {s['step_measurements'] // s['steps']} measurements) | {s['step_s']:.1f} |",
-                  f"| **load + start + {SEARCH_STEPS} x step** | **{est:.1f}** |", "",
-                  f"The process: wall {search['wall_s']:.0f} s (also one extra timed measurement, "
-                  f"{s['measurement_s']:.1f} s), peak RSS **{search['rss_mb']:.0f} MB**; " + _goal(est, search["rss_mb"]) + "."]
+        lines += [""] + search_section(search)
     return "\n".join(lines) + "\n"
+
+
+def search_section(search: dict[str, Any]) -> list[str]:
+    """The search's part of results-sweep.md: each line the command logged, the second it arrived, wall and peak RSS."""
+    rows, last = [], 0.0
+    for t, line in search["lines"]:
+        rows.append(f"| {t:.0f} | {t - last:.0f} | `{line.strip()}` |")
+        last = t
+    return [f"## quantize --min-acceptance 0.98 from Q2_K: {SEARCH_STEPS} search steps", "", _command(search), "",
+            "Each line the command printed, with the second it arrived (so the rows read: the time the phase before it "
+            "took). The unquantized line comes after reading the files, the held-out live loop of the F16 file and its "
+            "calibration score; the Q2_K line after quantizing its mix and its held-out live loop; each step's line after "
+            "scoring every group's candidate on the calibration half, quantizing what they need, and the chosen mix's "
+            "held-out live loop.", "",
+            "| second | phase (s) | line |", "|---:|---:|---|", *rows, "",
+            f"Exit {search['rc']}{' (the expected refusal: not reached within the steps)' if search['rc'] == 1 else ''}; "
+            f"wall **{search['wall_s'] / 60:.1f} min** ({search['wall_s']:.0f} s), peak RSS **{search['rss_mb']:.0f} MB**; "
+            + _goal(search["wall_s"], search["rss_mb"]) + "."]
 
 
 def _features(path: Path, f16: Path, target: Path, args: argparse.Namespace) -> Path:
@@ -156,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default=",".join(DEFAULT_SWEEP_TYPES), help="quantized types (the F16 input is a row too)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--results", type=Path, default=REPO / "bench" / "results-sweep.md")
-    ap.add_argument("--skip-search", action="store_true")
+    skip = ap.add_mutually_exclusive_group()
+    skip.add_argument("--skip-search", action="store_true")
+    skip.add_argument("--skip-sweep", action="store_true", help="keep the results file's sweep section")
     args = ap.parse_args(argv)
 
     setup = full_size(["F16"])
@@ -168,20 +189,24 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         feats = _features(Path(tmp) / "features.safetensors", f16, setup.target, args)
         features_s = time.perf_counter() - t0
-        sweep = timed([sys.executable, "-m", "dflash_convert.cli", "sweep", str(f16), "--features", str(feats),
-                       "--target-model-dir", str(setup.target), "--allow-other-target", "--types", args.types,
-                       "--device", args.device, "--json"], env)
-        sweep["report"] = json.loads(sweep.pop("stdout"))
-        sweep["features_s"] = features_s
-        args.results.write_text(report(args, sweep, None))  # the sweep's table now, should the search be cut short
+        target = ["--target-model-dir", str(setup.target), "--allow-other-target", "--device", args.device]
+        if not args.skip_sweep:
+            sweep = timed([sys.executable, "-m", "dflash_convert.cli", "sweep", str(f16), "--features", str(feats),
+                           "--types", args.types, *target, "--json"], env)
+            sweep["report"] = json.loads(sweep.pop("stdout"))
+            sweep["features_s"] = features_s
+            args.results.write_text(report(args, sweep, None))  # the sweep's table now, should the search be cut short
         search = None
         if not args.skip_search:
-            search = timed([sys.executable, str(REPO / "bench" / "bench_search.py"), "--which", "full-size",
-                            "--steps", str(SEARCH_STEPS), "--sequences", str(args.sequences), "--new-tokens",
-                            str(args.new_tokens), "--context", str(args.context), "--device", args.device,
-                            "--results", str(Path(tmp) / "results-search.md")], env)
-            line = next(x for x in search.pop("stdout").splitlines() if x.startswith("full-size "))
-            search["report"] = json.loads(line.split(" ", 1)[1])
+            search = timed([sys.executable, "-m", "dflash_convert.cli", "quantize", str(f16), str(Path(tmp) / "chosen.gguf"),
+                            "Q2_K", "--features", str(feats), "--min-acceptance", "0.98", "--max-steps", str(SEARCH_STEPS),
+                            *target], env, ok=(0, 1), stderr_too=True)
+    if args.skip_sweep:  # the file's sweep section as it stands, the search's replaced
+        kept = args.results.read_text().split("\n## quantize --min-acceptance")[0].rstrip("\n")
+        text = kept + "\n\n" + "\n".join(search_section(search)) + "\n" if search else kept + "\n"
+        args.results.write_text(text)
+        print(text)
+        return 0
     text = report(args, sweep, search)
     args.results.write_text(text)
     print(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -167,10 +168,25 @@ class MixEvaluator:
         key = (name, t)
         enc = self._encoded.get(key)
         if enc is None:
-            raw = src.source.rows(0, n_rows(tuple(src.shape)))
-            enc = self._encoded[key] = np.ascontiguousarray(self._encoder(name, t)(raw)).view(np.uint8).reshape(-1)
+            enc = self._encoded[key] = self._encode(name, t)
             self.quantized += 1
         return dequantize(torch.from_numpy(enc.copy()).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
+
+    def _encode(self, name: str, t: GGMLType) -> np.ndarray:
+        """``name`` quantized to ``t`` as its block bytes: row ranges on torch's threads (the encoders drop the GIL)."""
+        src, enc = self.by[name], self._encoder(name, t)
+        rows, align = n_rows(tuple(src.shape)), getattr(src.source, "row_align", 1)
+        step = -(-rows // max(1, torch.get_num_threads()))
+        step = -(-step // align) * align
+        spans = [(a, min(rows, a + step)) for a in range(0, rows, step)] or [(0, 0)]
+
+        def part(span: tuple[int, int]) -> np.ndarray:
+            return np.ascontiguousarray(enc(src.source.rows(*span))).view(np.uint8).reshape(-1)
+
+        if len(spans) == 1:
+            return part(spans[0])
+        with ThreadPoolExecutor(max_workers=len(spans), thread_name_prefix="encode") as pool:
+            return np.concatenate(list(pool.map(part, spans)))
 
     def _encoder(self, name: str, t: GGMLType) -> Callable[[np.ndarray], np.ndarray]:
         """``name``'s encoder to ``t``, with its importance as quantize --imatrix passes it (plan.quantize_planned)."""
@@ -486,9 +502,9 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
                           f"sequences ({baseline.n_drafted} drafted): nothing can be chosen by acceptance when the "
                           "reference accepts nothing", d.source)
     goal = min_acceptance * baseline.accept
-    plain = current = ev.accept(state, held)
     say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}; calibration "
         f"expected length {ev.expected_length(base_types, cal):.3f}")
+    plain = current = ev.accept(state, held)
     say(f"  {ftype} (llama-quantize's mix): {nbytes_of(state)} tensor bytes, held-out accept {plain.accept:.4f}")
     groups = tensor_groups(d, set(state))
     steps: list[SearchStep] = []

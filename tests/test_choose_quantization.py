@@ -163,9 +163,15 @@ def test_search_refuses_what_it_cannot(files, tmp_path):
         r = run_cli("quantize", f16, tmp_path / "x.gguf", "Q2_K", *args)
         assert r.returncode == code and why in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert not (tmp_path / "x.gguf").exists()
-    # out of steps: refused, unless plain Q2_K already accepts as much as the input on the held-out
-    # sequences (it does on some machines' pair: the pair is trained with this CPU's kernels), and then
-    # the search takes no step at all
+    # out of steps: refused, unless the plain mix or its first step already keeps all the input's held-out
+    # acceptance (plain Q2_K does on some machines' pair: the pair is trained with this CPU's kernels)
+    r = run_cli("quantize", f16, tmp_path / "x.gguf", "Q2_K", "--features", feats, "--min-acceptance", "1",
+                "--max-steps", "1", "--dry-run", "--device", "cpu")
+    if r.returncode == 1:
+        assert "no mix from Q2_K within 1 step(s) reaches it" in r.stderr and "nothing written" in r.stderr, r.stderr
+        assert r.stdout.count("  step ") == 1, r.stdout
+    else:
+        assert r.returncode == 0 and "chosen: Q2_K mix raised in " in r.stdout and r.stdout.count("  step ") <= 1, r.stdout
     try:
         chosen = quantize_for_acceptance(f16, tmp_path / "x.gguf", "Q2_K", feats, 1.0, device="cpu", max_steps=0,
                                          dry_run=True)

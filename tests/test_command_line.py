@@ -167,10 +167,11 @@ def test_tensor_type_items_reach_quantize_in_command_line_order():
 def test_quantize_min_acceptance_options_travel_together():
     quantize = find_command(COMMANDS, "quantize")
     got = parse(quantize, ["s", "o", "Q4_K_M", "--features", "f", "--min-acceptance", "0.98", "--device", "cpu"])
-    assert got["min_acceptance"] == 0.98 and got["target"] == {"target_model_dir": None, "target_gguf": None, "device": "cpu",
-                                                               "allow_other_target": False}
-    got = parse(quantize, ["s", "o", "Q4_K_M", "--features", "f", "--min-acceptance", "0.98", "--allow-other-target"])
-    assert got["target"]["allow_other_target"] is True
+    assert got["min_acceptance"] == 0.98 and got["search"] == {"target_model_dir": None, "target_gguf": None, "device": "cpu",
+                                                               "allow_other_target": False, "max_steps": None}
+    got = parse(quantize, ["s", "o", "Q4_K_M", "--features", "f", "--min-acceptance", "0.98", "--allow-other-target",
+                           "--max-steps", "2"])
+    assert got["search"]["allow_other_target"] is True and got["search"]["max_steps"] == 2
 
 
 def _usage_line(r, command: str) -> str:
@@ -193,6 +194,8 @@ def test_min_acceptance_out_of_range_is_a_usage_error(tmp_path, value):
     (["--features", "f.safetensors"], "--features and --min-acceptance go together (each needs the other)"),
     (["--features", "f", "--min-acceptance", "0.9", "--tensor-type", "attn=q8_0"],
      "--min-acceptance does not go with --tensor-type (it chooses the per-tensor types itself)"),
+    (["--max-steps", "2"], "--max-steps needs --min-acceptance"),
+    (["--features", "f", "--min-acceptance", "0.9", "--max-steps", "0"], "'--max-steps': 0 is not in the range x>=1"),
 ])
 def test_min_acceptance_without_features_or_with_per_tensor_flags_is_a_usage_error(tmp_path, args, says):
     r = run_cli("quantize", tmp_path / "in.gguf", tmp_path / "o.gguf", "Q4_K_M", *args)

@@ -6,7 +6,8 @@
 * near-ties the screen alone gets wrong (x's low bits lost by bf16, a head that is not bf16, float32
   differences the screen rounds away, exact ties, a reduced vocabulary's order) come out as the
   float32 product's argmax;
-* ``anchor_drafts`` drafts the same tokens through the screen as from the full float32 logits.
+* ``anchor_drafts`` drafts the same tokens through the screen as from the full float32 logits;
+* a streamed BF16 head projects from the kept screen to the very values it reads from its file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dflash_convert.runtime.head import (
     candidates,
     head_argmax,
     kernel_is_sound,
+    project_kept,
     screen_bounds,
     screen_of,
 )
@@ -179,3 +181,16 @@ def test_anchor_drafts_through_the_screen_are_the_float32_drafts(small, cpu_matm
     full, logits = anchor_drafts(d, w, feats, tokens, anchors, d.block_size - 1, keep_logits=True, **kw)
     assert torch.equal(screened, full)
     assert torch.equal(full, logits.argmax(dim=-1))
+
+
+def test_a_streamed_bf16_head_projects_from_the_screen_to_the_values_it_streams(small):
+    _, w, _, _ = small
+    streamed = LazyMatrix(w.head.source, "cpu", torch.float32, "head", keep=False)  # the target's bf16 head
+    assert streamed.streams() and not w.head.streams()
+    x = torch.randn(7, streamed.shape[1], generator=torch.Generator().manual_seed(4))
+    assert project_kept(streamed, x) is None  # no screen kept yet: nothing to project from
+    assert screen_of(streamed).exact
+    got = project_kept(streamed, x)
+    assert got is not None and torch.equal(got, streamed.project(x))
+    screen_of(w.head)
+    assert project_kept(w.head, x) is None  # a head kept decoded projects from its own values

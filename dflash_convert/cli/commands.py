@@ -113,12 +113,15 @@ COMMANDS: tuple[Command, ...] = (
                "the held-out acceptance is R times the input's (e.g. 0.98); prints the recipe.", minimum=0, min_open=True,
                maximum=1, needs=("features",), excludes=_PER_TENSOR, why="it chooses the per-tensor types itself"),
         option("target_model_dir", "--target-model-dir", type=Path, help=f"With --min-acceptance: the target dir or repo id {_REPO} "
-               "(default: the one the features were captured from).", group="target"),
-        option("target_gguf", "--target-gguf", type=Path, help="With --min-acceptance: the target GGUF.", group="target"),
+               "(default: the one the features were captured from).", group="search"),
+        option("target_gguf", "--target-gguf", type=Path, help="With --min-acceptance: the target GGUF.", group="search"),
         option("device", "--device", default="auto", help="With --min-acceptance: auto (CUDA when present), cpu or cuda.",
-               group="target"),
+               group="search"),
         flag("allow_other_target", "--allow-other-target", help=f"With --min-acceptance: {_OTHER_TARGET_HELP[0].lower()}"
-             f"{_OTHER_TARGET_HELP[1:]}", group="target"),
+             f"{_OTHER_TARGET_HELP[1:]}", group="search"),
+        option("max_steps", "--max-steps", type=int, minimum=1, metavar="N", help="With --min-acceptance: stop after N "
+               "search steps (each raises one tensor group); refused as not reached if the mix still falls short.",
+               needs=("min_acceptance",), group="search"),
         flag("skip_validation", "--skip-validation", help="Quantize an input that fails validate, and write the output "
              "unvalidated (a warning says so; llama.cpp may refuse or mis-run the file)."),
         _FORCE,

@@ -99,13 +99,13 @@ def migrate(src: Path, out: str, force: bool, **options: Any) -> int:
 
 def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool, skip_validation: bool, force: bool,
              quiet: bool, tensor_type_order: list[tuple[str, Any]], features: Path | None, min_acceptance: float | None,
-             target: dict[str, Any], **per_tensor: Any) -> int:
+             search: dict[str, Any], **per_tensor: Any) -> int:
     """quantize: plan the mix (printed with --dry-run), write it; with --min-acceptance, choose it by acceptance."""
     quiet_logs(quiet)
     if min_acceptance is not None:
         weights = {k: per_tensor.get(k) for k in ("imatrix", "include_weights", "exclude_weights")}
         return quantize_for_acceptance(src, out, qtype, features, min_acceptance, threads, dry_run, force, quiet,
-                                       target | weights)
+                                       search | weights)
     from ..quantize import plan_quantize, quantize_options, write_quantize  # the encoders, gguf-py: only when quantizing
 
     with command_errors(out):
@@ -123,12 +123,12 @@ def quantize(src: Path, out: str, qtype: str, threads: int | None, dry_run: bool
 
 
 def quantize_for_acceptance(src: Path, out: str, qtype: str, features: Path, min_acceptance: float, threads: int | None,
-                            dry_run: bool, force: bool, quiet: bool, target: dict[str, Any]) -> int:
+                            dry_run: bool, force: bool, quiet: bool, search: dict[str, Any]) -> int:
     """quantize --min-acceptance: the smallest mix that keeps that share of the input's acceptance, and its recipe."""
     from ..quantize import quantize_for_acceptance as choose  # torch and the encoders: only this command pays for them
 
     chosen = choose(src, out, qtype, features, min_acceptance, force=force, dry_run=dry_run, progress=not quiet,
-                    threads=threads, log=None if quiet else say, **target)
+                    threads=threads, log=None if quiet else say, **search)
     say(chosen.lines())
     if not dry_run and not quiet:
         say(chosen.written())

@@ -37,7 +37,7 @@ from .forward import (
     rope_spec,
     scatter_d2t,
 )
-from .head import head_argmax
+from .head import head_argmax, project_kept
 from .observe import observe
 from .reference import ReferenceModel, reference_forward
 from .weights import DrafterWeights, LayerWeights
@@ -332,7 +332,8 @@ def _token_probs(w: DrafterWeights, hidden: torch.Tensor, tokens: torch.Tensor, 
         h = hidden[a:a + SOFT_ROWS]
         if cpu_matmul:
             h = cpu_matmul_input(h, w.head.source.dtype)
-        logits = scatter_d2t(w.head.project(h), w.d2t, vocab_size).double()
+        z = project_kept(w.head, h)  # the live loop's bf16 copy of a streamed BF16 head: the same values
+        logits = scatter_d2t(w.head.project(h) if z is None else z, w.d2t, vocab_size).double()
         picked = logits.gather(-1, tokens[a:a + SOFT_ROWS, None].to(logits.device))[:, 0]
         out.append((picked - torch.logsumexp(logits, dim=-1)).exp().cpu())
     return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)

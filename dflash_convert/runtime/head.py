@@ -125,6 +125,19 @@ def kernel_is_sound(width: int) -> bool:
 
 
 @torch.no_grad()
+def project_kept(m: LazyMatrix, x: torch.Tensor) -> torch.Tensor | None:
+    """x @ W.T from the screen ``head_argmax`` keeps, where it holds W exactly; None where it does not.
+
+    The same float32 values, in the same row chunks, as ``m.project`` reads from the file (a BF16 head
+    decodes exactly to float32), without reading the file again.
+    """
+    s = _SCREENS.get(m)
+    if s is None or not s.exact or not m.streams() or x.device.type != "cpu":
+        return None
+    n = m.shape[0]
+    return torch.cat([x @ s.low[a:a + HEAD_CHUNK_ROWS].to(x.dtype).T for a in range(0, n, HEAD_CHUNK_ROWS)], dim=-1)
+
+
 def head_argmax(m: LazyMatrix, x: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor | None:
     """Per row of ``x`` [R, E] (float32), the row of ``m`` with the largest float32 logit; None: take the product."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[0] == 0 or not bool(torch.isfinite(x).all()):
@@ -153,4 +166,4 @@ def head_argmax(m: LazyMatrix, x: torch.Tensor, order: torch.Tensor | None = Non
     return cols[keys.argmin(dim=-1)]
 
 
-__all__ = ["Screen", "candidates", "gamma", "head_argmax", "kernel_is_sound", "screen_bounds", "screen_of"]
+__all__ = ["Screen", "candidates", "gamma", "head_argmax", "kernel_is_sound", "project_kept", "screen_bounds", "screen_of"]

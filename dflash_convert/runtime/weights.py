@@ -155,7 +155,7 @@ class LazyMatrix:
 
     def row_range(self, a: int, b: int) -> torch.Tensor:
         """Rows [a, b), from the kept values when there are, else decoded from the file."""
-        if self._full is not None or self.shape[0] * self.shape[1] * self.dtype.itemsize <= HEAD_CACHE_BYTES:
+        if not self.streams():
             return self.full()[a:b]
         return source_values(self.source, self.device, self.dtype, rows=(a, b))
 
@@ -170,10 +170,15 @@ class LazyMatrix:
         got = {i: source_values(self.source, self.device, self.dtype, rows=(i, i + 1))[0] for i in dict.fromkeys(flat)}
         return torch.stack([got[i] for i in flat]).reshape(*ids.shape, self.shape[1])
 
+    def streams(self) -> bool:
+        """Whether ``project`` reads M from its file in HEAD_CHUNK_ROWS chunks (M not kept decoded)."""
+        n, cols = self.shape
+        return self._full is None and not (self.keep and n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES)
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x @ M.T: all of M at once when it fits HEAD_CACHE_BYTES, else streamed in row chunks."""
-        n, cols = self.shape
-        if self._full is not None or (self.keep and n * cols * self.dtype.itemsize <= HEAD_CACHE_BYTES):
+        n = self.shape[0]
+        if not self.streams():
             return x @ self.full().T
         parts = [x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
                  for a in range(0, n, HEAD_CHUNK_ROWS)]
