@@ -7,7 +7,9 @@ docs/quantize.md, "Choosing by acceptance".
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ from .format.quant_types import (
 )
 from .format.rules import EMBEDDING_TENSOR, FC_TENSOR, OUTPUT_TENSOR
 from .format.tensors import layer_name
+from .pipeline import return_free_memory
 from .plan import PlannedTensor, QuantizeOptions, parse_ftype, plan_tensor, quantize_planned
 from .runtime.accept import (
     LoopCount,
@@ -126,6 +129,42 @@ def recipe_args(items: list[tuple[str, GGMLType]]) -> list[str]:
 # --- measuring a mix
 
 
+class SpilledBytes:
+    """Byte arrays kept in an unnamed temporary file (gone with the process), read back on each ``get``.
+
+    The search keeps every (tensor, type) it quantized, about 1.5 GB on a full-size drafter after two
+    steps; in a file they take no memory while a mix is held decoded (its peak).
+    """
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="dflash-convert-search-")
+        self._spans: dict[object, tuple[int, int]] = {}
+        self._end = 0
+
+    def put(self, key: object, data: np.ndarray) -> None:
+        """Append ``data``'s bytes under ``key``."""
+        view = memoryview(np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+        fd, at = self._file.fileno(), self._end
+        while view:
+            n = os.pwrite(fd, view, at)
+            view, at = view[n:], at + n
+        self._spans[key], self._end = (self._end, at - self._end), at
+
+    def get(self, key: object) -> np.ndarray | None:
+        """A fresh uint8 array of ``key``'s bytes; None when none were put."""
+        span = self._spans.get(key)
+        if span is None:
+            return None
+        out = np.empty(span[1], dtype=np.uint8)
+        view, at = memoryview(out), span[0]
+        while view:
+            n = os.preadv(self._file.fileno(), [view], at)
+            if n <= 0:
+                raise OSError(f"the search's temporary file ended at byte {at}")
+            view, at = view[n:], at + n
+        return out
+
+
 class MixEvaluator:
     """Acceptance of any type assignment of one unquantized drafter file, without writing files."""
 
@@ -147,7 +186,7 @@ class MixEvaluator:
         for m in (base.embed, base.head):
             m.keep = True  # the embedding and head as an unstored load keeps them (decoded once where they fit)
         self._tied = base.head is base.embed
-        self._encoded: dict[tuple[str, GGMLType], np.ndarray] = {}
+        self._encoded = SpilledBytes()  # (tensor name, type) -> its quantized bytes, off the heap
         self._inputs: dict[tuple[int, GGMLType | None], torch.Tensor] = {}  # (sequence, fc's type) -> context rows
         self._ctx: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._prefix: dict[tuple, tuple[Types, list]] = {}  # a scored mix's layer inputs, to start candidates from
@@ -168,9 +207,10 @@ class MixEvaluator:
         key = (name, t)
         enc = self._encoded.get(key)
         if enc is None:
-            enc = self._encoded[key] = self._encode(name, t)
+            enc = self._encode(name, t)
+            self._encoded.put(key, enc)
             self.quantized += 1
-        return dequantize(torch.from_numpy(enc.copy()).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
+        return dequantize(torch.from_numpy(enc).to(dev), int(t), tuple(src.shape), dtype=dt).to(dt)
 
     def _encode(self, name: str, t: GGMLType) -> np.ndarray:
         """``name`` quantized to ``t`` as its block bytes: row ranges on torch's threads (the encoders drop the GIL)."""
@@ -208,6 +248,7 @@ class MixEvaluator:
         self._inputs = {k: v for k, v in self._inputs.items() if k[1] in fcs}
         kept = [_types_key(s) for s in states]
         self._prefix = {k: v for k, v in self._prefix.items() if k[0] in kept}
+        return_free_memory()
 
     def _ctx_key(self, types: Types, seq: int, il: int) -> tuple:
         return (seq, il, types.get(FC_TENSOR), types.get(layer_name(il, LAYER_ROLES["wk"])),
@@ -504,6 +545,7 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
     goal = min_acceptance * baseline.accept
     say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}; calibration "
         f"expected length {ev.expected_length(base_types, cal):.3f}")
+    ev.retain(state)  # the input's layer inputs start no candidate
     plain = current = ev.accept(state, held)
     say(f"  {ftype} (llama-quantize's mix): {nbytes_of(state)} tensor bytes, held-out accept {plain.accept:.4f}")
     groups = tensor_groups(d, set(state))
@@ -535,5 +577,5 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
                         cal, held, steps, ev.evaluations, ev.quantized, time.perf_counter() - started, ev.n_max)
 
 
-__all__ = ["MixEvaluator", "SearchResult", "SearchStep", "file_acceptance", "mix_plan", "quantized_types", "recipe",
+__all__ = ["MixEvaluator", "SearchResult", "SearchStep", "SpilledBytes", "file_acceptance", "mix_plan", "quantized_types", "recipe",
            "recipe_args", "search_mix", "split", "tensor_groups"]

@@ -44,6 +44,18 @@ def recycle_chunk_memory() -> None:
     mallopt(m_top_pad, 64 << 20)
 
 
+def return_free_memory() -> None:
+    """Hand the heap's free pages back to the kernel (glibc's malloc_trim; a no-op elsewhere).
+
+    A long measurement frees many mid-sized tensors between phases; glibc keeps their pages resident
+    (below the mmap threshold) until trimmed, and they would count in the next phase's peak.
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def row_spans(p: PlannedTensor, chunk_elements: int | None = None) -> list[tuple[int, int]]:
     """Row ranges [a, b) of about ``chunk_elements`` values each, aligned to the source's row groups."""
     if chunk_elements is None:

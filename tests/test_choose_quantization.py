@@ -14,13 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_cli
 
 from dflash_convert.errors import DFlashError
 from dflash_convert.format.ggml import GGMLType
 from dflash_convert.format.keys import CHOSEN_KEYS, CHOSEN_TENSOR_TYPE
-from dflash_convert.mix_search import mix_plan, quantized_types, recipe, tensor_groups
+from dflash_convert.mix_search import SpilledBytes, mix_plan, quantized_types, recipe, tensor_groups
 from dflash_convert.quantize import SweepRow, mark_pareto, quantize_for_acceptance
 from dflash_convert.runtime.counts import LoopCount
 from dflash_convert.sources.gguf import read_gguf
@@ -228,3 +229,17 @@ def test_calibration_score_by_layers_equals_every_slot_block_by_block(files):
     assert len(set(scores)) == 3 and max(scores) > 0.1  # a trained drafter: the raises move the score
     for got, want in zip(scores, by_blocks, strict=True):
         assert abs(got - want) <= 1e-6 * want + (d.block_size - 1) * SOFT_FLOOR, (scores, by_blocks)
+
+
+def test_spilled_bytes_read_back_what_was_put():
+    store = SpilledBytes()
+    g = np.random.default_rng(0)
+    kept = {("blk.0.ffn_up.weight", k): g.integers(0, 256, n, dtype=np.uint8) for k, n in enumerate([0, 1, 4097, 1 << 20])}
+    for key, data in kept.items():
+        store.put(key, data)
+    store.put("float", np.arange(5, dtype=np.float32))  # any array: its bytes
+    assert store.get(("blk.0.ffn_up.weight", 9)) is None
+    for key, data in reversed(kept.items()):
+        got = store.get(key)
+        assert got is not None and got.dtype == np.uint8 and np.array_equal(got, data)
+    assert np.array_equal(store.get("float").view(np.float32), np.arange(5, dtype=np.float32))
