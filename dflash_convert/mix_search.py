@@ -22,6 +22,7 @@ import torch
 from .drafter import Drafter
 from .encoders import QUANTIZERS, encoder, takes_importance
 from .errors import DFlashError
+from .files import os_reason
 from .format.file_types import FILE_TYPES
 from .format.ggml import FLOAT_TYPE_NAMES, GGMLType, tensor_nbytes
 from .format.quant_types import (
@@ -145,9 +146,14 @@ class SpilledBytes:
         """Append ``data``'s bytes under ``key``."""
         view = memoryview(np.ascontiguousarray(data).view(np.uint8).reshape(-1))
         fd, at = self._file.fileno(), self._end
-        while view:
-            n = os.pwrite(fd, view, at)
-            view, at = view[n:], at + n
+        try:
+            while view:
+                n = os.pwrite(fd, view, at)
+                view, at = view[n:], at + n
+        except OSError as e:  # a full $TMPDIR is not the output's fault: say where the bytes were going
+            raise DFlashError(f"the search's temporary file: {os_reason(e)} (it holds every quantized candidate, "
+                              "about 1.5 GB for a full-size drafter; set TMPDIR to a disk with room)",
+                              tempfile.gettempdir()) from None
         self._spans[key], self._end = (self._end, at - self._end), at
 
     def get(self, key: object) -> np.ndarray | None:

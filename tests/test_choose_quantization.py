@@ -243,3 +243,16 @@ def test_spilled_bytes_read_back_what_was_put():
         got = store.get(key)
         assert got is not None and got.dtype == np.uint8 and np.array_equal(got, data)
     assert np.array_equal(store.get("float").view(np.float32), np.arange(5, dtype=np.float32))
+
+
+def test_a_full_temporary_folder_is_named_as_such(tmp_path):
+    """The search's spill file on a full disk (RLIMIT_FSIZE in a child: EFBIG) is one error naming $TMPDIR, not the output."""
+    from test_faults_outputs import _fsize_limited
+
+    code = ("import numpy as np\nfrom dflash_convert.errors import DFlashError\nfrom dflash_convert.mix_search import "
+            "SpilledBytes\ntry:\n    SpilledBytes().put('k', np.zeros(1 << 20, np.uint8))\nexcept DFlashError as e:\n"
+            "    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=_fsize_limited,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout.startswith(f"{tmp_path}: the search's temporary file: File too large"), r
+    assert "set TMPDIR to a disk with room" in r.stdout and not any(tmp_path.iterdir())
