@@ -381,19 +381,22 @@ def plot_sweep(report: SweepReport, out: str | os.PathLike, *, force: bool = Fal
 
     path = check_output_path(out, [report.source, Path(report.features)], force=force)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    curves = [("Pareto front", "tab:red", [r for r in report.rows if r.loop is not None])]
+    # (label, colour, rows, line width, marker size, label offset): a type the imatrix leaves unchanged puts both
+    # curves on the same points, so the first is drawn wider beneath the second and labelled above it, not hidden
+    curves = [("Pareto front", "tab:red", [r for r in report.rows if r.loop is not None], 1, 16, (4, 4))]
     if report.imatrix:  # two curves: each column's front (the input on both)
-        curves = [("without imatrix", "tab:red", curves[0][2]), ("with imatrix", "tab:blue", imatrix_curve(report))]
-    for label, color, rows in curves:
+        curves = [("without imatrix", "tab:red", curves[0][2], 3, 48, (4, 4)),
+                  ("with imatrix", "tab:blue", imatrix_curve(report), 1, 12, (4, -10))]
+    for label, color, rows, lw, size, offset in curves:
         front = pareto_rows(rows)
         ax.scatter([r.tensor_bytes / 2**20 for r in rows], [r.loop.accept * 100 for r in rows],
-                   c=[color if any(r is f for f in front) else "tab:gray" for r in rows], zorder=3, s=16)
+                   c=[color if any(r is f for f in front) else "tab:gray" for r in rows], zorder=3, s=size)
         for r in rows:
             ax.annotate(r.file_type + (" (in)" if r.baseline else ""), (r.tensor_bytes / 2**20, r.loop.accept * 100),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+                        textcoords="offset points", xytext=offset, fontsize=7, color=color)
         front.sort(key=lambda r: r.tensor_bytes)
         if front:
-            ax.plot([r.tensor_bytes / 2**20 for r in front], [r.loop.accept * 100 for r in front], color=color, lw=1,
+            ax.plot([r.tensor_bytes / 2**20 for r in front], [r.loop.accept * 100 for r in front], color=color, lw=lw,
                     zorder=2, label=label)
     ax.set_xlabel("tensor MiB")
     ax.set_ylabel("accepted drafted tokens (%)")

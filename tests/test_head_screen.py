@@ -174,6 +174,7 @@ def test_anchor_drafts_through_the_screen_are_the_float32_drafts(small, cpu_matm
         return head_argmax(m, x, order)
 
     monkeypatch.setattr(accept_runtime, "head_argmax", recorded)
+    monkeypatch.setattr(accept_runtime, "HEAD_SCREEN", True)  # taken on every CPU here, the faster path or not
     anchors = list(range(feats.shape[0]))
     kw = {"batch": 5, "cpu_matmul": cpu_matmul, "kv_cache_dtype": torch.float16 if cpu_matmul else None}
     screened = anchor_drafts(d, w, feats, tokens, anchors, d.block_size - 1, **kw)

@@ -37,7 +37,7 @@ from .forward import (
     rope_spec,
     scatter_d2t,
 )
-from .head import head_argmax, project_kept
+from .head import head_argmax, project_kept, screen_pays
 from .observe import observe
 from .reference import ReferenceModel, reference_forward
 from .weights import DrafterWeights, LayerWeights
@@ -262,11 +262,14 @@ def _attend(lw, q: torch.Tensor, k_blk: torch.Tensor, v_blk: torch.Tensor, k_ctx
             + torch.einsum("ahbk,akhd->abhd", probs[..., L:], vb))
 
 
+HEAD_SCREEN = screen_pays()  # the bf16 screen only where this CPU's bf16 product is the faster one
+
+
 def _head_tokens(w: DrafterWeights, hidden: torch.Tensor, cpu_matmul: bool, vocab_size: int) -> torch.Tensor:
     """[R] the head's greedy token (a target id) for each row of ``hidden`` [R, E]: the bf16 screen where it holds."""
     if cpu_matmul:
         hidden = cpu_matmul_input(hidden, w.head.source.dtype)
-    best = head_argmax(w.head, hidden, w.d2t)
+    best = head_argmax(w.head, hidden, w.d2t) if HEAD_SCREEN else None
     if best is not None:
         return best if w.d2t is None else w.d2t.to(best.device)[best]
     return scatter_d2t(w.head.project(hidden), w.d2t, vocab_size).argmax(dim=-1)

@@ -103,6 +103,15 @@ def candidates(y: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return y >= t_low[:, None]
 
 
+def screen_pays() -> bool:
+    """Whether this CPU multiplies bf16 in oneDNN's AVX-512 or AMX kernels, where the screen saves time.
+
+    With AVX2 alone torch's bf16 product runs 2-3x slower than float32's at the head's shapes (an AMD EPYC:
+    16 x 256 by 151936 rows, 152 against 87 ms), so there the screen costs more than it saves.
+    """
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def kernel_is_sound(width: int) -> bool:
     """Whether this build's bf16 matmul rounds once, after exact float32-width accumulation, on a probe.
 
@@ -166,4 +175,5 @@ def head_argmax(m: LazyMatrix, x: torch.Tensor, order: torch.Tensor | None = Non
     return cols[keys.argmin(dim=-1)]
 
 
-__all__ = ["Screen", "candidates", "gamma", "head_argmax", "kernel_is_sound", "project_kept", "screen_bounds", "screen_of"]
+__all__ = ["Screen", "candidates", "gamma", "head_argmax", "kernel_is_sound", "project_kept", "screen_bounds", "screen_of",
+           "screen_pays"]
