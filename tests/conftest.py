@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 # pytest-xdist runs one worker per core: each worker's torch and command-line children get their share of the
-# cores, not every core each. Two processes on two OpenMP threads each ran the trained pair's head product 1.8x
-# slower than on one thread each (151936 x 256, AMD EPYC, 2 cores: 18.8 s against 10.5 s). Set before torch loads.
+# cores, so OpenMP threads of two workers do not contend for the same cores. Set before torch loads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))

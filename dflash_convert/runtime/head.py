@@ -106,8 +106,7 @@ def candidates(y: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 def screen_pays() -> bool:
     """Whether this CPU multiplies bf16 in oneDNN's AVX-512 or AMX kernels, where the screen saves time.
 
-    With AVX2 alone torch's bf16 product runs 2-3x slower than float32's at the head's shapes (an AMD EPYC:
-    16 x 256 by 151936 rows, 152 against 87 ms), so there the screen costs more than it saves.
+    With AVX2 alone torch's bf16 product is slower than float32's, so the screen would cost more than it saves.
     """
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
