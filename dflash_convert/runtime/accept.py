@@ -39,7 +39,7 @@ from .forward import (
 )
 from .head import head_argmax, project_kept, screen_pays
 from .observe import observe
-from .reference import ReferenceModel, reference_forward
+from .reference import ReferenceModel, reference_forward_blocks
 from .weights import DrafterWeights, LayerWeights
 
 DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
@@ -519,16 +519,24 @@ def gguf_drafts(d: Drafter, w: DrafterWeights, n_max: int, *, like_cpu: bool = T
                                          kv_cache_dtype=torch.float16 if like_cpu else None)
 
 
+REFERENCE_LOGIT_BYTES = 128 << 20  # the reference's head logits of the anchors drafted in one pass
+
+
 def reference_drafts(model: ReferenceModel, n_max: int) -> Drafts:
-    """The checkpoint's drafts (the reference forward, llama.cpp semantics), one anchor at a time."""
+    """The checkpoint's drafts (the reference forward, llama.cpp semantics), as many anchors per head pass as
+    REFERENCE_LOGIT_BYTES of logits allow: check reads the head from its file at every pass."""
     d = model.drafter
+    per_anchor = d.block_size * model.head.shape[0] * model.dtype.itemsize
+    group = max(1, REFERENCE_LOGIT_BYTES // per_anchor)
 
     def drafts_of(features: torch.Tensor, tokens: torch.Tensor, anchors: list[int]) -> torch.Tensor:
         out = []
-        for c in anchors:
-            ids = block_tokens(d, int(tokens[c]))
-            r = reference_forward(model, features[:c].double(), ids, contiguous_positions(c, len(ids)))
-            out.append(r.tokens[:n_max].cpu())
+        for g in range(0, len(anchors), group):
+            blocks = []
+            for c in anchors[g:g + group]:
+                ids = block_tokens(d, int(tokens[c]))
+                blocks.append((features[:c].double(), ids, contiguous_positions(c, len(ids))))
+            out += [r["llama.cpp"].tokens[:n_max].cpu() for r in reference_forward_blocks(model, blocks, ("llama.cpp",))]
         return torch.stack(out) if out else torch.empty(0, n_max, dtype=torch.int64)
 
     return drafts_of

@@ -373,28 +373,46 @@ def reference_forward(model: ReferenceModel, target_hidden: torch.Tensor, block_
 def reference_forwards(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor,
                        positions: torch.Tensor, semantics: tuple[str, ...]) -> dict[str, ForwardResult]:
     """The same draft under several semantics: the layers once per semantics, the output head once for all."""
+    return reference_forward_blocks(model, [(target_hidden, block_ids, positions)], semantics)[0]
+
+
+Block = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (target hidden [T, L*E], block ids, positions)
+
+
+@torch.no_grad()
+def reference_forward_blocks(model: ReferenceModel, blocks: list[Block],
+                             semantics: tuple[str, ...]) -> list[dict[str, ForwardResult]]:
+    """Several drafts (each under every semantics), their rows through the output head in one pass.
+
+    check streams a head from its file at each pass (its memory bound), so the anchors of a sequence share
+    the reads; each row's logits are the product of that row alone."""
     for s in semantics:
         if s not in SEMANTICS:
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {s!r}")
-    hidden = {s: _trunk(model, target_hidden, block_ids, positions, s) for s in semantics}
+    hiddens = [{s: _trunk(model, th, ids, pos, s) for s in semantics} for th, ids, pos in blocks]
     first = 0 if model.member == DSPARK else 1  # DSpark's heads read every slot, slot 0 included
-    rows = [h.shape[0] - first for h in hidden.values()]
-    logits_all = model.head.project(torch.cat([h[first:] for h in hidden.values()]))
-    out = {}
-    for (s, h), logits in zip(hidden.items(), torch.split(logits_all, rows), strict=True):
-        if model.member == DSPARK:  # the Markov chain in the head's own vocabulary, then the scatter
-            m = checkpoint_markov_chain(model.tensors, _transform_logits(model, logits, s), h, int(block_ids[0]),
-                                        model.drafter.sample_from_anchor is not False, model.d2t_ids,
-                                        model.drafter.vocab_size)
-            out[s] = ForwardResult(hidden=h, logits=m.logits, tokens=m.tokens, confidence=m.confidence)
-            continue
-        logits = _finish_logits(model, logits, s)
-        if model.dflash2 is None:
-            out[s] = ForwardResult(hidden=h, logits=logits, tokens=logits.argmax(dim=-1))
-            continue
-        sel = model.dflash2.select(h[1:], logits, int(block_ids[0]), s)  # the driver walks the lattice
-        out[s] = ForwardResult(hidden=h, logits=logits, tokens=sel.pop("tokens"), choice=sel.pop("choice"), extras=sel)
+    pieces = [h[first:] for hs in hiddens for h in hs.values()]
+    logits_all = torch.split(model.head.project(torch.cat(pieces)), [p.shape[0] for p in pieces])
+    out, k = [], 0
+    for (_, ids, _), hs in zip(blocks, hiddens, strict=True):
+        out.append({s: _draft_result(model, s, h, logits_all[k + j], ids) for j, (s, h) in enumerate(hs.items())})
+        k += len(hs)
     return out
+
+
+def _draft_result(model: ReferenceModel, s: str, h: torch.Tensor, logits: torch.Tensor,
+                  block_ids: torch.Tensor) -> ForwardResult:
+    """One draft's result from its hidden states and head logits under semantics ``s``."""
+    if model.member == DSPARK:  # the Markov chain in the head's own vocabulary, then the scatter
+        m = checkpoint_markov_chain(model.tensors, _transform_logits(model, logits, s), h, int(block_ids[0]),
+                                    model.drafter.sample_from_anchor is not False, model.d2t_ids,
+                                    model.drafter.vocab_size)
+        return ForwardResult(hidden=h, logits=m.logits, tokens=m.tokens, confidence=m.confidence)
+    logits = _finish_logits(model, logits, s)
+    if model.dflash2 is None:
+        return ForwardResult(hidden=h, logits=logits, tokens=logits.argmax(dim=-1))
+    sel = model.dflash2.select(h[1:], logits, int(block_ids[0]), s)  # the driver walks the lattice
+    return ForwardResult(hidden=h, logits=logits, tokens=sel.pop("tokens"), choice=sel.pop("choice"), extras=sel)
 
 
 def _trunk(model: ReferenceModel, target_hidden: torch.Tensor, block_ids: torch.Tensor, positions: torch.Tensor,
@@ -497,4 +515,4 @@ def _finish_logits(model: ReferenceModel, logits: torch.Tensor, semantics: str) 
 
 
 __all__ = ["SEMANTICS", "CheckpointTensors", "ReferenceModel", "layer_attention", "load_reference", "reference_features", "reference_forward",
-           "reference_forwards", "semantics_differ"]
+           "reference_forward_blocks", "reference_forwards", "semantics_differ"]
