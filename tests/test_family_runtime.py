@@ -62,7 +62,7 @@ VARIANTS = {
 
 def _run(tool: Path, target_gguf: Path, draft: Path, n_max: int) -> tuple[subprocess.CompletedProcess, str, str]:
     cmd = [str(tool), "-m", str(target_gguf), "-md", str(draft), "--spec-draft-n-max", str(n_max),
-           "--temp", "0", "--top-k", "1", "-p", PROMPT, "-n", "32", "-c", "512", "-ngl", "0", "-ngld", "0", "-t", "1", "-lv", "4"]
+           "--temp", "0", "--top-k", "1", "-p", PROMPT, "-n", "32", "-c", "512", "-ngl", "0", "-ngld", "0", "-fit", "off", "-t", "1", "-lv", "4"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:

@@ -130,7 +130,7 @@ def test_speculative_simple_drafts_with_our_gguf(variant, target, drafter_dirs, 
     cmd = [str(spec_tool), "-m", str(target_gguf), "-md", str(draft_gguf),
            "--spec-type", "draft-dflash", "--spec-draft-n-max", "15",
            "--temp", "0", "--top-k", "1", "-p", PROMPT, "-n", "32", "-c", "512",
-           "-ngl", "0", "-ngld", "0", "-t", "1", "-lv", "4"]
+           "-ngl", "0", "-ngld", "0", "-fit", "off", "-t", "1", "-lv", "4"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=RUN_TIMEOUT_S,
                            stdin=subprocess.DEVNULL)
