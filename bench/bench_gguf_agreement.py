@@ -1,9 +1,8 @@
 """Benchmark: `accept` on features captured from a target GGUF against llama-speculative-simple, on many prompts.
 
-Issue 29 item 3 at a sample size where one near-tie flip is under a point: the runtime tier
-(tests/test_gguf_capture.py) compares the trained pair's six prompts, where a single flip at an early
-step sends a whole prompt another way and moves a file's total 1.6-1.9 points. Here every passage's
-first words are a prompt (PASSAGES, distinct, about 4x the tokens). Per target (F16 from llama.cpp's
+Issue 29 item 3 on every passage's opening (fixtures.trained.passage_openings: 32 prompts, 64 new
+tokens each; the runtime tier, tests/test_gguf_capture.py, takes 24 of them with 16 new tokens, the
+same sample spread thinner so that one near-tie flip moves a total less). Per target (F16 from llama.cpp's
 converter, Q4_K_M by llama-quantize) and drafter file (full/sliding x F16/Q8_0/Q4_K_M/Q2_K):
 llama-speculative-simple's n_accept/n_drafted summed over the prompts, ours from `accept` on
 `capture --target-gguf` features, the points apart, and each differing prompt's first differing slot
@@ -26,19 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fixtures.trained import PASSAGES, build_trained_pair, drafter_gguf, run_speculative, target_gguf  # noqa: E402
+from fixtures.trained import build_trained_pair, drafter_gguf, passage_openings, run_speculative, target_gguf  # noqa: E402
 from fixtures.upstream import build_dir, llama_tool  # noqa: E402
 
 FILES = (("full", "F16"), ("full", "Q8_0"), ("full", "Q4_K_M"), ("full", "Q2_K"),
          ("swa", "F16"), ("swa", "Q8_0"), ("swa", "Q4_K_M"), ("swa", "Q2_K"))
-PROMPT_WORDS = 4  # as the pair's own prompts (Params.prompt_words)
-
-
-def prompts() -> list[str]:
-    """The first words of every passage, once each (the pair's six prompts among them)."""
-    return list(dict.fromkeys(" ".join(p.split()[:PROMPT_WORDS]) for p in PASSAGES))
-
-
 def divergences(drafter: Path, target: Path, feats_path: Path, n_max: int, logs: list[str]) -> dict[int, tuple[float, float]]:
     """Per prompt whose loop parts from llama.cpp's -v log: (our, llama.cpp's) top-two gap in nats at the first
     slot the two draft differently (fixtures/loop_steps.py); prompts that agree step by step are absent."""
@@ -67,13 +58,13 @@ def main() -> int:
 
     started = time.perf_counter()
     pair = build_trained_pair(seed=0)
-    texts = prompts()
+    texts = passage_openings()
     assert set(pair.prompts) <= set(texts)
     llama_tool("llama-speculative-simple")  # builds libllama beside the tools
     lib = build_dir() / "bin" / "libllama.so"
     lines = [f"# accept on GGUF-captured features against llama-speculative-simple ({dt.date.today()})", "",
-             f"The trained pair (fixtures/trained.py), {len(texts)} prompts (the first {PROMPT_WORDS} words of every "
-             f"passage; the runtime tier uses 6 of them), -n {pair.n_predict}, --spec-draft-n-max 15, one thread. "
+             f"The trained pair (fixtures/trained.py), {len(texts)} prompts (the first words of every "
+             f"passage; the runtime tier uses 24 of them with -n 16), -n {pair.n_predict}, --spec-draft-n-max 15, one thread. "
              "`llama.cpp`: llama-speculative-simple's n_accept/n_drafted summed over the prompts; `ours`: `accept` on "
              "`capture --target-gguf` features of the same target GGUF. `differing`: prompts where the two loops part "
              "(a step accepted differently); at the first slot the two draft differently in each, `largest gap, ours`: "

@@ -139,6 +139,10 @@ def test_the_first_divergence_names_the_step_slot_and_our_margin():
 
 AGREEMENT_FILES = (("full", "F16"), ("full", "Q8_0"), ("full", "Q4_K_M"), ("full", "Q2_K"),
                    ("swa", "F16"), ("swa", "Q8_0"), ("swa", "Q4_K_M"), ("swa", "Q2_K"))
+# The first 24 passage openings x 16 new tokens: as many tokens as the pair's six prompts x 64, spread over
+# four times the prompts, so that a near-tie flip (which sends the rest of its prompt another way) moves a
+# file's total by less than a point. bench/bench_gguf_agreement.py runs all 32 openings x 64 tokens.
+N_PROMPTS, NEW_TOKENS = 24, 16
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +150,13 @@ def pair():
     from fixtures.trained import build_trained_pair
 
     return build_trained_pair(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    from fixtures.trained import passage_openings
+
+    return passage_openings()[:N_PROMPTS]
 
 
 @pytest.fixture(scope="module")
@@ -178,16 +189,16 @@ def targets(pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def captured(pair, targets, libllama, tmp_path_factory):
-    """capture --target-gguf of each target over the pair's prompts (one thread: ggml's barrier spins on shared cores)."""
+def captured(prompts, targets, libllama, tmp_path_factory):
+    """capture --target-gguf of each target over the prompts (one thread: ggml's barrier spins on shared cores)."""
     root = tmp_path_factory.mktemp("gguf-features")
-    prompts = root / "prompts.txt"
-    prompts.write_text("\n".join(pair.prompts) + "\n")
+    listed = root / "prompts.txt"
+    listed.write_text("\n".join(prompts) + "\n")
     out = {}
     for name, target in targets.items():
         out[name] = root / f"features-{name}.safetensors"
-        r = run_cli("capture", "--target-gguf", target, "--prompts", prompts, "-o", out[name], "--new-tokens",
-                    str(pair.n_predict), "--threads", "1", "-q")
+        r = run_cli("capture", "--target-gguf", target, "--prompts", listed, "-o", out[name], "--new-tokens",
+                    str(NEW_TOKENS), "--threads", "1", "-q")
         assert r.returncode == 0, r.stderr
     return out
 
@@ -208,7 +219,7 @@ def _speculative_text(target: Path, drafter: Path, prompt: str, n_predict: int) 
 
     cmd = [str(llama_tool("llama-speculative-simple")), "-m", str(target), "-md", str(drafter), "--spec-type",
            "draft-dflash", "--temp", "0", "--top-k", "1", "--spec-draft-n-max", "15", "-p", prompt, "-n", str(n_predict),
-           "-c", str(SPEC_CTX), "-ngl", "0", "-ngld", "0", "-t", "1"]
+           "-c", str(SPEC_CTX), "-ngl", "0", "-ngld", "0", "-fit", "off", "-t", "1"]
     r = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0 and r.stdout.startswith(b"\n\n") and r.stdout.endswith(b"\n\n\n\n"), r.stderr[-2000:]
     return r.stdout[2:-4]
@@ -217,7 +228,7 @@ def _speculative_text(target: Path, drafter: Path, prompt: str, n_predict: int) 
 @pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
-def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, captured, drafters, target_type):
+def test_the_stored_continuation_is_the_text_llama_cpp_generates(prompts, targets, captured, drafters, target_type):
     """Every prompt: llama-speculative-simple's printed text is our stored sequence's, as far as it prints."""
     from dflash_convert.runtime.gguf_target import GGUFTarget, inspect_gguf_target
     from dflash_convert.runtime.libllama import load_libllama
@@ -226,13 +237,13 @@ def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, 
     f = read_features(captured[target_type])
     vocab = GGUFTarget(load_libllama(), inspect_gguf_target(targets[target_type]), vocab_only=True)
     try:
-        for i, prompt in enumerate(pair.prompts):
+        for i, prompt in enumerate(prompts):
             tokens, n_prompt = f.sequences[i].read_tokens()
             ours = b"".join(vocab.piece(int(t)) for t in tokens)
-            theirs = _speculative_text(targets[target_type], drafters[("full", "F16")], prompt, pair.n_predict)
+            theirs = _speculative_text(targets[target_type], drafters[("full", "F16")], prompt, NEW_TOKENS)
             printed_new = theirs[len(b"".join(vocab.piece(int(t)) for t in tokens[:n_prompt])):]
             assert theirs == ours[:len(theirs)], (i, theirs, ours)
-            assert len(printed_new) >= len(b"".join(vocab.piece(int(t)) for t in tokens[n_prompt:n_prompt + pair.n_predict]))
+            assert len(printed_new) >= len(b"".join(vocab.piece(int(t)) for t in tokens[n_prompt:n_prompt + NEW_TOKENS]))
     finally:
         vocab.close()
 
@@ -240,28 +251,25 @@ def test_the_stored_continuation_is_the_text_llama_cpp_generates(pair, targets, 
 # A difference between accept and llama-speculative-simple is excused only when, in every prompt where the loops
 # part, the first slot where the two draft differently is a near-tie within the tie margin of the drafter's or the
 # target's precision class, the looser (check's THRESHOLDS[class].tie_margin: F16 0.01, Q8_0 0.05, Q4/Q3_K/Q2_K
-# 0.1 nats, the logit noise check already lets a file of that class flip); a prompt without such a slot agrees
-# step by step. On the F16 target the near-tie must be ours and the totals stay within ACCEPT_POINTS: its
+# 0.1 nats, the logit noise check already lets a file of that class flip), and the totals stay within ACCEPT_POINTS
+# (issue 29); a prompt without such a slot agrees step by step. On the F16 target the near-tie must be ours: its
 # verification batches compute capture's features (mean top-two log-ratio difference 0.003 nats on the trained
 # pair). A quantized target computes the features the driver reads in verification batches that move them
 # 2-5e-4 relative from capture's one batch, which int8 activation rounding turns into whole quantization steps,
 # and by how much depends on the CPU's kernels: 0.030 nats mean on an AVX2 EPYC, but on an AVX-512 Xeon the F16
 # drafter parts at a slot llama.cpp ranks 0.0049 nats apart and we 0.19 the other way. There the flip is
-# llama.cpp's own near-tie (its pick a coin toss at its precision), so either side's gap excuses it, and no total
-# is bounded: one flip at a prompt's first step sends the whole prompt another way (2.77 points for the full Q2_K
-# file). Issue 29 asks for 1 point; the full Q4_K_M file's single near-tie on the F16 target (0.0113 nats,
-# prompt 4, step 2) moves its total 1.59 points, so the bound is the 2 points test_trained_pair holds accept to.
-ACCEPT_POINTS = 2.0
+# llama.cpp's own near-tie (its pick a coin toss at its precision), so either side's gap excuses it.
+ACCEPT_POINTS = 1.0
 
 
 @pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
-def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, captured, drafters, target_type):
+def test_accept_on_gguf_features_counts_what_llama_cpp_counts(prompts, targets, captured, drafters, target_type):
     """accept on features captured from the target GGUF, against llama-speculative-simple on the same target and
-    drafter files: n_drafted and n_accept equal for every file (eight files x six prompts; about two minutes), or
-    every differing prompt's first differing draft slot a named near-tie within check's tie margin (ours, and the
-    totals within ACCEPT_POINTS, on the F16 target; either side's on the quantized one: see above). fixtures.loop_steps
+    drafter files: n_drafted and n_accept equal for every file (eight files x 24 prompts), or the totals within
+    ACCEPT_POINTS and every differing prompt's first differing draft slot a named near-tie within check's tie
+    margin (ours on the F16 target; either side's on the quantized one: see above). fixtures.loop_steps
     finds the step, slot and margin from llama.cpp's -v log."""
     from dflash_convert.accept import accept
     from dflash_convert.check import precision_class
@@ -276,15 +284,15 @@ def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, cap
     feats = read_features(captured[target_type])
     rows, defects = [], []
     for (k, q), r in zip(drafters, ours.results, strict=True):
-        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, pair.n_predict, extra=("-v",))
-                 for p in pair.prompts]
+        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, NEW_TOKENS, extra=("-v",))
+                 for p in prompts]
         theirs = (sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats))
         points = 100 * abs(r.loop.accept - theirs[1] / theirs[0])
         rows.append(f"  target {target_type} | {k} {q}: accept {r.loop.n_drafted}/{r.loop.n_accept}, "
                     f"llama-speculative-simple {theirs[0]}/{theirs[1]} ({points:.2f} points apart)")
         if (r.loop.n_drafted, r.loop.n_accept) == theirs:
             continue
-        if points > ACCEPT_POINTS and target_type == "F16":
+        if points > ACCEPT_POINTS:
             defects.append(rows[-1] + f": more than {ACCEPT_POINTS} points")
         d = read_drafter(drafters[(k, q)])
         w = load_weights(d, target_for(feats, None, targets[target_type]), device="cpu")
@@ -309,7 +317,7 @@ def test_accept_on_gguf_features_counts_what_llama_cpp_counts(pair, targets, cap
 
 @pytest.mark.runtime
 @pytest.mark.slow
-def test_gguf_and_directory_features_agree(pair, captured, tmp_path):
+def test_gguf_and_directory_features_agree(pair, prompts, captured, tmp_path):
     """The F16 GGUF in llama.cpp and the safetensors in transformers (float32): the same greedy tokens, and layer
     inputs that differ only by the F16 rounding of the GGUF's weights."""
     import numpy as np
@@ -317,13 +325,13 @@ def test_gguf_and_directory_features_agree(pair, captured, tmp_path):
     from dflash_convert.capture import capture
     from dflash_convert.sources.features import read_features
 
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(pair.prompts) + "\n")
-    hf = read_features(capture(pair.target_dir, prompts, tmp_path / "hf.safetensors", new_tokens=pair.n_predict,
+    listed = tmp_path / "prompts.txt"
+    listed.write_text("\n".join(prompts) + "\n")
+    hf = read_features(capture(pair.target_dir, listed, tmp_path / "hf.safetensors", new_tokens=NEW_TOKENS,
                                device="cpu").output)
     gg = read_features(captured["F16"])
     worst = 0.0
-    for i in range(len(pair.prompts)):
+    for i in range(len(prompts)):
         a, b = gg.sequences[i], hf.sequences[i]
         assert (a.read_tokens()[0] == b.read_tokens()[0]).all(), i
         for layer in gg.layers:  # the directory's capture stores one more: the last layer's output
