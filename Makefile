@@ -23,9 +23,10 @@ lint: venv
 	$(BIN)/ruff check dflash_convert fixtures tests bench
 
 # Tests run on every core (pytest-xdist), one test file per worker at a time, so a module's
-# fixtures (the trained pair's captures, converted files) are built once.
+# fixtures (the trained pair's captures, converted files) are built once; files are handed out in
+# the order tests/conftest.py collects them (the longest first).
 JOBS ?= auto
-XDIST := -n $(JOBS) --dist loadfile
+XDIST := -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # Tests keep their compiled bytecode (in __pycache__, ignored by git) even where the environment
 # says PYTHONDONTWRITEBYTECODE: without it every worker re-runs pytest's assertion rewriting of
 # every test module (~8 s a worker) and every command-line child compiles the package afresh.

@@ -105,6 +105,20 @@ def quantizer_backend(request, monkeypatch) -> str:
     return request.param
 
 
+# make test hands whole files to the workers in collection order (--dist loadfile --no-loadscope-reorder).
+# These take minutes each (make test's --durations): started first, they run beside the many short files
+# instead of after them, where one worker would finish them alone. The rest follow, most tests first.
+LONG_FILES = ("test_gguf_capture.py", "test_trained_pair.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    per_file: dict[str, int] = {}
+    for item in items:
+        per_file[item.path.name] = per_file.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -per_file[item.path.name], str(item.path)))
+
+
 # under pytest-xdist each worker validates its own conversions: the workers report their counts
 # back (workeroutput) and the controller prints the sum
 _WORKER_COUNTS: list[tuple[int, int]] = []
