@@ -99,7 +99,7 @@ class AcceptReport:
 
 def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | Path | None = None, n_max: int | None = None,
            target_model_dir: str | Path | None = None, target_gguf: str | Path | None = None, device: str = "auto",
-           batch: int = 16, numerics: str = "cpu", allow_other_target: bool = False) -> AcceptReport:
+           batch: int | None = None, numerics: str = "cpu", allow_other_target: bool = False) -> AcceptReport:
     """Measure each drafter file's acceptance on the captured sequences of ``features`` (``numerics``: docs/acceptance.md)."""
     if not drafts:
         raise DFlashError("name at least one drafter GGUF")
@@ -115,15 +115,16 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
         raise DFlashError(f"--n-max {n} must be in 1..{min(block) - 1} (the block size minus the anchor slot)")
     slots = [feats.check_drafter(d, path, n) for path, d in zip(drafts, files, strict=True)]
     # torch (seconds to import) only once every input has been read: a bad file is one line at once
-    from .runtime.accept import gguf_drafts, measure
+    from .runtime.accept import ACCEPT_BATCH, gguf_drafts, measure
     from .runtime.device import resolve_device
     from .runtime.weights import load_weights
 
     dev = resolve_device(device)
+    batch = batch or ACCEPT_BATCH
     report = AcceptReport(str(features), n, feats.new_tokens, len(feats.sequences), str(dev), numerics)
     for path, d, s in zip(drafts, files, slots, strict=True):
         w = load_weights(d, m.target, device=dev)
-        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=m.like_cpu, batch=batch), feats, s, n)
+        loop, stats = measure(gguf_drafts(d, w, n, like_cpu=m.like_cpu, batch=batch, until_rejected=True), feats, s, n)
         report.results.append(FileAcceptance(str(path), d.type_name, Path(path).stat().st_size, loop, stats))
         del w
     if checkpoint is not None:

@@ -135,6 +135,37 @@ def test_batched_anchor_drafts_with_mrope(tmp_path):
     _compare_with_run_gguf(d, w, states, torch.randint(0, 1000, (11,), generator=g), [2, 7, 10])
 
 
+@pytest.mark.parametrize("which", ["full", "swa"])
+def test_drafts_until_rejected_are_the_whole_drafts_up_to_their_first_rejected_slot(base, which):
+    """What measure reads: the whole draft's tokens through its first slot the next tokens reject, -1 after it.
+    The next tokens are the drafts themselves with one slot changed per anchor, at every depth of the rounds."""
+    _, target, _, ggufs = base
+    d = read_drafter(ggufs[which])
+    w = load_weights(d, read_target(target))
+    n_max = d.block_size - 1
+    g = torch.Generator().manual_seed(7)
+    L = 24
+    feats = gather_features(d, torch.randn(5, L, d.hidden_size, generator=g))
+    tokens = torch.randint(0, 1000, (L,), generator=g)
+    for c in (3, 8, 20):  # 20: fewer than n_max tokens follow it (-1 past the end is never accepted)
+        whole = anchor_drafts(d, w, feats, tokens, [c], n_max)[0]
+        k = min(n_max, L - 1 - c)
+        for first_wrong in (0, 1, 2, 5, 9, n_max):  # n_max: every slot accepted (as far as the sequence goes)
+            seq = tokens.clone()
+            seq[c + 1:c + 1 + k] = whole[:k]
+            if first_wrong < k:
+                seq[c + 1 + first_wrong] = (whole[first_wrong] + 1) % 1000
+            part = anchor_drafts(d, w, feats, seq, [c], n_max, until_rejected=True)[0]
+            known = part >= 0
+            stop = min(first_wrong, k, n_max - 1)
+            assert bool(known[:stop + 1].all()), (c, first_wrong, part)
+            assert torch.equal(part[known], whole[known]), (c, first_wrong, part, whole)
+            assert not bool(known.all()) or stop >= 7, (c, first_wrong, part)  # a round past the rejection is skipped
+    anchors = [3, 8]
+    with pytest.raises(ValueError):
+        anchor_drafts(d, w, feats, tokens, anchors, n_max, keep_logits=True, until_rejected=True)
+
+
 def test_anchor_drafts_refuse_a_bad_n_max(base):
     _, target, _, ggufs = base
     d = read_drafter(ggufs["full"])

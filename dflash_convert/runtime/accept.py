@@ -43,6 +43,9 @@ from .reference import ReferenceModel, reference_forward_blocks
 from .weights import DrafterWeights, LayerWeights
 
 DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
+# accept's anchors per pass: its greedy tokens never hold a pass's logits whole (LazyMatrix.argmax), and 32
+# anchors amortise a streamed head's reading and widening over twice the rows (1.01 -> 1.28 anchors/s, full size)
+ACCEPT_BATCH = 32
 
 
 def context_input(d: Drafter, w: DrafterWeights, features: torch.Tensor, cpu_matmul: bool = False) -> torch.Tensor:
@@ -80,23 +83,30 @@ def context_kv(d: Drafter, w: DrafterWeights, features: torch.Tensor, *, cpu_mat
 def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens: torch.Tensor, anchors: list[int],
                   n_max: int, *, batch: int = DEFAULT_BATCH, keep_logits: bool = False,
                   cpu_matmul: bool = False, kv_cache_dtype: torch.dtype | None = None,
-                  ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                  ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None, until_rejected: bool = False,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor; ``keep_logits``: the logits too."""
+    """[len(anchors), n_max] greedy draft tokens (target ids) from each anchor; ``keep_logits``: the logits too.
+
+    ``until_rejected``: each draft only up to and including its first slot that ``tokens`` after the anchor
+    reject, -1 after it (a DFlash drafter's; DFlash2 and DSpark draft whole blocks): all that the loop's
+    count and the anchors' accepted lengths read, through the head in rounds (HEAD_ROUND_ENDS)."""
     g = block_graph(d, w, n_max)
     dev = w.device
     L = features.shape[0]
     if any(not 0 <= c < L for c in anchors):
         raise DFlashError(f"anchors must lie in 0..{L - 1}")
+    if until_rejected and keep_logits:
+        raise ValueError("until_rejected drafts keep no logits")
     if ctx_kv is None:  # the context, once for all the anchors: a block attends to it, never changes it
         ctx_kv = context_kv(d, w, features, cpu_matmul=cpu_matmul)  # type: ignore[assignment]
 
     out, kept = [], []
-    ids_all = tokens.to(dev)
+    ids_all, tokens_cpu = tokens.to(dev), tokens.cpu()
     for at in range(0, len(anchors), batch):
         part = torch.tensor(anchors[at:at + batch], dtype=torch.int64, device=dev)
+        want = _next_tokens(tokens_cpu, anchors[at:at + batch], n_max) if until_rejected else None
         logits, drafted = _blocks(d, w, g, part, ids_all[part], [(0, part.shape[0], ctx_kv)], n_max, cpu_matmul,
-                                  kv_cache_dtype, keep_logits)
+                                  kv_cache_dtype, keep_logits, target_next=want)
         out.append(drafted.cpu())
         if keep_logits:
             kept.append(logits.cpu())
@@ -104,6 +114,15 @@ def anchor_drafts(d: Drafter, w: DrafterWeights, features: torch.Tensor, tokens:
     if keep_logits:
         return drafts, (torch.cat(kept) if kept else torch.empty(0, n_max, d.vocab_size))
     return drafts
+
+
+def _next_tokens(tokens: torch.Tensor, anchors: list[int], n_max: int) -> torch.Tensor:
+    """[A, n_max] the tokens after each anchor, -1 past the sequence's end."""
+    want = torch.full((len(anchors), n_max), -1, dtype=torch.int64)
+    for j, c in enumerate(anchors):
+        nxt = tokens[c + 1:c + 1 + n_max]
+        want[j, :nxt.shape[0]] = nxt
+    return want
 
 
 Segment = tuple[int, int, list]  # (first, end) rows of a batch's anchors that share one sequence's context K/V
@@ -272,6 +291,8 @@ def _head_tokens(w: DrafterWeights, hidden: torch.Tensor, cpu_matmul: bool, voca
     best = head_argmax(w.head, hidden, w.d2t) if HEAD_SCREEN else None
     if best is not None:
         return best if w.d2t is None else w.d2t.to(best.device)[best]
+    if w.d2t is None:
+        return w.head.argmax(hidden)
     return scatter_d2t(w.head.project(hidden), w.d2t, vocab_size).argmax(dim=-1)
 
 
@@ -495,10 +516,7 @@ def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[in
             break
         at = [walk.anchor() for _, walk, _, _ in walking]
         ids = torch.stack([t[c] for (_, _, t, _), c in zip(walking, at, strict=True)])
-        want = torch.full((len(at), n_max), -1, dtype=torch.int64)
-        for j, ((_, _, t, _), c) in enumerate(zip(walking, at, strict=True)):
-            nxt = t[c + 1:c + 1 + n_max]
-            want[j, :nxt.shape[0]] = nxt
+        want = torch.cat([_next_tokens(t, [c], n_max) for (_, _, t, _), c in zip(walking, at, strict=True)])
         _, drafted = _blocks(d, w, g, torch.tensor(at, device=dev), ids.to(dev),
                              [(j, j + 1, ctx) for j, (_, _, _, ctx) in enumerate(walking)], n_max, like_cpu, cache_dtype,
                              need_logits=False, target_next=want)
@@ -513,10 +531,13 @@ def live_loop(d: Drafter, w: DrafterWeights, feats: FeaturesFile, slots: list[in
     return total
 
 
-def gguf_drafts(d: Drafter, w: DrafterWeights, n_max: int, *, like_cpu: bool = True, batch: int = DEFAULT_BATCH) -> Drafts:
-    """A drafter file's drafts, batched; ``like_cpu`` rounds as llama.cpp's CPU backend."""
+def gguf_drafts(d: Drafter, w: DrafterWeights, n_max: int, *, like_cpu: bool = True, batch: int = DEFAULT_BATCH,
+                until_rejected: bool = False) -> Drafts:
+    """A drafter file's drafts, batched; ``like_cpu`` rounds as llama.cpp's CPU backend; ``until_rejected``: see
+    ``anchor_drafts`` (enough for ``measure``)."""
     return lambda f, t, a: anchor_drafts(d, w, f, t, a, n_max, batch=batch, cpu_matmul=like_cpu,
-                                         kv_cache_dtype=torch.float16 if like_cpu else None)
+                                         kv_cache_dtype=torch.float16 if like_cpu else None,
+                                         until_rejected=until_rejected)
 
 
 REFERENCE_LOGIT_BYTES = 128 << 20  # the reference's head logits of the anchors drafted in one pass
@@ -542,6 +563,6 @@ def reference_drafts(model: ReferenceModel, n_max: int) -> Drafts:
     return drafts_of
 
 
-__all__ = ["AnchorStats", "BlockRows", "LoopCount", "LoopWalk", "anchor_drafts", "anchor_lengths", "block_graph",
+__all__ = ["ACCEPT_BATCH", "AnchorStats", "BlockRows", "LoopCount", "LoopWalk", "anchor_drafts", "anchor_lengths", "block_graph",
            "block_layer", "block_rows", "context_input", "context_kv", "expected_lengths", "gguf_drafts", "live_loop", "loop_anchors",
            "measure", "reference_drafts", "sequence_inputs"]

@@ -169,7 +169,8 @@ def compare_acceptance(d: Drafter, weights: DrafterWeights, model: ReferenceMode
     """The file's live-loop acceptance on the captured sequences next to its checkpoint's (reference forward)."""
     # the driver's most drafted tokens per block: block_size for a DSpark drafter sampling from the anchor
     n_max = draft_tokens_per_block(member_of({t.gguf_name for t in d.tensors}), d.block_size, d.sample_from_anchor)
-    file_loop, file_anchors = measure(gguf_drafts(d, weights, n_max), captured, captured.slots_for(d.target_layers, "the file"),
+    file_loop, file_anchors = measure(gguf_drafts(d, weights, n_max, until_rejected=True), captured,
+                                      captured.slots_for(d.target_layers, "the file"),
                                       n_max)
     ck_loop, ck_anchors = measure(reference_drafts(model, n_max), captured,
                                   captured.slots_for(model.drafter.target_layers, "the checkpoint"), n_max)

@@ -7,6 +7,7 @@ wrong width. Spec: docs/runtime.md, "The weights".
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,8 +83,13 @@ def source_values(source: TensorSource, device: torch.device | str = "cpu", dtyp
     shape = tuple(source.shape)
     if rows is not None and len(shape) > 1:  # a 3-D tensor (DFlash2's conv base) is read whole
         shape = (b - a, *shape[1:])
-    out = dequantize(torch.from_numpy(raw.copy()).to(device), int(gtype), shape, dtype=dtype)
+    out = dequantize(torch.from_numpy(_writable(raw)).to(device), int(gtype), shape, dtype=dtype)
     return out if out.dtype == torch.int64 else out.to(dtype)
+
+
+def _writable(raw: np.ndarray) -> np.ndarray:
+    """``raw`` itself where torch may wrap it (the readers' own fresh buffers), else a copy."""
+    return raw if raw.flags.writeable else raw.copy()
 
 
 class _Decoded:
@@ -177,12 +183,48 @@ class LazyMatrix:
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """x @ M.T: all of M at once when it fits HEAD_CACHE_BYTES, else streamed in row chunks."""
-        n = self.shape[0]
         if not self.streams():
             return x @ self.full().T
-        parts = [x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
-                 for a in range(0, n, HEAD_CHUNK_ROWS)]
-        return torch.cat(parts, dim=-1)
+        return torch.cat([part for _, part in self._products(x)], dim=-1)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """[R] per row of ``x``, the row of M with the largest logit (the first of equals, NaN above all, as
+        ``project(x).argmax(-1)``), a chunk of M at a time: never all R x rows logits at once."""
+        best_v = best_i = None
+        for a, part in self._products(x, always_chunked=True):
+            v, i = part.max(dim=-1)
+            if best_v is None:
+                best_v, best_i = v, i
+                continue
+            later = (v > best_v) | (v.isnan() & ~best_v.isnan())  # an equal value later loses, as argmax's
+            best_v, best_i = torch.where(later, v, best_v), torch.where(later, i + a, best_i)
+        assert best_i is not None, "a matrix has rows"
+        return best_i
+
+    def _products(self, x: torch.Tensor, always_chunked: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
+        """(a, x @ M[a:a + HEAD_CHUNK_ROWS].T) over M's row chunks: the kept values' slices, or rows decoded now."""
+        n, cols = self.shape
+        if not self.streams():
+            full = self.full()
+            if not always_chunked:
+                yield 0, x @ full.T
+                return
+            for a in range(0, n, HEAD_CHUNK_ROWS):
+                yield a, x @ full[a:a + HEAD_CHUNK_ROWS].T
+            return
+        words = STORED_DTYPES.get(self.source.dtype)
+        if words is None or self.device.type != "cpu":
+            for a in range(0, n, HEAD_CHUNK_ROWS):
+                yield a, x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
+            return
+        # float rows are widened into one buffer for the whole pass: a fresh chunk per product cost a page fault
+        # for every 4 KiB of the head, at each pass (a third of accept's head time on the full-size drafter)
+        chunk = torch.empty(min(n, HEAD_CHUNK_ROWS), cols, dtype=self.dtype)
+        for a in range(0, n, HEAD_CHUNK_ROWS):
+            b = min(n, a + HEAD_CHUNK_ROWS)
+            raw = torch.from_numpy(_writable(np.ascontiguousarray(self.source.rows(a, b))))
+            chunk[:b - a].copy_(raw.view(words).reshape(b - a, cols))  # exact: a widening
+            yield a, x @ chunk[:b - a].T
 
 
 @dataclass
