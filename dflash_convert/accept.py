@@ -120,7 +120,7 @@ def accept(drafts: list[str | Path], features: str | Path, *, checkpoint: str | 
     from .runtime.weights import load_weights
 
     dev = resolve_device(device)
-    batch = batch or ACCEPT_BATCH
+    batch = ACCEPT_BATCH if batch is None else batch
     report = AcceptReport(str(features), n, feats.new_tokens, len(feats.sequences), str(dev), numerics)
     for path, d, s in zip(drafts, files, slots, strict=True):
         w = load_weights(d, m.target, device=dev)

@@ -43,8 +43,8 @@ from .reference import ReferenceModel, reference_forward_blocks
 from .weights import DrafterWeights, LayerWeights
 
 DEFAULT_BATCH = 16  # anchors per pass: bounds the logits of a large vocabulary (batch * (B-1) rows)
-# accept's anchors per pass: its greedy tokens never hold a pass's logits whole (LazyMatrix.argmax), and 32
-# anchors amortise a streamed head's reading and widening over twice the rows (1.01 -> 1.28 anchors/s, full size)
+# accept's anchors per pass: its greedy tokens never hold a pass's logits whole (LazyMatrix.argmax), so it can
+# spread each read and widening of a streamed head over twice the rows
 ACCEPT_BATCH = 32
 
 

@@ -217,8 +217,8 @@ class LazyMatrix:
             for a in range(0, n, HEAD_CHUNK_ROWS):
                 yield a, x @ source_values(self.source, self.device, self.dtype, rows=(a, min(n, a + HEAD_CHUNK_ROWS))).T
             return
-        # float rows are widened into one buffer for the whole pass: a fresh chunk per product cost a page fault
-        # for every 4 KiB of the head, at each pass (a third of accept's head time on the full-size drafter)
+        # float rows are widened into one buffer for the whole pass: a fresh chunk per product costs a page
+        # fault for every 4 KiB of the head, at each pass
         chunk = torch.empty(min(n, HEAD_CHUNK_ROWS), cols, dtype=self.dtype)
         for a in range(0, n, HEAD_CHUNK_ROWS):
             b = min(n, a + HEAD_CHUNK_ROWS)
