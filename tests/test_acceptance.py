@@ -32,7 +32,7 @@ from dflash_convert.accept import accept
 from dflash_convert.capture import LOOKAHEAD, capture
 from dflash_convert.errors import DFlashError, InputFileError
 from dflash_convert.format.features import SCHEMA
-from dflash_convert.runtime.accept import AnchorStats, anchor_drafts, anchor_lengths, loop_anchors
+from dflash_convert.runtime.accept import AnchorStats, LoopCount, anchor_drafts, anchor_lengths, loop_anchors
 from dflash_convert.runtime.capture import load_target_model, run_target
 from dflash_convert.runtime.forward import block_tokens, contiguous_positions, gather_features, run_gguf
 from dflash_convert.runtime.weights import load_weights
@@ -240,6 +240,50 @@ def test_live_loop_walks_sequences_together_as_one_at_a_time(base, tmp_path, whi
     # one sequence alone, and the order of ``indices`` kept in the summed steps
     alone = live_loop(d, w, feats, slots, n_max, indices=[2, 0], batch=16)
     assert alone.accepted_per_step == one_at_a_time[2].accepted_per_step + one_at_a_time[0].accepted_per_step
+
+def test_measure_drafts_only_the_anchors_it_reads(tmp_path):
+    """measure drafts, in one call per sequence, the anchors anchor_lengths scores (n_max tokens after them), and
+    an anchor past them only where the loop reaches it (a continuation an end-of-generation token cut short):
+    the same counts and lengths as drafting every anchor of the continuation."""
+    from dflash_convert.runtime.accept import measure, sequence_inputs
+    from dflash_convert.write_features import FeatureWriter
+
+    n_max, eos, prompt = 3, 99, 4
+    g = np.random.default_rng(3)
+    full = [int(t) for t in g.integers(0, 90, prompt + 6 + LOOKAHEAD)]  # -n 6, and the lookahead capture stores
+    short = [int(t) for t in g.integers(0, 90, prompt + 4)] + [eos]  # ended by the end-of-generation token
+    meta = {"schema": SCHEMA, "target": "", "target_config_sha256": "", "target_architecture": "synthetic",
+            "layers": "[1]", "dtype": "F16", "prompts_sha256": "", "sequences": "2", "new_tokens": "6",
+            "eos_ids": json.dumps([eos])}
+    out = FeatureWriter(tmp_path / "f.safetensors", [len(full), len(short)], 1, 8, "F16", meta)
+    for i, tokens in enumerate((full, short)):
+        out.write(i, np.array(tokens, dtype=np.int64), prompt, np.zeros((1, len(tokens), 8), dtype=np.float16))
+    feats = read_features(out.commit())
+
+    def draft(tokens: list[int], c: int) -> list[int]:  # right for (c + 1) % 3 slots, then a wrong token
+        right = (c + 1) % 3
+        return [tokens[c + 1 + k] if k < right and c + 1 + k < len(tokens) else 100 + k for k in range(n_max)]
+
+    calls = []
+
+    def drafts_of(features: torch.Tensor, ids: torch.Tensor, anchors: list[int]) -> torch.Tensor:
+        calls.append((len(ids), list(anchors)))
+        return torch.tensor([draft(ids.tolist(), c) for c in anchors], dtype=torch.int64)
+
+    loop, stats = measure(drafts_of, feats, [0], n_max)
+    every_loop, every_stats = LoopCount(), AnchorStats(n_max=n_max)
+    for i in range(2):
+        _, tokens, p = sequence_inputs(feats, i, [0])
+        every = {c: draft(tokens, c) for c in range(p - 1, len(tokens) - 1)}
+        every_loop.add(loop_anchors(tokens, p, 6, n_max, {eos}, every.__getitem__))
+        every_stats.add(anchor_lengths(tokens, list(every), every, n_max))
+    assert (loop.n_drafted, loop.n_accept, loop.n_predict, loop.accepted_per_step) == (
+        every_loop.n_drafted, every_loop.n_accept, every_loop.n_predict, every_loop.accepted_per_step)
+    assert stats.lengths == every_stats.lengths and len(stats.lengths) == (len(full) - n_max - prompt + 1) + 3
+    # the full continuation: one call, its scored anchors only; the short one: its scored anchors, then the one
+    # the loop reaches past them (anchors 3 -> 5 -> 6, whose draft takes the end-of-generation token)
+    assert calls == [(len(full), list(range(prompt - 1, len(full) - n_max))), (len(short), [3, 4, 5]), (len(short), [6])]
+
 
 def test_anchor_lengths_and_slot_curve():
     tokens = list(range(12))

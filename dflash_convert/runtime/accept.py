@@ -467,16 +467,25 @@ def sequence_inputs(feats: FeaturesFile, i: int, slots: list[int]) -> tuple[torc
 
 
 def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int) -> tuple[LoopCount, AnchorStats]:
-    """The live loop (``-n`` the file's ``new_tokens``) and every anchor's acceptance, over every sequence."""
+    """The live loop (``-n`` the file's ``new_tokens``) and every anchor's acceptance, over every sequence.
+
+    Drafted together: the anchors ``anchor_lengths`` scores (n_max tokens after them); the loop reaches past
+    them only where a continuation ends early (an end-of-generation token), and drafts those one at a time."""
     n_predict = feats.new_tokens
     loop, stats = LoopCount(), AnchorStats(n_max=n_max)
     eos = set(feats.eos_ids)
     for i in range(len(feats.sequences)):
         features, tokens, prompt_length = sequence_inputs(feats, i, slots)
-        anchors = list(range(prompt_length - 1, len(tokens) - 1))
-        drafted = drafts_of(features, torch.tensor(tokens), anchors).tolist()
-        by_anchor = dict(zip(anchors, drafted, strict=True))
-        loop.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, by_anchor.__getitem__))
+        ids = torch.tensor(tokens)
+        anchors = list(range(prompt_length - 1, len(tokens) - n_max))
+        by_anchor = dict(zip(anchors, drafts_of(features, ids, anchors).tolist(), strict=True)) if anchors else {}
+
+        def draft_at(c: int, features=features, ids=ids, by_anchor=by_anchor) -> list[int]:
+            if c not in by_anchor:
+                by_anchor[c] = drafts_of(features, ids, [c])[0].tolist()
+            return by_anchor[c]
+
+        loop.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, draft_at))
         stats.add(anchor_lengths(tokens, anchors, by_anchor, n_max))
     return loop, stats
 
