@@ -8,8 +8,10 @@ by llama-quantize) in the cached llama.cpp build's libllama and compares with ll
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import cli_server
@@ -211,24 +213,54 @@ def drafters(pair, tmp_path_factory):
     return {(k, q): drafter_gguf(pair, k, root, q) for k, q in AGREEMENT_FILES}
 
 
-def _speculative_text(target: Path, drafter: Path, prompt: str, n_predict: int) -> bytes:
-    """What llama-speculative-simple prints on stdout: the prompt and its continuation, after "\\n\\n" and before
-    "\\n\\n" twice (the two LOG("\\n\\n") calls that close its run)."""
+@dataclass(frozen=True)
+class LlamaRun:
+    """One llama-speculative-simple -v run: its stdout (the prompt and its continuation) and its counts and log."""
+
+    stdout: bytes
+    n_drafted: int
+    n_accept: int
+    output: str  # stdout and stderr, as fixtures.loop_steps reads them
+
+
+@pytest.fixture(scope="module")
+def llama_runs() -> dict[tuple[Path, Path, str], LlamaRun]:
+    """Runs by (target, drafter, prompt), each made once per module: the continuation test and the counting test
+    read the same runs of the full F16 drafter."""
+    return {}
+
+
+def _speculative(runs: dict, target: Path, drafter: Path, prompt: str) -> LlamaRun:
+    """llama-speculative-simple as fixtures.trained.run_speculative runs it (-v), NEW_TOKENS new tokens."""
     from fixtures.trained import SPEC_CTX
     from fixtures.upstream import llama_tool
 
+    if (target, drafter, prompt) in runs:
+        return runs[(target, drafter, prompt)]
     cmd = [str(llama_tool("llama-speculative-simple")), "-m", str(target), "-md", str(drafter), "--spec-type",
-           "draft-dflash", "--temp", "0", "--top-k", "1", "--spec-draft-n-max", "15", "-p", prompt, "-n", str(n_predict),
-           "-c", str(SPEC_CTX), "-ngl", "0", "-ngld", "0", "-fit", "off", "-t", "1"]
+           "draft-dflash", "--temp", "0", "--top-k", "1", "--spec-draft-n-max", "15", "-p", prompt, "-n", str(NEW_TOKENS),
+           "-c", str(SPEC_CTX), "-ngl", "0", "-ngld", "0", "-fit", "off", "-t", "1", "-v"]
     r = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0 and r.stdout.startswith(b"\n\n") and r.stdout.endswith(b"\n\n\n\n"), r.stderr[-2000:]
-    return r.stdout[2:-4]
+    output = r.stdout.decode(errors="replace") + "\n" + r.stderr.decode(errors="replace")
+    counts = [re.findall(rf"\b{name}\s*=\s*(\d+)", output) for name in ("n_drafted", "n_accept")]
+    assert r.returncode == 0 and all(counts), output[-4000:]
+    runs[(target, drafter, prompt)] = run = LlamaRun(r.stdout, int(counts[0][-1]), int(counts[1][-1]), output)
+    return run
+
+
+def _printed_text(run: LlamaRun) -> bytes:
+    """The prompt and its continuation as llama-speculative-simple prints them: after "\\n\\n" and before "\\n\\n"
+    twice (the two LOG("\\n\\n") calls that close its run)."""
+    out = run.stdout
+    assert out.startswith(b"\n\n") and out.endswith(b"\n\n\n\n"), out[-200:]
+    return out[2:-4]
 
 
 @pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
-def test_the_stored_continuation_is_the_text_llama_cpp_generates(prompts, targets, captured, drafters, target_type):
+def test_the_stored_continuation_is_the_text_llama_cpp_generates(prompts, targets, captured, drafters, llama_runs,
+                                                                 target_type):
     """Every prompt: llama-speculative-simple's printed text is our stored sequence's, as far as it prints."""
     from dflash_convert.runtime.gguf_target import GGUFTarget, inspect_gguf_target
     from dflash_convert.runtime.libllama import load_libllama
@@ -240,7 +272,7 @@ def test_the_stored_continuation_is_the_text_llama_cpp_generates(prompts, target
         for i, prompt in enumerate(prompts):
             tokens, n_prompt = f.sequences[i].read_tokens()
             ours = b"".join(vocab.piece(int(t)) for t in tokens)
-            theirs = _speculative_text(targets[target_type], drafters[("full", "F16")], prompt, NEW_TOKENS)
+            theirs = _printed_text(_speculative(llama_runs, targets[target_type], drafters[("full", "F16")], prompt))
             printed_new = theirs[len(b"".join(vocab.piece(int(t)) for t in tokens[:n_prompt])):]
             assert theirs == ours[:len(theirs)], (i, theirs, ours)
             assert len(printed_new) >= len(b"".join(vocab.piece(int(t)) for t in tokens[n_prompt:n_prompt + NEW_TOKENS]))
@@ -265,7 +297,8 @@ ACCEPT_POINTS = 1.0
 @pytest.mark.runtime
 @pytest.mark.slow
 @pytest.mark.parametrize("target_type", ["F16", "Q4_K_M"])
-def test_accept_on_gguf_features_counts_what_llama_cpp_counts(prompts, targets, captured, drafters, target_type):
+def test_accept_on_gguf_features_counts_what_llama_cpp_counts(prompts, targets, captured, drafters, llama_runs,
+                                                              target_type):
     """accept on features captured from the target GGUF, against llama-speculative-simple on the same target and
     drafter files: n_drafted and n_accept equal for every file (eight files x 24 prompts), or the totals within
     ACCEPT_POINTS and every differing prompt's first differing draft slot a named near-tie within check's tie
@@ -278,14 +311,12 @@ def test_accept_on_gguf_features_counts_what_llama_cpp_counts(prompts, targets, 
     from dflash_convert.sources.features import read_features, target_for
     from dflash_convert.sources.gguf_drafter import read_drafter
     from fixtures.loop_steps import first_divergence, our_steps, speculative_steps, their_margin
-    from fixtures.trained import run_speculative
 
     ours = accept(list(drafters.values()), captured[target_type], target_gguf=targets[target_type], device="cpu")
     feats = read_features(captured[target_type])
     rows, defects = [], []
     for (k, q), r in zip(drafters, ours.results, strict=True):
-        stats = [run_speculative(targets[target_type], drafters[(k, q)], p, NEW_TOKENS, extra=("-v",))
-                 for p in prompts]
+        stats = [_speculative(llama_runs, targets[target_type], drafters[(k, q)], p) for p in prompts]
         theirs = (sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats))
         points = 100 * abs(r.loop.accept - theirs[1] / theirs[0])
         rows.append(f"  target {target_type} | {k} {q}: accept {r.loop.n_drafted}/{r.loop.n_accept}, "

@@ -17,6 +17,7 @@ and cached (about 2.5 minutes cold on one core). The target is converted with ll
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -53,8 +54,19 @@ def _draft_info(text: str, field: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _run(pair: TrainedPair, target, drafter, prompts: list[str]) -> list[SpecStats]:
-    return [run_speculative(target, drafter, p, pair.n_predict, extra=("-lv", "4")) for p in prompts]
+@pytest.fixture(scope="module")
+def llama_runs() -> dict[tuple[Path, Path, str], SpecStats]:
+    """llama-speculative-simple's runs by (target, drafter, prompt), each made once per module: the tests below
+    read the same files' runs (the full F16 file's in three of them)."""
+    return {}
+
+
+def _run(runs: dict, pair: TrainedPair, target, drafter, prompts: list[str]) -> list[SpecStats]:
+    """Each prompt's run, -v (the debug log, print_info lines included), made where ``runs`` lacks it."""
+    for p in prompts:
+        if (target, drafter, p) not in runs:
+            runs[(target, drafter, p)] = run_speculative(target, drafter, p, pair.n_predict, extra=("-v",))
+    return [runs[(target, drafter, p)] for p in prompts]
 
 
 def _rate(stats) -> float:
@@ -67,11 +79,11 @@ def _table(prompts, stats) -> str:
 
 
 @pytest.mark.parametrize("kind", ["full", "swa"])
-def test_f16_acceptance_is_real_and_unsaturated(kind, pair, target, gguf_dir):
+def test_f16_acceptance_is_real_and_unsaturated(kind, pair, target, gguf_dir, llama_runs):
     """About 30 s per drafter: the six prompts and the two held-out ones through llama-speculative-simple
     (64 tokens each); the acceptance window and the replay bound need every prompt's drafted tokens."""
     drafter = drafter_gguf(pair, kind, gguf_dir, "F16")
-    stats = _run(pair, target, drafter, pair.prompts)
+    stats = _run(llama_runs, pair, target, drafter, pair.prompts)
     rate = _rate(stats)
     print(f"\n[{kind} F16] accept {rate:.3f}\n{_table(pair.prompts, stats)}")
     assert WINDOW[0] <= rate <= WINDOW[1], f"{kind}: accept {rate:.3f} outside {WINDOW}\n{_table(pair.prompts, stats)}"
@@ -86,18 +98,18 @@ def test_f16_acceptance_is_real_and_unsaturated(kind, pair, target, gguf_dir):
         + "\n".join(f"  {p!r}: llama.cpp {(s.n_drafted, s.n_accept)} replay {replay[p]}"
                     for p, s in zip(pair.prompts, stats, strict=True)))
 
-    held = _run(pair, target, drafter, pair.held_out_prompts)
+    held = _run(llama_runs, pair, target, drafter, pair.held_out_prompts)
     print(f"[{kind} F16 held out] accept {_rate(held):.3f}\n{_table(pair.held_out_prompts, held)}")
     assert _rate(held) < rate / 2, _table(pair.held_out_prompts, held)
 
 
-def test_quantized_drafters_accept_differently(pair, target, gguf_dir):
+def test_quantized_drafters_accept_differently(pair, target, gguf_dir, llama_runs):
     """Eight files (F16 and seven quantized types) x the six prompts through llama-speculative-simple,
     about two minutes: fewer types could all accept alike by chance (neighbouring types often do on a
     drafter this small), and fewer prompts leave too few drafted tokens for a 2-bit file to differ."""
     rates = {}
     for qtype in ("F16", *QUANT_TYPES):
-        stats = _run(pair, target, drafter_gguf(pair, "full", gguf_dir, qtype), pair.prompts)
+        stats = _run(llama_runs, pair, target, drafter_gguf(pair, "full", gguf_dir, qtype), pair.prompts)
         rates[qtype] = (sum(s.n_drafted for s in stats), sum(s.n_accept for s in stats), _rate(stats))
     print("\n" + "\n".join(f"  {q}: n_drafted={d} n_accept={a} accept={r:.3f}" for q, (d, a, r) in rates.items()))
     assert len({rates[q] for q in QUANT_TYPES}) > 1, f"every quant type accepts the same: {rates}"
@@ -126,7 +138,7 @@ def _last_target_tokens(output: str) -> list[int]:
     return [int(t) for t in re.findall(r"accepted \d+/\d+ draft tokens, the last target token is: \((\d+)\)", output)]
 
 
-def test_accept_agrees_with_llama_cpp(pair, target, gguf_dir, features):
+def test_accept_agrees_with_llama_cpp(pair, target, gguf_dir, features, llama_runs):
     """accept's live loop against llama-speculative-simple on the same prompts, target and drafter files.
 
     About two minutes: six files (both drafters, F16 to Q2_K) x six prompts in llama.cpp, and accept on
@@ -146,7 +158,7 @@ def test_accept_agrees_with_llama_cpp(pair, target, gguf_dir, features):
     ours = accept(list(files.values()), features, device="cpu")
     lines, worst = [], 0.0
     for (k, q), r in zip(files, ours.results, strict=True):
-        stats = [run_speculative(target, files[(k, q)], p, pair.n_predict, extra=("-v",)) for p in pair.prompts]
+        stats = _run(llama_runs, pair, target, files[(k, q)], pair.prompts)
         theirs = _rate(stats)
         lines.append(f"  {k} {q}: ours {r.loop.n_drafted}/{r.loop.n_accept} = {r.loop.accept:.3f}, llama.cpp "
                      f"{sum(s.n_drafted for s in stats)}/{sum(s.n_accept for s in stats)} = {theirs:.3f}")
