@@ -243,8 +243,8 @@ def test_live_loop_walks_sequences_together_as_one_at_a_time(base, tmp_path, whi
 
 def test_measure_drafts_only_the_anchors_it_reads(tmp_path):
     """measure drafts, in one call per sequence, the anchors anchor_lengths scores (n_max tokens after them), and
-    an anchor past them only where the loop reaches it (a continuation an end-of-generation token cut short):
-    the same counts and lengths as drafting every anchor of the continuation."""
+    the anchors past them only where the loop reaches them (a continuation an end-of-generation token cut short),
+    all in one more call: the same counts and lengths as drafting every anchor of the continuation."""
     from dflash_convert.runtime.accept import measure, sequence_inputs
     from dflash_convert.write_features import FeatureWriter
 
@@ -280,9 +280,10 @@ def test_measure_drafts_only_the_anchors_it_reads(tmp_path):
     assert (loop.n_drafted, loop.n_accept, loop.n_predict, loop.accepted_per_step) == (
         every_loop.n_drafted, every_loop.n_accept, every_loop.n_predict, every_loop.accepted_per_step)
     assert stats.lengths == every_stats.lengths and len(stats.lengths) == (len(full) - n_max - prompt + 1) + 3
-    # the full continuation: one call, its scored anchors only; the short one: its scored anchors, then the one
-    # the loop reaches past them (anchors 3 -> 5 -> 6, whose draft takes the end-of-generation token)
-    assert calls == [(len(full), list(range(prompt - 1, len(full) - n_max))), (len(short), [3, 4, 5]), (len(short), [6])]
+    # the full continuation: one call, its scored anchors only; the short one: its scored anchors, then those from
+    # the first the loop reaches past them to the end (anchors 3 -> 5 -> 6, whose draft takes the end-of-generation token)
+    assert calls == [(len(full), list(range(prompt - 1, len(full) - n_max))), (len(short), [3, 4, 5]),
+                     (len(short), [6, 7])]
 
 
 def test_anchor_lengths_and_slot_curve():

@@ -469,8 +469,9 @@ def sequence_inputs(feats: FeaturesFile, i: int, slots: list[int]) -> tuple[torc
 def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int) -> tuple[LoopCount, AnchorStats]:
     """The live loop (``-n`` the file's ``new_tokens``) and every anchor's acceptance, over every sequence.
 
-    Drafted together: the anchors ``anchor_lengths`` scores (n_max tokens after them); the loop reaches past
-    them only where a continuation ends early (an end-of-generation token), and drafts those one at a time."""
+    Drafted together: the anchors ``anchor_lengths`` scores (n_max tokens after them). The loop reaches past
+    them only where a continuation ends early (an end-of-generation token); the first time it does, the
+    anchors from there to the end are drafted in one more call (one more pass over the context)."""
     n_predict = feats.new_tokens
     loop, stats = LoopCount(), AnchorStats(n_max=n_max)
     eos = set(feats.eos_ids)
@@ -482,7 +483,8 @@ def measure(drafts_of: Drafts, feats: FeaturesFile, slots: list[int], n_max: int
 
         def draft_at(c: int, features=features, ids=ids, by_anchor=by_anchor) -> list[int]:
             if c not in by_anchor:
-                by_anchor[c] = drafts_of(features, ids, [c])[0].tolist()
+                tail = list(range(c, len(ids) - 1))
+                by_anchor.update(zip(tail, drafts_of(features, ids, tail).tolist(), strict=True))
             return by_anchor[c]
 
         loop.add(loop_anchors(tokens, prompt_length, n_predict, n_max, eos, draft_at))
