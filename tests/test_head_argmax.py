@@ -6,7 +6,6 @@ than one chunk; ties across chunks go to the first, a NaN wins as it does in arg
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,7 +14,7 @@ from dflash_convert.runtime.weights import LazyMatrix
 from dflash_convert.sources.safetensors import read_header
 
 ROWS, COLS = 1000, 48
-WORDS = {"F32": (np.float32, torch.float32), "F16": (np.float16, torch.float16), "BF16": (np.uint16, torch.bfloat16)}
+TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def _safetensors(path, values: torch.Tensor, dtype: str):
@@ -23,7 +22,7 @@ def _safetensors(path, values: torch.Tensor, dtype: str):
     import json
     import struct
 
-    np_dtype, torch_dtype = WORDS[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     raw = values.to(torch_dtype).view(torch.int16 if dtype != "F32" else torch.int32).numpy().tobytes()
     head = json.dumps({"m": {"dtype": dtype, "shape": list(values.shape), "data_offsets": [0, len(raw)]}}).encode()
     head += b" " * (-len(head) % 8)
