@@ -60,6 +60,7 @@ from .target import Target
 from .tensor_source import n_rows
 
 ANCHOR_STRIDE = 2  # every second anchor of the calibration half scores a mix (bounds the search's cost)
+CALIBRATION_ANCHORS = 64  # and at most this many of them, evenly spaced: a step's cost whatever the capture's size
 SOFT_BATCH = 32  # anchors per pass when scoring layer by layer (8 per pass where every slot's logits are held)
 QUANT_ROLES = ("wq", "wk", "wv", "wo", "gate", "up", "down")  # per-layer matrices a mix assigns types to
 Types = dict[str, GGMLType]  # GGUF tensor name -> ggml type, for the quantized tensors of a mix
@@ -175,13 +176,15 @@ class MixEvaluator:
     """Acceptance of any type assignment of one unquantized drafter file, without writing files."""
 
     def __init__(self, d: Drafter, target: Target | None, feats: FeaturesFile, n_max: int, *,
-                 device: torch.device | str = "cpu", like_cpu: bool = True, imatrix: ImportanceMatrix | None = None) -> None:
+                 device: torch.device | str = "cpu", like_cpu: bool = True, imatrix: ImportanceMatrix | None = None,
+                 calibration_anchors: int = CALIBRATION_ANCHORS) -> None:
         for t in d.tensors:
             if not_quantized_reason(t.gguf_name, tuple(reversed(t.shape))) is None and t.dtype not in FLOAT_TYPE_NAMES:
                 raise DFlashError(f"tensor {t.gguf_name} is {t.dtype}: the search starts from an F32, F16 or BF16 file",
                                   d.source)
         self.slots = feats.check_drafter(d, d.source, n_max)
         self.d, self.feats, self.n_max, self.like_cpu, self.imatrix = d, feats, n_max, like_cpu, imatrix
+        self.calibration_anchors = calibration_anchors
         # stored: the quantizable matrices stay in their file (never decoded here); each evaluation decodes its own
         base = load_weights(d, target, device=device, stored=True)
         base.decoded.clear()
@@ -345,13 +348,23 @@ class MixEvaluator:
         self._results[memo] = score
         return score
 
+    def scored_anchors(self, indices: list[int], stride: int = ANCHOR_STRIDE) -> list[list[int]]:
+        """Each sequence of ``indices``'s anchors the score drafts: every ``stride``-th one with ``n_max`` tokens
+        after it, and of those at most ``calibration_anchors``, evenly spaced through them all."""
+        seqs = [self.feats.sequences[i] for i in indices]
+        out = [list(range(s.prompt_length - 1, s.length - 1 - self.n_max, stride)) for s in seqs]
+        pairs = [(j, c) for j, anchors in enumerate(out) for c in anchors]
+        if len(pairs) <= self.calibration_anchors:
+            return out
+        kept = {pairs[k * len(pairs) // self.calibration_anchors] for k in range(self.calibration_anchors)}
+        return [[c for c in anchors if (j, c) in kept] for j, anchors in enumerate(out)]
+
     def _soft_anchors(self, indices: list[int], stride: int) -> list[tuple[int, torch.Tensor, torch.Tensor, list[int]]]:
         """(sequence, its features, its token ids, its scored anchors) for each sequence of ``indices``."""
         out = []
-        for i in indices:
-            features, tokens, prompt_length = sequence_inputs(self.feats, i, self.slots)
-            out.append((i, features, torch.tensor(tokens),
-                        list(range(prompt_length - 1, len(tokens) - 1 - self.n_max, stride))))
+        for i, anchors in zip(indices, self.scored_anchors(indices, stride), strict=True):
+            features, tokens, _ = sequence_inputs(self.feats, i, self.slots)
+            out.append((i, features, torch.tensor(tokens), anchors))
         return out
 
     def _soft_by_layers(self, types: Types, indices: list[int], stride: int) -> float:
@@ -550,7 +563,7 @@ def search_mix(ev: MixEvaluator, ftype: str, min_acceptance: float, *, max_steps
                           "reference accepts nothing", d.source)
     goal = min_acceptance * baseline.accept
     say(f"  unquantized: held-out accept {baseline.accept:.4f}; goal {min_acceptance:g} x = {goal:.4f}; calibration "
-        f"expected length {ev.expected_length(base_types, cal):.3f}")
+        f"expected length {ev.expected_length(base_types, cal):.3f} ({sum(map(len, ev.scored_anchors(cal)))} anchors)")
     ev.retain(state)  # the input's layer inputs start no candidate
     plain = current = ev.accept(state, held)
     say(f"  {ftype} (llama-quantize's mix): {nbytes_of(state)} tensor bytes, held-out accept {plain.accept:.4f}")

@@ -231,6 +231,34 @@ def test_calibration_score_by_layers_equals_every_slot_block_by_block(files):
         assert abs(got - want) <= 1e-6 * want + (d.block_size - 1) * SOFT_FLOOR, (scores, by_blocks)
 
 
+def test_calibration_score_drafts_at_most_its_anchor_budget(files):
+    """The score drafts every second anchor of the calibration half; past ``calibration_anchors`` of them, that
+    many, evenly spaced through every sequence's, and its value is the definition's mean over those alone."""
+    from dflash_convert.mix_search import CALIBRATION_ANCHORS, MixEvaluator, split
+    from dflash_convert.runtime.accept import SOFT_FLOOR
+    from dflash_convert.sources.features import read_features, target_for
+
+    feats = read_features(files["features"])
+    d = read_drafter(files["f16"])
+    n_max = d.block_size - 1
+    cal, _ = split(len(feats.sequences))
+    state = quantized_types(mix_plan(d, "Q2_K"), d)
+    full = MixEvaluator(d, target_for(feats), feats, n_max)
+    every = full.scored_anchors(cal)
+    assert every == [list(range(feats.sequences[i].prompt_length - 1, feats.sequences[i].length - 1 - n_max, 2))
+                     for i in cal]
+    assert 5 < sum(map(len, every)) <= CALIBRATION_ANCHORS  # this capture is under the budget: all of them
+
+    few = MixEvaluator(d, target_for(feats), feats, n_max, calibration_anchors=5)
+    got = few.scored_anchors(cal)
+    flat = [(j, c) for j, anchors in enumerate(every) for c in anchors]
+    assert [(j, c) for j, anchors in enumerate(got) for c in anchors] == [flat[k * len(flat) // 5] for k in range(5)]
+    assert all(got)  # each sequence keeps some
+    score, by_blocks = few.expected_length(state, cal), few._soft_by_blocks(state, cal, 2)
+    assert abs(score - by_blocks) <= 1e-6 * by_blocks + n_max * SOFT_FLOOR, (score, by_blocks)
+    assert score != full.expected_length(state, cal)  # fewer anchors, another mean
+
+
 def test_spilled_bytes_read_back_what_was_put():
     store = SpilledBytes()
     g = np.random.default_rng(0)
