@@ -14,7 +14,7 @@ is its expected end). Goal (issue 33): each under 60 min, peak RSS under 12 GB. 
 (``--skip-sweep`` keeps the file's sweep section and replaces the search's).
 
     python bench/bench_sweep.py [--sequences 24] [--new-tokens 64] [--context 64] [--accept-p 0.8] [--types Q8_0,...]
-                                [--device cpu|cuda] [--results PATH] [--skip-search | --skip-sweep]
+                                [--device cpu|cuda] [--results PATH] [--features PATH] [--skip-search | --skip-sweep]
 """
 
 from __future__ import annotations
@@ -101,10 +101,12 @@ def _features_text(args: argparse.Namespace, sweep: dict[str, Any]) -> str:
         return ("random continuations: a random drafter accepts nothing, one live-loop anchor per new token "
                 f"({args.sequences * args.new_tokens} per type).")
     mean = sum(args.accept_p ** k for k in range(1, 16))
+    built = ("built by an earlier run (--features)" if sweep["features_s"] is None
+             else f"built in {sweep['features_s']:.0f} s before the timed commands")
     return (f"continuations written along the F16 file's own live loop, the target taking each draft's slots while a "
             f"coin with p = {args.accept_p} says yes (fixtures/drafted_features.py; about {mean:.2f} accepted per step, "
             f"{args.sequences * args.new_tokens / (1 + mean):.0f} anchors per type for the F16 file: the few hundred a "
-            f"capture of a trained drafter visits), built in {sweep['features_s']:.0f} s before the timed commands. A "
+            f"capture of a trained drafter visits), {built}. A "
             "random drafter on random tokens accepts nothing instead and visits one anchor per new token "
             f"({args.sequences * args.new_tokens} per type): `--accept-p 0`.")
 
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", default=",".join(DEFAULT_SWEEP_TYPES), help="quantized types (the F16 input is a row too)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--results", type=Path, default=REPO / "bench" / "results-sweep.md")
+    ap.add_argument("--features", type=Path, help="read the features from this file, built there first when it is "
+                    "missing (30 min on a 2-core AVX2 machine: build once, time the commands again and again)")
     skip = ap.add_mutually_exclusive_group()
     skip.add_argument("--skip-search", action="store_true")
     skip.add_argument("--skip-sweep", action="store_true", help="keep the results file's sweep section")
@@ -187,8 +191,14 @@ def main(argv: list[str] | None = None) -> int:
            "BENCH_THREADS": os.environ.get("BENCH_THREADS", str(os.cpu_count()))}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         t0 = time.perf_counter()
-        feats = _features(Path(tmp) / "features.safetensors", f16, setup.target, args)
-        features_s = time.perf_counter() - t0
+        if args.features is not None and args.features.exists():
+            feats, t0 = args.features, None
+        elif args.features is not None:  # built beside it, renamed when whole: an interrupted build is not reused
+            part = _features(args.features.with_name(args.features.stem + ".part" + args.features.suffix), f16, setup.target, args)
+            feats = part.rename(args.features)
+        else:
+            feats = _features(Path(tmp) / "features.safetensors", f16, setup.target, args)
+        features_s = None if t0 is None else time.perf_counter() - t0
         target = ["--target-model-dir", str(setup.target), "--allow-other-target", "--device", args.device]
         if not args.skip_sweep:
             sweep = timed([sys.executable, "-m", "dflash_convert.cli", "sweep", str(f16), "--features", str(feats),
