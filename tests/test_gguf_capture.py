@@ -231,7 +231,9 @@ def llama_runs() -> dict[tuple[Path, Path, str], LlamaRun]:
 
 
 def _speculative(runs: dict, target: Path, drafter: Path, prompt: str) -> LlamaRun:
-    """llama-speculative-simple as fixtures.trained.run_speculative runs it (-v), NEW_TOKENS new tokens."""
+    """llama-speculative-simple as fixtures.trained.run_speculative runs it (-v), NEW_TOKENS new tokens; a run of
+    the same executable, libraries, files and arguments is read from the cache (fixtures/llama_runs.py)."""
+    from fixtures.llama_runs import kept_run
     from fixtures.trained import SPEC_CTX
     from fixtures.upstream import llama_tool
 
@@ -240,7 +242,7 @@ def _speculative(runs: dict, target: Path, drafter: Path, prompt: str) -> LlamaR
     cmd = [str(llama_tool("llama-speculative-simple")), "-m", str(target), "-md", str(drafter), "--spec-type",
            "draft-dflash", "--temp", "0", "--top-k", "1", "--spec-draft-n-max", "15", "-p", prompt, "-n", str(NEW_TOKENS),
            "-c", str(SPEC_CTX), "-ngl", "0", "-ngld", "0", "-fit", "off", "-t", "1", "-v"]
-    r = subprocess.run(cmd, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    r = kept_run(cmd, [target, drafter], timeout=300)
     output = r.stdout.decode(errors="replace") + "\n" + r.stderr.decode(errors="replace")
     counts = [re.findall(rf"\b{name}\s*=\s*(\d+)", output) for name in ("n_drafted", "n_accept")]
     assert r.returncode == 0 and all(counts), output[-4000:]
