@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.llama_runs import FRESH_ENV, kept_run
+from fixtures import llama_runs
+from fixtures.llama_runs import FRESH_ENV, KEEP_DAYS, kept_run
 
 
 @pytest.fixture
@@ -80,3 +81,20 @@ def test_failures_are_not_kept_and_torn_entries_run_again(tool, monkeypatch):
     assert _run(tool).kept and _count(tool) == 4  # whole again
     monkeypatch.setenv(FRESH_ENV, "1")
     assert not _run(tool).kept and _count(tool) == 5
+
+
+def test_entries_unread_for_keep_days_go_when_a_run_is_next_kept(tool, monkeypatch):
+    import os
+    import time
+
+    _run(tool)
+    [old] = (tool["cache"] / "runs").glob("*.json")
+    stale = time.time() - (KEEP_DAYS + 1) * 86400
+    os.utime(old, (stale, stale))
+    monkeypatch.setattr(llama_runs, "_pruned", set())  # a new process
+    _run(tool, "-x")  # another key, kept: the stale entry goes
+    assert not old.exists() and len(list((tool["cache"] / "runs").glob("*.json"))) == 1
+    _run(tool, "-x")
+    [kept] = (tool["cache"] / "runs").glob("*.json")
+    os.utime(kept, (stale, stale))
+    assert _run(tool, "-x").kept and kept.stat().st_mtime > time.time() - 60  # a read keeps it fresh
