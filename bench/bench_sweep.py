@@ -190,15 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "BENCH_THREADS": os.environ.get("BENCH_THREADS", str(os.cpu_count()))}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
-        t0 = time.perf_counter()
         if args.features is not None and args.features.exists():
-            feats, t0 = args.features, None
-        elif args.features is not None:  # built beside it, renamed when whole: an interrupted build is not reused
-            part = _features(args.features.with_name(args.features.stem + ".part" + args.features.suffix), f16, setup.target, args)
-            feats = part.rename(args.features)
+            feats, features_s = args.features, None
         else:
-            feats = _features(Path(tmp) / "features.safetensors", f16, setup.target, args)
-        features_s = None if t0 is None else time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if args.features is not None:  # built beside it, renamed when whole: an interrupted build is not reused
+                part = args.features.with_name(args.features.stem + ".part" + args.features.suffix)
+                feats = _features(part, f16, setup.target, args).rename(args.features)
+            else:
+                feats = _features(Path(tmp) / "features.safetensors", f16, setup.target, args)
+            features_s = time.perf_counter() - t0
         target = ["--target-model-dir", str(setup.target), "--allow-other-target", "--device", args.device]
         if not args.skip_sweep:
             sweep = timed([sys.executable, "-m", "dflash_convert.cli", "sweep", str(f16), "--features", str(feats),
